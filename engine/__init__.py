@@ -1,0 +1,1 @@
+"""pronk's data plane: engine workers, their registry, and the router. Never imports Prefect."""

@@ -1,0 +1,39 @@
+"""HTTP client of one engine worker."""
+
+from __future__ import annotations
+
+import httpx
+
+from engine.protocol import StepRequest, StepResult, WorkerStats
+
+
+class StepRejected(Exception):
+    """The worker refused the step itself (bad request): retrying elsewhere will not help."""
+
+
+class WorkerUnavailable(Exception):
+    """The worker died or could not serve: the step can go to another worker."""
+
+
+class WorkerClient:
+    def __init__(self, timeout_s: float = 600.0):
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0), limits=httpx.Limits(max_connections=1024))
+
+    async def generate(self, url: str, request: StepRequest) -> StepResult:
+        try:
+            response = await self._http.post(f"{url}/generate", content=request.model_dump_json(exclude_none=True), headers={"content-type": "application/json"})
+        except httpx.TransportError as exc:
+            raise WorkerUnavailable(f"{url}: {type(exc).__name__}: {exc}") from exc
+        if response.status_code >= 500:
+            raise WorkerUnavailable(f"{url}: HTTP {response.status_code}: {response.text[:200]}")
+        if response.status_code >= 400:
+            raise StepRejected(f"HTTP {response.status_code}: {response.text[:500]}")
+        return StepResult.model_validate_json(response.content)
+
+    async def stats(self, url: str) -> WorkerStats:
+        response = await self._http.get(f"{url}/stats")
+        response.raise_for_status()
+        return WorkerStats.model_validate_json(response.content)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()

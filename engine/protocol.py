@@ -1,0 +1,80 @@
+"""The wire format between the router and an engine worker: one step in, one step result out."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[dict[str, Any]] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.get("text", "") for part in self.content if isinstance(part, dict))
+        return self.content or ""
+
+
+class SamplingSpec(BaseModel):
+    """The sampling parameters pronk passes to vLLM's `SamplingParams`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_tokens: int = Field(default=256, ge=1, description="Most tokens to generate.")
+    temperature: float = Field(default=1.0, ge=0, le=2, description="0 is greedy.")
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    seed: int | None = None
+    stop: list[str] | None = None
+    ignore_eos: bool = Field(default=False, description="Generate exactly max_tokens (replay traffic).")
+    json_schema: dict[str, Any] | None = Field(default=None, description="Constrain output to this JSON schema.")
+
+
+class StepRequest(BaseModel):
+    """One generation: chat messages or prompt token ids, never both."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    request_id: str = Field(min_length=1)
+    messages: list[ChatMessage] | None = None
+    prompt_token_ids: list[int] | None = None
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    trace_id: str | None = Field(default=None, description="The trace this step belongs to, for affinity.")
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> StepRequest:
+        if (self.messages is None) == (self.prompt_token_ids is None):
+            raise ValueError("give exactly one of messages or prompt_token_ids")
+        return self
+
+
+class StepResult(BaseModel):
+    request_id: str
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    finish_reason: str
+    model_version: str
+    worker_id: str
+    queue_time_s: float = Field(description="From arrival in the engine to first scheduling.")
+    engine_time_s: float = Field(description="From arrival in the worker to the last token.")
+
+
+class WorkerStats(BaseModel):
+    """What a worker advertises to the router: load, cache, version."""
+
+    worker_id: str
+    job_id: str
+    model_version: str
+    running: int = 0
+    waiting: int = 0
+    in_flight: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    requests_served: int = 0

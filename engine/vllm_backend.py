@@ -1,0 +1,140 @@
+"""A vLLM `AsyncLLM` engine behind pronk's step protocol: generate, stats, shutdown."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.protocol import SamplingSpec, StepRequest, StepResult, WorkerStats
+
+
+@dataclass(slots=True)
+class SchedulerSnapshot:
+    """The newest scheduler numbers the engine reported, plus cumulative prefix-cache counts."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+
+
+def _stat_logger_factory(snapshot: SchedulerSnapshot):
+    """A vLLM stat logger class that copies each scheduler report into `snapshot`."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class SnapshotLogger(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0):
+            pass
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+            if scheduler_stats is None:
+                return
+            snapshot.running = scheduler_stats.num_running_reqs
+            snapshot.waiting = scheduler_stats.num_waiting_reqs
+            snapshot.kv_cache_usage = scheduler_stats.kv_cache_usage
+            cache = scheduler_stats.prefix_cache_stats
+            if cache.reset:
+                snapshot.prefix_cache_queries = snapshot.prefix_cache_hits = 0
+            snapshot.prefix_cache_queries += cache.queries
+            snapshot.prefix_cache_hits += cache.hits
+
+        def log_engine_initialized(self):
+            pass
+
+    return SnapshotLogger
+
+
+@dataclass
+class VllmBackend:
+    """Owns one `AsyncLLM`; `model_version` names the weights it serves."""
+
+    model_path: str
+    model_version: str
+    worker_id: str
+    job_id: str
+    engine_kwargs: dict[str, Any]
+    snapshot: SchedulerSnapshot = field(default_factory=SchedulerSnapshot)
+    in_flight: int = 0
+    requests_served: int = 0
+    _engine: Any = None
+    _tokenizer: Any = None
+
+    async def start(self) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(model=self.model_path, disable_log_stats=False, **self.engine_kwargs)
+        self._engine = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(self.snapshot)])
+        self._tokenizer = self._engine.get_tokenizer()
+
+    def shutdown(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None
+
+    def _sampling_params(self, spec: SamplingSpec):
+        from vllm import SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
+
+        structured = StructuredOutputsParams(json=spec.json_schema) if spec.json_schema else None
+        return SamplingParams(
+            max_tokens=spec.max_tokens,
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+            seed=spec.seed,
+            stop=spec.stop,
+            ignore_eos=spec.ignore_eos,
+            structured_outputs=structured,
+        )
+
+    def prompt_token_ids(self, request: StepRequest) -> list[int]:
+        if request.prompt_token_ids is not None:
+            return request.prompt_token_ids
+        messages = [{"role": m.role, "content": m.text()} for m in request.messages or []]
+        text = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self._tokenizer.encode(text, add_special_tokens=False)
+
+    async def generate(self, request: StepRequest) -> StepResult:
+        started = time.monotonic()
+        prompt = {"prompt_token_ids": self.prompt_token_ids(request)}
+        params = self._sampling_params(request.sampling)
+        self.in_flight += 1
+        final = None
+        try:
+            async for output in self._engine.generate(prompt, params, request.request_id):
+                final = output
+        finally:
+            self.in_flight -= 1
+        self.requests_served += 1
+        completion = final.outputs[0]
+        metrics = final.metrics
+        queue_time = max(0.0, metrics.scheduled_ts - metrics.queued_ts) if metrics else 0.0
+        return StepResult(
+            request_id=request.request_id,
+            text=completion.text,
+            token_ids=list(completion.token_ids),
+            prompt_tokens=len(final.prompt_token_ids or []),
+            cached_tokens=final.num_cached_tokens or 0,
+            completion_tokens=len(completion.token_ids),
+            finish_reason=completion.finish_reason or "stop",
+            model_version=self.model_version,
+            worker_id=self.worker_id,
+            queue_time_s=queue_time,
+            engine_time_s=time.monotonic() - started,
+        )
+
+    def stats(self) -> WorkerStats:
+        return WorkerStats(
+            worker_id=self.worker_id,
+            job_id=self.job_id,
+            model_version=self.model_version,
+            running=self.snapshot.running,
+            waiting=self.snapshot.waiting,
+            in_flight=self.in_flight,
+            kv_cache_usage=self.snapshot.kv_cache_usage,
+            prefix_cache_queries=self.snapshot.prefix_cache_queries,
+            prefix_cache_hits=self.snapshot.prefix_cache_hits,
+            requests_served=self.requests_served,
+        )

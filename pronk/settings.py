@@ -1,0 +1,69 @@
+"""One settings object for every pronk process, read from `PRONK_*` environment variables."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class Settings(BaseSettings):
+    """Where pronk keeps its state and how its processes find each other."""
+
+    model_config = SettingsConfigDict(env_prefix="PRONK_", extra="ignore")
+
+    data_dir: Path = Field(
+        default=PROJECT_ROOT / ".pronk",
+        description="Root of the embedded stack's state: Prefect and MLflow databases, models, registry, logs.",
+    )
+    jobs_dir: Path = Field(
+        default=PROJECT_ROOT / "deployments" / "jobs",
+        description="Folder of job files (`<name>.yaml`).",
+    )
+    default_job: str = Field(default="job-c0ffee01", description="Job the CLI and stack use when none is named.")
+    prefect_port: int = Field(default=4200, ge=1, le=65535, description="Port of the embedded Prefect server.")
+    mlflow_port: int = Field(default=5000, ge=1, le=65535, description="Port of the embedded MLflow UI server.")
+    mlflow_tracking_uri: str | None = Field(
+        default=None, description="MLflow tracking URI; defaults to SQLite under data_dir."
+    )
+    worker_base_port: int = Field(default=8100, ge=1, le=65535, description="First port engine workers listen on.")
+    heartbeat_interval_s: float = Field(default=1.0, gt=0, description="How often a worker refreshes its registry entry.")
+    heartbeat_timeout_s: float = Field(
+        default=5.0, gt=0, description="A worker whose heartbeat is older than this is dropped by the router."
+    )
+    s3_endpoint_url: str | None = Field(
+        default=None, description="S3 endpoint for s3:// paths (a moto server or MinIO); None means AWS."
+    )
+
+    @property
+    def tracking_uri(self) -> str:
+        return self.mlflow_tracking_uri or f"sqlite:///{self.data_dir / 'mlflow.db'}"
+
+    @property
+    def artifact_root(self) -> Path:
+        return self.data_dir / "mlartifacts"
+
+    @property
+    def registry_dir(self) -> Path:
+        return self.data_dir / "registry"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.data_dir / "logs"
+
+    @property
+    def batches_dir(self) -> Path:
+        return self.data_dir / "batches"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.data_dir / "models"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()
