@@ -35,6 +35,9 @@ class Settings(BaseSettings):
     heartbeat_timeout_s: float = Field(
         default=5.0, gt=0, description="A worker whose heartbeat is older than this is dropped by the router."
     )
+    storage_uri: str | None = Field(
+        default=None, description="Where files and batch records live: a folder or `s3://bucket/prefix`; defaults to data_dir/store."
+    )
     s3_endpoint_url: str | None = Field(
         default=None, description="S3 endpoint for s3:// paths (a moto server or MinIO); None means AWS."
     )
@@ -42,6 +45,10 @@ class Settings(BaseSettings):
     @property
     def tracking_uri(self) -> str:
         return self.mlflow_tracking_uri or f"sqlite:///{self.data_dir / 'mlflow.db'}"
+
+    @property
+    def store_uri(self) -> str:
+        return self.storage_uri or str(self.data_dir / "store")
 
     @property
     def artifact_root(self) -> Path:

@@ -1,0 +1,1 @@
+"""pronk's Prefect flows, one per file."""

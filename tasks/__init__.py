@@ -1,0 +1,1 @@
+"""Prefect tasks used by pronk's flows."""

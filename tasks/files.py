@@ -1,0 +1,37 @@
+"""Prefect tasks that read batch input files and write output and error files."""
+
+from __future__ import annotations
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from pronk import storage
+from pronk.batch_input import BatchInputError, ValidatedInput, validate_input
+from pronk.jobs import JobConfig
+from pronk.schemas import OutputLine
+
+
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
+def read_input_file(uri: str) -> bytes:
+    """Read the batch input file from a local path or s3://."""
+    try:
+        return storage.read_bytes(uri)
+    except (OSError, ValueError) as exc:
+        raise BatchInputError(f"cannot read input file {uri}: {exc}") from exc
+
+
+@task(cache_policy=NO_CACHE)
+def validate_lines(data: bytes, job: JobConfig) -> ValidatedInput:
+    """Split the input into valid requests and error lines."""
+    return validate_input(data, job)
+
+
+def _jsonl(lines: list[OutputLine]) -> bytes:
+    return b"".join(line.model_dump_json().encode() + b"\n" for line in lines)
+
+
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
+def write_result_files(output_uri: str, error_uri: str, outputs: list[OutputLine], errors: list[OutputLine]) -> None:
+    """Write the output and error files (both always exist, possibly empty)."""
+    storage.write_bytes(output_uri, _jsonl(outputs))
+    storage.write_bytes(error_uri, _jsonl(errors))
