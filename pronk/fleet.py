@@ -15,10 +15,10 @@ class FleetStartError(RuntimeError):
     pass
 
 
-def start_workers(job: JobConfig, settings: Settings, count: int | None = None) -> dict[str, int]:
-    """Spawn `count` (default: the job's `workers`) worker processes; returns worker id -> pid."""
+def start_workers(job: JobConfig, settings: Settings, indices: range | None = None) -> dict[str, int]:
+    """Spawn the workers with these indices (default: all the job's `workers`); returns worker id -> pid."""
     pids = {}
-    for index in range(count or job.workers):
+    for index in indices or range(job.workers):
         worker_id = f"{job.job_id}-w{index}"
         argv = [sys.executable, "-m", "engine.worker", "--job", job.job_id, "--index", str(index)]
         pids[worker_id] = spawn(argv, settings.logs_dir / f"{worker_id}.log", env={"PRONK_DATA_DIR": str(settings.data_dir)})

