@@ -1,0 +1,39 @@
+"""Trace shapes: the skeleton of an agent trace (lengths, gaps, fan-out) without its content.
+
+Replay mode runs a shape with fixed lengths (`ignore_eos`, `max_tokens`), so tests and benchmarks
+get realistic, deterministic agent traffic whatever the model's weights say.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ShapeStep(BaseModel):
+    """One step: new prompt tokens appended to the trace's prefix, tokens generated, then a tool gap."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    new_prompt_tokens: int = Field(ge=1, description="Tokens appended to the prefix before this generation (tool result, user turn).")
+    output_tokens: int = Field(ge=1, description="Tokens this step generates (exactly, in replay).")
+    tool_gap_s: float = Field(default=0.0, ge=0, description="Seconds the tool call after this step takes.")
+    fan_out: list[TraceShape] = Field(
+        default_factory=list, description="Child traces spawned after this step; they start from this step's prefix."
+    )
+
+
+class TraceShape(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    trace_id: str = Field(min_length=1)
+    system_prompt_tokens: int = Field(ge=1, description="Length of the prefix every step re-reads.")
+    steps: list[ShapeStep] = Field(min_length=1)
+
+    def total_steps(self) -> int:
+        return sum(1 + sum(child.total_steps() for child in step.fan_out) for step in self.steps)
+
+    def total_output_tokens(self) -> int:
+        return sum(step.output_tokens + sum(c.total_output_tokens() for c in step.fan_out) for step in self.steps)
+
+
+ShapeStep.model_rebuild()
