@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 
 from engine.registry import Registry
 from pronk.jobs import JobConfig
@@ -15,7 +16,7 @@ class FleetStartError(RuntimeError):
     pass
 
 
-def start_workers(job: JobConfig, settings: Settings, indices: range | None = None) -> dict[str, int]:
+def start_workers(job: JobConfig, settings: Settings, indices: Sequence[int] | None = None) -> dict[str, int]:
     """Spawn the workers with these indices (default: all the job's `workers`); returns worker id -> pid."""
     pids = {}
     for index in indices or range(job.workers):

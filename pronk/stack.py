@@ -93,10 +93,12 @@ def start_mlflow_ui(settings: Settings, state: dict[str, int]) -> None:
 
 
 def start_job(job: JobConfig, settings: Settings, state: dict[str, int]) -> None:
-    missing = {w: p for w, p in state.items() if w.startswith(job.job_id) and not alive(p)}
-    if any(w.startswith(job.job_id) for w in state) and not missing:
+    """Start the job's workers that are not running (all of them on a first start) and wait for them."""
+    wanted = range(job.workers)
+    missing = [i for i in wanted if not alive(state.get(f"{job.job_id}-w{i}", 0))]
+    if not missing:
         return
-    pids = start_workers(job, settings)
+    pids = start_workers(job, settings, indices=missing)
     state.update(pids)
     wait_for_workers(job, settings, pids)
 
