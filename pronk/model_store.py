@@ -59,6 +59,22 @@ def register_model_dir(
     return int(version.version)
 
 
+def alias_version(name: str, alias: str, settings: Settings | None = None) -> int:
+    """The version number `models:/name@alias` points at."""
+    return int(_client(settings or get_settings()).get_model_version_by_alias(name, alias).version)
+
+
+def set_alias(name: str, alias: str, version: int, settings: Settings | None = None) -> None:
+    """Point `models:/name@alias` at `version`."""
+    _client(settings or get_settings()).set_registered_model_alias(name, alias, str(version))
+
+
+def latest_version(name: str, settings: Settings | None = None) -> int | None:
+    """The newest version number of `name`, or None when it has none."""
+    versions = _client(settings or get_settings()).search_model_versions(f"name='{name}'")
+    return max((int(v.version) for v in versions), default=None)
+
+
 def _parse_models_uri(uri: str) -> tuple[str, str | None, str | None]:
     """`models:/name@alias` or `models:/name/3` into (name, alias, version)."""
     rest = uri.removeprefix("models:/")
@@ -120,8 +136,10 @@ def ensure_tiny_model(settings: Settings | None = None) -> int:
     build_dir = settings.data_dir / "build" / TINY_MODEL_NAME
     shutil.rmtree(build_dir, ignore_errors=True)
     make_tiny_model(build_dir)
+    from pronk.weights import checkpoint_tags, read_spec
+
     version = register_model_dir(
-        build_dir, TINY_MODEL_NAME, tags={"architecture": "LlamaForCausalLM", "dtype": "float32"}, alias="live", settings=settings
+        build_dir, TINY_MODEL_NAME, tags=checkpoint_tags(read_spec(build_dir)), alias="live", settings=settings
     )
     shutil.rmtree(build_dir, ignore_errors=True)
     return version

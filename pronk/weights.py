@@ -1,0 +1,153 @@
+"""Checkpoint compatibility: what a Hugging Face directory's weights look like, their tags, and whether they fit a model.
+
+A checkpoint can replace a running model's weights in place only if it has the same architecture,
+the same dtype and exactly the same parameter names and shapes. `CheckpointSpec` reads that from
+`config.json` and the safetensors headers (no tensor is loaded), so it is cheap enough to run on
+every upload and again on every worker before a reload.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from pronk.settings import Settings, get_settings
+
+SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64", "I64": "int64", "I32": "int32"}
+
+
+class CheckpointMismatch(ValueError):
+    """A checkpoint that cannot replace the model's weights; the message names the first difference."""
+
+    def __init__(self, what: str, expected: object, got: object, src: str, reference: str):
+        self.what, self.expected, self.got = what, expected, got
+        super().__init__(f"checkpoint {src} does not fit {reference}: {what} is {got}, expected {expected}")
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointSpec:
+    """Architecture, dtype and parameter shapes of one checkpoint directory."""
+
+    architecture: str
+    dtype: str
+    parameters: dict[str, tuple[int, ...]]
+
+    @property
+    def param_hash(self) -> str:
+        """sha256 over the sorted `name:shape` lines: equal hashes mean the same parameter layout."""
+        lines = "\n".join(f"{name}:{list(shape)}" for name, shape in sorted(self.parameters.items()))
+        return hashlib.sha256(lines.encode()).hexdigest()[:16]
+
+    @property
+    def parameter_count(self) -> int:
+        total = 0
+        for shape in self.parameters.values():
+            count = 1
+            for dim in shape:
+                count *= dim
+            total += count
+        return total
+
+
+def _safetensors_header(path: Path) -> dict:
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(length))
+
+
+def read_spec(directory: Path) -> CheckpointSpec:
+    """Read a checkpoint's spec from `config.json` and its `*.safetensors` headers."""
+    config_path = directory / "config.json"
+    if not config_path.exists():
+        raise FileNotFoundError(f"checkpoint {directory}: no config.json")
+    config = json.loads(config_path.read_text())
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"checkpoint {directory}: no *.safetensors files")
+    parameters: dict[str, tuple[int, ...]] = {}
+    dtypes: Counter[str] = Counter()
+    for file in files:
+        for name, info in _safetensors_header(file).items():
+            if name == "__metadata__":
+                continue
+            parameters[name] = tuple(info["shape"])
+            dtypes[SAFETENSORS_DTYPES.get(info["dtype"], info["dtype"])] += 1
+    architectures = config.get("architectures") or [config.get("model_type", "unknown")]
+    return CheckpointSpec(architecture=architectures[0], dtype=dtypes.most_common(1)[0][0], parameters=parameters)
+
+
+def check_compatible(candidate: CheckpointSpec, reference: CheckpointSpec, src: str, reference_name: str) -> None:
+    """Raise `CheckpointMismatch` naming the first difference between `candidate` and `reference`."""
+    if candidate.architecture != reference.architecture:
+        raise CheckpointMismatch("architecture", reference.architecture, candidate.architecture, src, reference_name)
+    if candidate.dtype != reference.dtype:
+        raise CheckpointMismatch("dtype", reference.dtype, candidate.dtype, src, reference_name)
+    for name, shape in reference.parameters.items():
+        if name not in candidate.parameters:
+            raise CheckpointMismatch(f"parameter {name!r}", f"shape {list(shape)}", "missing", src, reference_name)
+        if candidate.parameters[name] != shape:
+            raise CheckpointMismatch(f"parameter {name!r} shape", list(shape), list(candidate.parameters[name]), src, reference_name)
+    extra = sorted(set(candidate.parameters) - set(reference.parameters))
+    if extra:
+        raise CheckpointMismatch(f"parameter {extra[0]!r}", "absent", f"shape {list(candidate.parameters[extra[0]])}", src, reference_name)
+
+
+def checkpoint_tags(spec: CheckpointSpec, parent_version: int | None = None, source: str | None = None) -> dict[str, str]:
+    """The MLflow model version tags pronk writes for a checkpoint."""
+    tags = {
+        "architecture": spec.architecture,
+        "dtype": spec.dtype,
+        "param_hash": spec.param_hash,
+        "parameters": str(spec.parameter_count),
+    }
+    if parent_version is not None:
+        tags["parent_version"] = str(parent_version)
+    if source:
+        tags["source"] = source
+    return tags
+
+
+class UploadResult(BaseModel):
+    """A checkpoint registered as a model version."""
+
+    name: str = Field(description="Registered model name.")
+    version: int = Field(ge=1, description="The new version number.")
+    uri: str = Field(description="`models:/NAME/VERSION` of the new version.")
+    parent_version: int | None = Field(default=None, description="The version it was validated against.")
+    tags: dict[str, str] = Field(default_factory=dict)
+
+
+def reference_version(name: str, job_model: str | None, settings: Settings) -> int | None:
+    """The version a new checkpoint of `name` must fit: the one the job's model URI names, else the newest."""
+    from pronk.model_store import _parse_models_uri, alias_version, latest_version
+
+    if job_model and job_model.startswith("models:/"):
+        job_name, alias, number = _parse_models_uri(job_model)
+        if job_name == name:
+            return alias_version(name, alias, settings) if alias else int(number)
+    return latest_version(name, settings)
+
+
+def upload_checkpoint(src: str, name: str, job_model: str | None = None, settings: Settings | None = None) -> UploadResult:
+    """Validate a checkpoint (local dir or s3://) against the model's current version, then register it as the next one.
+
+    Nothing is registered when it does not fit: `CheckpointMismatch` names the first difference.
+    """
+    from pronk.model_store import register_model_dir, resolve_model
+
+    settings = settings or get_settings()
+    local = resolve_model(src, settings).path
+    spec = read_spec(local)
+    parent = reference_version(name, job_model, settings)
+    if parent is not None:
+        reference = resolve_model(f"models:/{name}/{parent}", settings)
+        check_compatible(spec, read_spec(reference.path), src, reference.version)
+    tags = checkpoint_tags(spec, parent, src)
+    version = register_model_dir(local, name, tags=tags, settings=settings)
+    return UploadResult(name=name, version=version, uri=f"models:/{name}/{version}", parent_version=parent, tags=tags)
