@@ -134,7 +134,9 @@ def reference_version(name: str, job_model: str | None, settings: Settings) -> i
     return latest_version(name, settings)
 
 
-def upload_checkpoint(src: str, name: str, job_model: str | None = None, settings: Settings | None = None) -> UploadResult:
+def upload_checkpoint(
+    src: str, name: str, job_model: str | None = None, settings: Settings | None = None, source_tag: str | None = None
+) -> UploadResult:
     """Validate a checkpoint (local dir or s3://) against the model's current version, then register it as the next one.
 
     Nothing is registered when it does not fit: `CheckpointMismatch` names the first difference.
@@ -148,6 +150,6 @@ def upload_checkpoint(src: str, name: str, job_model: str | None = None, setting
     if parent is not None:
         reference = resolve_model(f"models:/{name}/{parent}", settings)
         check_compatible(spec, read_spec(reference.path), src, reference.version)
-    tags = checkpoint_tags(spec, parent, src)
+    tags = checkpoint_tags(spec, parent, source_tag or src)
     version = register_model_dir(local, name, tags=tags, settings=settings)
     return UploadResult(name=name, version=version, uri=f"models:/{name}/{version}", parent_version=parent, tags=tags)
