@@ -37,7 +37,37 @@ class RoundRobin:
         return ordered[next(self._counter) % len(ordered)]
 
 
-POLICIES: dict[str, type] = {"least_loaded": LeastLoaded, "round_robin": RoundRobin}
+class TraceAffinity:
+    """Steps of a trace (and its fan-out children, via `affinity_key`) go to the worker holding its prefix.
+
+    The first step of a family goes to the least-loaded worker and the family sticks there, unless
+    that worker is full (KV cache nearly exhausted) or busier than the least-loaded one by more than
+    `slack` steps; then the family moves (its prefix is recomputed once on the new worker). Dead
+    workers never reach `choose`: the router passes live candidates only.
+    """
+
+    def __init__(self, slack: int = 8, full_kv_usage: float = 0.97, max_families: int = 100_000) -> None:
+        self.slack = slack
+        self.full_kv_usage = full_kv_usage
+        self.max_families = max_families
+        self.homes: dict[str, str] = {}
+
+    def choose(self, candidates, in_flight, request):
+        key = request.affinity_key or request.trace_id
+        roomy = [w for w in candidates if w.stats.kv_cache_usage < self.full_kv_usage] or candidates
+        best = min(roomy, key=lambda w: (load_of(w, in_flight), w.worker_id))
+        if key is None:
+            return best
+        home = next((w for w in roomy if w.worker_id == self.homes.get(key)), None)
+        if home is not None and load_of(home, in_flight) <= load_of(best, in_flight) + self.slack:
+            return home
+        if len(self.homes) >= self.max_families:
+            self.homes.pop(next(iter(self.homes)))
+        self.homes[key] = best.worker_id
+        return best
+
+
+POLICIES: dict[str, type] = {"least_loaded": LeastLoaded, "round_robin": RoundRobin, "trace_affinity": TraceAffinity}
 
 
 def make_policy(name: str) -> RoutingPolicy:

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.kv_retention import retention_hints
 from engine.protocol import SamplingSpec, StepRequest, StepResult, WorkerStats
 
 
@@ -46,6 +47,21 @@ def _stat_logger_factory(snapshot: SchedulerSnapshot):
     return SnapshotLogger
 
 
+class MixedWeightVersions(RuntimeError):
+    """A generation whose tokens came from two weight versions; never returned as a result."""
+
+
+@dataclass(slots=True)
+class WeightSwap:
+    """One in-place weight swap: wall-clock times of pause request, paused (drained) and resumed."""
+
+    from_version: str
+    to_version: str
+    pause_requested_at: float
+    paused_at: float
+    resumed_at: float
+
+
 @dataclass
 class VllmBackend:
     """Owns one `AsyncLLM`; `model_version` names the weights it serves."""
@@ -58,6 +74,8 @@ class VllmBackend:
     snapshot: SchedulerSnapshot = field(default_factory=SchedulerSnapshot)
     in_flight: int = 0
     requests_served: int = 0
+    leap_state: str = "ready"
+    staged_version: str | None = None
     _engine: Any = None
     _tokenizer: Any = None
 
@@ -68,6 +86,7 @@ class VllmBackend:
         args = AsyncEngineArgs(model=self.model_path, disable_log_stats=False, **self.engine_kwargs)
         self._engine = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(self.snapshot)])
         self._tokenizer = self._engine.get_tokenizer()
+        await self._engine.update_weight_version(self.model_version)
 
     def shutdown(self) -> None:
         if self._engine is not None:
@@ -78,7 +97,7 @@ class VllmBackend:
         from vllm import SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
 
-        structured = StructuredOutputsParams(json=spec.json_schema) if spec.json_schema else None
+        structured = StructuredOutputsParams(json=spec.json_schema, disable_any_whitespace=True) if spec.json_schema else None
         return SamplingParams(
             max_tokens=spec.max_tokens,
             temperature=spec.temperature,
@@ -100,6 +119,8 @@ class VllmBackend:
         started = time.monotonic()
         prompt = {"prompt_token_ids": self.prompt_token_ids(request)}
         params = self._sampling_params(request.sampling)
+        if request.trace_id:
+            params.extra_args = retention_hints(request.trace_id, request.kv_pin_ttl_s)
         self.in_flight += 1
         final = None
         try:
@@ -119,7 +140,7 @@ class VllmBackend:
             cached_tokens=final.num_cached_tokens or 0,
             completion_tokens=len(completion.token_ids),
             finish_reason=completion.finish_reason or "stop",
-            model_version=self.model_version,
+            model_version=self._generation_version(completion),
             worker_id=self.worker_id,
             queue_time_s=queue_time,
             engine_time_s=time.monotonic() - started,
@@ -137,4 +158,40 @@ class VllmBackend:
             prefix_cache_queries=self.snapshot.prefix_cache_queries,
             prefix_cache_hits=self.snapshot.prefix_cache_hits,
             requests_served=self.requests_served,
+            leap_state=self.leap_state,
+            staged_version=self.staged_version,
         )
+
+    def _generation_version(self, completion: Any) -> str:
+        """The weight version that sampled this generation's tokens, as vLLM tracked it token by token."""
+        versions = {span.version for span in completion.weight_versions or []}
+        if len(versions) > 1:
+            raise MixedWeightVersions(f"one generation was sampled by weights {sorted(versions)}")
+        return versions.pop() if versions else self.model_version
+
+    async def swap_weights(self, path: str, version: str) -> WeightSwap:
+        """At a step boundary: drain in-flight generations (new ones queue), reload weights in place, reset the prefix cache, resume.
+
+        Draining instead of freezing is what keeps every generation on one version. If the reload
+        fails, the previous weights are reloaded before resuming, and the error is raised.
+        """
+        started = time.time()
+        await self._engine.pause_generation(mode="wait", clear_cache=False)
+        paused = time.time()
+        try:
+            await self._reload(path, version)
+        except Exception:
+            await self._reload(self.model_path, self.model_version)
+            raise
+        finally:
+            await self._engine.resume_generation()
+        resumed = time.time()
+        previous = self.model_version
+        self.model_path, self.model_version = path, version
+        return WeightSwap(previous, version, started, paused, resumed)
+
+    async def _reload(self, path: str, version: str) -> None:
+        await self._engine.collective_rpc("reload_weights", kwargs={"weights_path": path, "is_checkpoint_format": True})
+        if not await self._engine.reset_prefix_cache():
+            raise RuntimeError(f"{self.worker_id}: prefix cache reset refused after loading {version}")
+        await self._engine.update_weight_version(version)

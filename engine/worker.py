@@ -16,6 +16,7 @@ import time
 
 from fastapi import FastAPI, HTTPException
 
+from engine.kv_retention import scheduler_class
 from engine.protocol import StepRequest, StepResult, WorkerStats
 from engine.registry import Registry, WorkerEntry
 from engine.vllm_backend import VllmBackend
@@ -119,7 +120,11 @@ def main(argv: list[str] | None = None) -> None:
         model_version=model.version,
         worker_id=f"{job.job_id}-w{args.index}",
         job_id=job.job_id,
-        engine_kwargs={"served_model_name": job.served_model_name, **job.engine.as_vllm_kwargs()},
+        engine_kwargs={
+            "served_model_name": job.served_model_name,
+            "scheduler_cls": scheduler_class(job.device),
+            **job.engine.as_vllm_kwargs(),
+        },
     )
     registry = Registry(settings.registry_dir, settings.heartbeat_timeout_s)
     app = create_app(backend, registry, f"http://127.0.0.1:{port}", settings.heartbeat_interval_s)

@@ -1,0 +1,150 @@
+"""KV retention across tool-call gaps: a vLLM scheduler that pins a trace's prefix blocks for a TTL.
+
+vLLM frees a finished request's KV blocks into an LRU free queue, so while a trace waits on a tool
+other traffic can evict its prefix and the next step recomputes it. `PinningScheduler` (passed to
+vLLM as `scheduler_cls`) takes an extra reference on the finished request's full, cached blocks when
+the step asked for a pin (`SamplingParams.extra_args`, see `retention_hints`), which keeps them out
+of the free queue. The pin is released when the trace's next step has been scheduled (it now holds
+the blocks itself), when the TTL passes, when the pinned total would pass `PRONK_KV_PIN_MAX_FRACTION`
+of the cache (oldest pins go first), or before a prefix-cache reset (weight swap).
+
+The vLLM classes are built on first attribute access (`__getattr__`), so importing this module for
+`retention_hints` stays free of vLLM.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+TRACE_KEY = "pronk_trace_id"
+TTL_KEY = "pronk_pin_ttl_s"
+MAX_FRACTION_ENV = "PRONK_KV_PIN_MAX_FRACTION"
+
+
+def retention_hints(trace_id: str, ttl_s: float) -> dict[str, Any]:
+    """The per-request hints `PinningScheduler` reads from `SamplingParams.extra_args`."""
+    return {TRACE_KEY: trace_id, TTL_KEY: float(ttl_s)}
+
+
+def scheduler_class(device: str) -> str:
+    """The `scheduler_cls` path for a worker on `device` (GPU builds default to async scheduling)."""
+    return f"engine.kv_retention.{'AsyncPinningScheduler' if device == 'cuda' else 'PinningScheduler'}"
+
+
+def _hints(request: Any) -> tuple[str | None, float]:
+    extra = getattr(request.sampling_params, "extra_args", None) or {}
+    return extra.get(TRACE_KEY), float(extra.get(TTL_KEY, 0.0) or 0.0)
+
+
+@dataclass(slots=True)
+class Pin:
+    blocks: list[Any]
+    expires_at: float
+    pinned_at: float = field(default_factory=time.monotonic)
+
+
+class PinTable:
+    """Pins by trace id, with a block budget; `release` hands blocks back to a `free` callback."""
+
+    def __init__(self, budget_blocks: int, free):
+        self.budget_blocks = budget_blocks
+        self.free = free
+        self.pins: dict[str, Pin] = {}
+        self.pinned_blocks = 0
+        self.released = {"next_step": 0, "ttl": 0, "budget": 0, "reset": 0}
+
+    def release(self, trace_id: str, why: str) -> None:
+        pin = self.pins.pop(trace_id, None)
+        if pin is None:
+            return
+        self.pinned_blocks -= len(pin.blocks)
+        self.released[why] += 1
+        self.free(pin.blocks)
+
+    def add(self, trace_id: str, blocks: list[Any], ttl_s: float, now: float) -> bool:
+        """Pin `blocks` (already referenced by the caller's `touch`) unless they cannot fit the budget."""
+        self.release(trace_id, "next_step")
+        if len(blocks) > self.budget_blocks:
+            return False
+        while self.pinned_blocks + len(blocks) > self.budget_blocks:
+            oldest = min(self.pins, key=lambda t: self.pins[t].pinned_at)
+            self.release(oldest, "budget")
+        self.pins[trace_id] = Pin(blocks, now + ttl_s)
+        self.pinned_blocks += len(blocks)
+        return True
+
+    def expire(self, now: float) -> None:
+        for trace_id in [t for t, pin in self.pins.items() if pin.expires_at <= now]:
+            self.release(trace_id, "ttl")
+
+    def release_all(self, why: str) -> None:
+        for trace_id in list(self.pins):
+            self.release(trace_id, why)
+
+
+def _retention_mixin(base: type) -> type:
+    from vllm.v1.request import RequestStatus
+
+    pinnable = {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED}
+
+    class Retention(base):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            pool = self.kv_cache_manager.block_pool
+            fraction = float(os.environ.get(MAX_FRACTION_ENV, "0.5"))
+            self.pin_table = PinTable(int(pool.num_gpu_blocks * fraction), lambda blocks: pool.free_blocks(reversed(blocks)))
+            self.awaiting_release: dict[str, Any] = {}
+
+        def add_request(self, request) -> None:
+            trace_id, _ = _hints(request)
+            if trace_id and trace_id in self.pin_table.pins:
+                self.awaiting_release[trace_id] = request
+            super().add_request(request)
+
+        def schedule(self, *args, **kwargs):
+            self.pin_table.expire(time.monotonic())
+            output = super().schedule(*args, **kwargs)
+            for trace_id, request in list(self.awaiting_release.items()):
+                if request.status != RequestStatus.WAITING:
+                    del self.awaiting_release[trace_id]
+                    self.pin_table.release(trace_id, "next_step")
+            return output
+
+        def _free_request(self, request, delay_free_blocks: bool = False):
+            trace_id, ttl_s = _hints(request)
+            if trace_id and ttl_s > 0 and not delay_free_blocks and request.status in pinnable:
+                self._pin(trace_id, request, ttl_s)
+            return super()._free_request(request, delay_free_blocks)
+
+        def _pin(self, trace_id: str, request, ttl_s: float) -> None:
+            groups = self.kv_cache_manager.get_blocks(request.request_id).blocks
+            blocks = [b for group in groups for b in group if b.block_hash is not None and not b.is_null]
+            if blocks and len(blocks) <= self.pin_table.budget_blocks:
+                self.kv_cache_manager.block_pool.touch(blocks)
+                self.pin_table.add(trace_id, blocks, ttl_s, time.monotonic())
+
+        def reset_prefix_cache(self, *args, **kwargs):
+            self.pin_table.release_all("reset")
+            self.awaiting_release.clear()
+            return super().reset_prefix_cache(*args, **kwargs)
+
+    return Retention
+
+
+def __getattr__(name: str) -> type:
+    if name == "PinningScheduler":
+        from vllm.v1.core.sched.scheduler import Scheduler
+
+        cls = _retention_mixin(Scheduler)
+    elif name == "AsyncPinningScheduler":
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+        cls = _retention_mixin(AsyncScheduler)
+    else:
+        raise AttributeError(name)
+    cls.__name__ = cls.__qualname__ = name
+    globals()[name] = cls
+    return cls
