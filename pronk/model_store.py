@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +88,15 @@ def _parse_models_uri(uri: str) -> tuple[str, str | None, str | None]:
     return name, None, version
 
 
+def _publish(downloaded: Path, target: Path) -> None:
+    """Move a finished download into place atomically; if another process (a worker of the same job) won, keep theirs."""
+    try:
+        downloaded.rename(target)
+    except OSError:
+        if not (target / "config.json").exists():
+            raise
+
+
 def resolve_model(uri: str, settings: Settings | None = None) -> ResolvedModel:
     """Make any supported model URI a local directory, downloading into the data dir's cache once."""
     settings = settings or get_settings()
@@ -98,13 +108,12 @@ def resolve_model(uri: str, settings: Settings | None = None) -> ResolvedModel:
         if not (target / "config.json").exists():
             import mlflow.artifacts
 
-            staging = target.with_name(target.name + ".partial")
+            staging = target.with_name(f"{target.name}.partial-{os.getpid()}")
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir(parents=True)
             mlflow.artifacts.download_artifacts(artifact_uri=version.source, dst_path=str(staging))
             downloaded = staging / "model" if (staging / "model" / "config.json").exists() else staging
-            shutil.rmtree(target, ignore_errors=True)
-            downloaded.rename(target)
+            _publish(downloaded, target)
             shutil.rmtree(staging, ignore_errors=True)
         return ResolvedModel(target, f"{name}/{version.version}")
     if uri.startswith("s3://"):
@@ -114,8 +123,12 @@ def resolve_model(uri: str, settings: Settings | None = None) -> ResolvedModel:
         digest = hashlib.sha256(uri.encode()).hexdigest()[:12]
         target = settings.models_dir / "s3" / digest
         if not (target / "config.json").exists():
-            target.mkdir(parents=True, exist_ok=True)
-            fs.get(uri.rstrip("/") + "/", str(target), recursive=True)
+            staging = target.with_name(f"{target.name}.partial-{os.getpid()}")
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.parent.mkdir(parents=True, exist_ok=True)
+            fs.get(uri.rstrip("/") + "/", str(staging), recursive=True)
+            _publish(staging, target)
+            shutil.rmtree(staging, ignore_errors=True)
         return ResolvedModel(target, uri)
     path = Path(uri.removeprefix("file://")).expanduser().resolve()
     if not (path / "config.json").exists():
