@@ -20,6 +20,7 @@ from engine.kv_retention import scheduler_class
 from engine.protocol import StepRequest, StepResult, WorkerStats
 from engine.registry import Registry, WorkerEntry
 from engine.vllm_backend import VllmBackend
+from engine.weight_swap import add_weight_routes
 
 log = logging.getLogger("pronk.worker")
 
@@ -93,6 +94,7 @@ def create_app(backend: VllmBackend, registry: Registry, url: str, heartbeat_int
     async def stats() -> WorkerStats:
         return backend.stats()
 
+    add_weight_routes(app, backend)
     return app
 
 

@@ -1,0 +1,119 @@
+"""A worker's side of a Leap: stage new weights while serving the old ones, then swap them in place on request.
+
+`POST /weights/stage` downloads a model URI into the worker's model cache and checks that it fits
+the weights being served (same architecture, dtype, parameter shapes), all while generation goes
+on. `POST /weights/reload` swaps to the staged version at a step boundary. The worker's state
+(`ready → uploading → reloading → ready`, or `failed`) rides on its heartbeat for `pronk leap status`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from fastapi import FastAPI, HTTPException
+from pydantic import BaseModel, Field
+
+from engine.vllm_backend import VllmBackend
+
+
+class StageRequest(BaseModel):
+    model_uri: str = Field(min_length=1, description="What to stage: `models:/NAME/N`, a local dir or s3://.")
+
+
+class StageResult(BaseModel):
+    worker_id: str
+    version: str = Field(description="Version label of the staged weights.")
+    path: str
+    seconds: float = Field(description="Download and validation time.")
+
+
+class ReloadRequest(BaseModel):
+    version: str = Field(min_length=1, description="A version staged on this worker (or the one it serves, to re-load it).")
+
+
+class ReloadResult(BaseModel):
+    worker_id: str
+    from_version: str
+    to_version: str
+    pause_requested_at: float = Field(description="Unix time the pause was asked for.")
+    paused_at: float = Field(description="Unix time in-flight generations had drained.")
+    resumed_at: float = Field(description="Unix time generation resumed on the new weights.")
+
+
+class WeightSwapper:
+    """Stages versions on disk and swaps the backend to one of them; one Leap at a time per worker."""
+
+    def __init__(self, backend: VllmBackend):
+        self.backend = backend
+        self.staged: dict[str, str] = {backend.model_version: backend.model_path}
+        self.lock = asyncio.Lock()
+
+    async def stage(self, model_uri: str) -> StageResult:
+        from pronk.model_store import resolve_model
+        from pronk.weights import check_compatible, read_spec
+
+        started = time.monotonic()
+        async with self.lock:
+            self.backend.leap_state = "uploading"
+            try:
+                model = await asyncio.to_thread(resolve_model, model_uri)
+                candidate, current = await asyncio.to_thread(lambda: (read_spec(model.path), read_spec(Path(self.backend.model_path))))
+                check_compatible(candidate, current, model_uri, self.backend.model_version)
+            finally:
+                self.backend.leap_state = "ready"
+            self.staged[model.version] = str(model.path)
+            self.backend.staged_version = model.version
+        return StageResult(worker_id=self.backend.worker_id, version=model.version, path=str(model.path), seconds=time.monotonic() - started)
+
+    async def reload(self, version: str) -> ReloadResult:
+        if version not in self.staged:
+            raise LookupError(f"{self.backend.worker_id}: version {version!r} is not staged (staged: {sorted(self.staged)})")
+        async with self.lock:
+            self.backend.leap_state = "reloading"
+            try:
+                swap = await self.backend.swap_weights(self.staged[version], version)
+            except Exception:
+                self.backend.leap_state = "failed"
+                raise
+            self.backend.leap_state = "ready"
+            self.backend.staged_version = None
+        return ReloadResult(
+            worker_id=self.backend.worker_id, from_version=swap.from_version, to_version=swap.to_version,
+            pause_requested_at=swap.pause_requested_at, paused_at=swap.paused_at, resumed_at=swap.resumed_at,
+        )
+
+
+def add_weight_routes(app: FastAPI, backend: VllmBackend) -> WeightSwapper:
+    """Mount `/weights/stage`, `/weights/reload` and `GET /weights` on a worker's app."""
+    from pronk.weights import CheckpointMismatch
+
+    swapper = WeightSwapper(backend)
+
+    @app.post("/weights/stage")
+    async def stage(request: StageRequest) -> StageResult:
+        try:
+            return await swapper.stage(request.model_uri)
+        except CheckpointMismatch as exc:
+            raise HTTPException(status_code=409, detail=str(exc)) from exc
+        except (FileNotFoundError, ValueError) as exc:
+            raise HTTPException(status_code=400, detail=str(exc)) from exc
+
+    @app.post("/weights/reload")
+    async def reload(request: ReloadRequest) -> ReloadResult:
+        try:
+            return await swapper.reload(request.version)
+        except LookupError as exc:
+            raise HTTPException(status_code=409, detail=str(exc)) from exc
+
+    @app.get("/weights")
+    async def weights() -> dict[str, object]:
+        return {
+            "worker_id": backend.worker_id,
+            "model_version": backend.model_version,
+            "leap_state": backend.leap_state,
+            "staged": swapper.staged,
+        }
+
+    return swapper
