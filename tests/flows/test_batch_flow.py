@@ -149,3 +149,22 @@ def test_steps_are_resent_when_a_worker_dies_mid_batch(stack, tmp_path):
     assert batch["request_counts"] == {"total": 24, "completed": 24, "failed": 0}
     workers = {line["response"]["body"]["pronk"]["worker_id"] for line in read_jsonl(batch["output_uri"])}
     assert not any(w.endswith("-w2") for w in workers)
+
+
+def test_worker_withdraws_from_the_registry_on_sigterm(stack):
+    from engine.registry import Registry
+    from pronk.fleet import start_workers, wait_for_workers
+    from pronk.processes import alive
+
+    job = get_job(JOB)
+    extra = start_workers(job, stack, indices=[3])
+    wait_for_workers(job, stack, extra)
+    (pid,) = extra.values()
+    registry = Registry(stack.registry_dir)
+    assert any(e.worker_id.endswith("-w3") for e in registry.live(JOB))
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(pid)
+    assert not any(e.worker_id.endswith("-w3") for e in registry.entries(JOB))
