@@ -18,8 +18,10 @@ model_app = typer.Typer(no_args_is_help=True, help="Make and register models.")
 worker_app = typer.Typer(no_args_is_help=True, help="Run engine workers.")
 batch_app = typer.Typer(no_args_is_help=True, help="Run batches.")
 job_app = typer.Typer(no_args_is_help=True, help="Inspect jobs.")
+keys_app = typer.Typer(no_args_is_help=True, help="Manage API keys (used when PRONK_API_AUTH=true).")
 for sub, name in ((stack_app, "stack"), (model_app, "model"), (worker_app, "worker"), (batch_app, "batch"), (job_app, "job")):
     app.add_typer(sub, name=name)
+app.add_typer(keys_app, name="keys")
 
 JobOption = Annotated[Optional[str], typer.Option("--job", help="Job id or name (default: the settings' default job).")]
 
@@ -33,14 +35,17 @@ def _fail(message: str) -> None:
 def stack_up(
     job: JobOption = None,
     mlflow_ui: Annotated[bool, typer.Option(help="Also serve the MLflow UI.")] = True,
+    api: Annotated[bool, typer.Option(help="Also serve the OpenAI-compatible API (`pronk api`).")] = True,
 ) -> None:
     """Start Prefect, MLflow, the run-batch deployment and the job's workers in the background."""
     from pronk import stack
 
     settings = get_settings()
-    state = stack.up(settings, job, mlflow_ui=mlflow_ui)
+    state = stack.up(settings, job, mlflow_ui=mlflow_ui, api=api)
     typer.echo(f"stack up under {settings.data_dir}: {', '.join(sorted(state))}")
     typer.echo(f"Prefect UI: http://127.0.0.1:{settings.prefect_port}   MLflow UI: http://127.0.0.1:{settings.mlflow_port}")
+    if api:
+        typer.echo(f"OpenAI-compatible API: http://127.0.0.1:{settings.api_port}/v1 (auth {'on' if settings.api_auth else 'off'})")
 
 
 @stack_app.command("down")
@@ -179,3 +184,54 @@ def batch_run(
     )
     typer.echo(json.dumps(batch.model_dump(mode="json")))
     raise typer.Exit(0 if batch.status == "completed" else 1)
+
+
+@app.command("api")
+def api(
+    port: Annotated[Optional[int], typer.Option(help="Port on 127.0.0.1 (default: PRONK_API_PORT, 8000).")] = None,
+    auth: Annotated[Optional[bool], typer.Option("--auth/--no-auth", help="Require API keys (default: PRONK_API_AUTH).")] = None,
+) -> None:
+    """Serve the OpenAI-compatible Files and Batches API in the foreground."""
+    import uvicorn
+
+    from pronk.api.app import create_app
+
+    settings = get_settings()
+    if auth is not None:
+        settings = settings.model_copy(update={"api_auth": auth})
+    uvicorn.run(create_app(settings), host="127.0.0.1", port=port or settings.api_port, log_level="warning")
+
+
+@keys_app.command("create")
+def keys_create(
+    owner: Annotated[Optional[str], typer.Option(help="Share files and batches with the other keys of this owner (default: the key alone).")] = None,
+    name: Annotated[str, typer.Option(help="A note: what the key is for.")] = "",
+) -> None:
+    """Make an API key; prints it once (only its hash is stored)."""
+    from pronk.api_keys import ApiKeyStore
+
+    try:
+        key, record = ApiKeyStore(get_settings()).create(owner, name)
+    except ValueError as exc:
+        _fail(str(exc))
+    typer.echo(f"{record.key_id} owner {record.owner}", err=True)
+    typer.echo(key)
+
+
+@keys_app.command("list")
+def keys_list() -> None:
+    """List API keys (ids, owners, hints; never the keys)."""
+    from pronk.api_keys import ApiKeyStore
+
+    for record in ApiKeyStore(get_settings()).list():
+        typer.echo(f"{record.key_id}  owner {record.owner:24} {record.hint}  {record.name}")
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: Annotated[str, typer.Argument(help="The key's id (`key_…`, from `pronk keys list`).")]) -> None:
+    """Delete an API key; requests with it get 401 from then on."""
+    from pronk.api_keys import ApiKeyStore
+
+    if not ApiKeyStore(get_settings()).revoke(key_id):
+        _fail(f"no API key {key_id!r}")
+    typer.echo(f"revoked {key_id}")

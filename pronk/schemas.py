@@ -127,6 +127,23 @@ class BatchErrors(BaseModel):
     data: list[BatchErrorData] = Field(default_factory=list)
 
 
+FilePurpose = Literal["batch", "batch_output"]
+
+
+class FileObject(BaseModel):
+    """OpenAI's File object: an uploaded batch input file, or a batch's output or error file."""
+
+    id: str = Field(default_factory=lambda: new_id("file"))
+    object: Literal["file"] = "file"
+    bytes: int = Field(ge=0, description="Size of the content in bytes.")
+    created_at: int = Field(default_factory=lambda: int(time.time()))
+    expires_at: int | None = None
+    filename: str
+    purpose: FilePurpose
+    status: Literal["uploaded", "processed", "error"] = "processed"
+    status_details: str | None = None
+
+
 class Batch(BaseModel):
     """OpenAI's Batch object plus pronk's job addressing and cost."""
 
@@ -160,6 +177,7 @@ class Batch(BaseModel):
     output_uri: str | None = None
     error_uri: str | None = None
     flow_run_id: str | None = None
+    owner: str | None = Field(default=None, description="Who made it through the API (an API key's owner); never shown by the API.")
 
     def model_post_init(self, context: Any) -> None:
         if self.expires_at is None and self.completion_window == "24h":

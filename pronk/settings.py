@@ -41,6 +41,12 @@ class Settings(BaseSettings):
     s3_endpoint_url: str | None = Field(
         default=None, description="S3 endpoint for s3:// paths (a moto server or MinIO); None means AWS."
     )
+    api_port: int = Field(default=8000, ge=1, le=65535, description="Port of `pronk api` on 127.0.0.1.")
+    api_auth: bool = Field(
+        default=False, description="Require a bearer API key (`pronk keys create`); off, every caller is the owner `local`."
+    )
+    api_max_upload_bytes: int = Field(default=200 * 1024 * 1024, ge=1, description="Largest file `POST /v1/files` accepts.")
+    api_max_upload_lines: int = Field(default=50_000, ge=1, description="Most request lines in one batch input file.")
 
     @property
     def tracking_uri(self) -> str:

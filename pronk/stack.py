@@ -92,6 +92,20 @@ def start_mlflow_ui(settings: Settings, state: dict[str, int]) -> None:
     state["mlflow-server"] = spawn(argv, log)
 
 
+def start_api(settings: Settings, state: dict[str, int]) -> None:
+    """Serve `pronk api` (the OpenAI-compatible Files and Batches API) on 127.0.0.1:`api_port`."""
+    if "api" in state and alive(state["api"]):
+        return
+    log = settings.logs_dir / "api.log"
+    argv = [
+        sys.executable, "-m", "uvicorn", "pronk.api.app:create_app", "--factory",
+        "--host", "127.0.0.1", "--port", str(settings.api_port), "--log-level", "warning",
+    ]
+    env = {**prefect_environment(settings), "PRONK_DATA_DIR": str(settings.data_dir)}
+    state["api"] = spawn(argv, log, env=env, cwd=PROJECT_ROOT)
+    _wait_http(f"http://127.0.0.1:{settings.api_port}/health", "pronk API", state["api"], log)
+
+
 def start_job(job: JobConfig, settings: Settings, state: dict[str, int]) -> None:
     """Start the job's workers that are not running (all of them on a first start) and wait for them."""
     wanted = range(job.workers)
@@ -103,7 +117,9 @@ def start_job(job: JobConfig, settings: Settings, state: dict[str, int]) -> None
     wait_for_workers(job, settings, pids)
 
 
-def up(settings: Settings, job_name: str | None = None, mlflow_ui: bool = True, deploy: bool = True) -> dict[str, int]:
+def up(
+    settings: Settings, job_name: str | None = None, mlflow_ui: bool = True, deploy: bool = True, api: bool = True
+) -> dict[str, int]:
     """Bring the embedded stack up (idempotent: running parts are left alone)."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     state = read_state(settings)
@@ -114,6 +130,8 @@ def up(settings: Settings, job_name: str | None = None, mlflow_ui: bool = True, 
             start_mlflow_ui(settings, state)
         if deploy:
             deploy_flows(settings, state)
+        if api:
+            start_api(settings, state)
         start_job(get_job(job_name or settings.default_job), settings, state)
     finally:
         _write_state(settings, state)

@@ -11,9 +11,13 @@ from pronk.settings import Settings, get_settings
 
 def storage_options(uri: str, settings: Settings | None = None) -> dict[str, Any]:
     settings = settings or get_settings()
-    if uri.startswith("s3://") and settings.s3_endpoint_url:
-        return {"client_kwargs": {"endpoint_url": settings.s3_endpoint_url}}
-    return {}
+    if not uri.startswith("s3://"):
+        return {}
+    # Other processes write the same bucket: a cached listing would hide their objects.
+    options: dict[str, Any] = {"use_listings_cache": False}
+    if settings.s3_endpoint_url:
+        options["client_kwargs"] = {"endpoint_url": settings.s3_endpoint_url}
+    return options
 
 
 def filesystem(uri: str, settings: Settings | None = None) -> fsspec.AbstractFileSystem:
@@ -37,3 +41,43 @@ def write_bytes(uri: str, data: bytes, settings: Settings | None = None) -> None
 
 def join(base: str, *parts: str) -> str:
     return "/".join([base.rstrip("/"), *parts])
+
+
+def exists(uri: str, settings: Settings | None = None) -> bool:
+    return filesystem(uri, settings).exists(uri)
+
+
+def size(uri: str, settings: Settings | None = None) -> int:
+    return int(filesystem(uri, settings).size(uri))
+
+
+def delete(uri: str, settings: Settings | None = None) -> None:
+    """Remove one object; a missing one is fine."""
+    fs = filesystem(uri, settings)
+    if fs.exists(uri):
+        fs.rm_file(uri)
+
+
+def list_names(prefix: str, settings: Settings | None = None) -> list[str]:
+    """Names (last path part) of the objects directly under `prefix`, sorted; none when it does not exist."""
+    fs = filesystem(prefix, settings)
+    try:
+        return sorted(path.rstrip("/").rsplit("/", 1)[-1] for path in fs.ls(prefix, detail=False))
+    except FileNotFoundError:
+        return []
+
+
+def read_many(uris: list[str], settings: Settings | None = None) -> list[bytes | None]:
+    """Read several objects of one folder at once (s3fs fetches them concurrently); None for a missing one."""
+    if not uris:
+        return []
+    contents = filesystem(uris[0], settings).cat(uris, on_error="omit")
+    by_name = {key.rstrip("/").rsplit("/", 1)[-1]: value for key, value in contents.items()}
+    return [by_name.get(uri.rsplit("/", 1)[-1]) for uri in uris]
+
+
+def iter_chunks(uri: str, settings: Settings | None = None, chunk_size: int = 1 << 20):
+    """Yield the object's bytes a chunk at a time, so large files never sit in memory whole."""
+    with fsspec.open(uri, "rb", **storage_options(uri, settings)) as f:
+        while chunk := f.read(chunk_size):
+            yield chunk

@@ -1,0 +1,38 @@
+"""The FastAPI app behind `pronk api`: OpenAI-compatible Files and Batches, one router per resource.
+
+Run it with `pronk api` (127.0.0.1, `PRONK_API_PORT`); the embedded stack starts it too.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from pronk.api.errors import install_error_handlers
+from pronk.api.routes import batches, files
+from pronk.api.runs import PrefectRuns
+from pronk.api_keys import ApiKeyStore
+from pronk.batch_store import BatchStore
+from pronk.files_store import FileStore
+from pronk.settings import Settings, get_settings
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    app = FastAPI(
+        title="pronk",
+        summary="OpenAI-compatible Files and Batches API; batches are addressed to jobs and run through Prefect.",
+    )
+    app.state.settings = settings
+    app.state.files = FileStore(settings)
+    app.state.batches = BatchStore(settings)
+    app.state.keys = ApiKeyStore(settings)
+    app.state.runs = PrefectRuns(settings)
+    install_error_handlers(app)
+
+    @app.get("/health", tags=["health"])
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    for router in (files.router, batches.router):
+        app.include_router(router, prefix="/v1")
+    return app

@@ -1,0 +1,156 @@
+"""Batches: create one from an uploaded file (addressed to a job), list, read and cancel the caller's batches."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Path, Query
+from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from pronk.api.deps import BatchesDep, FilesDep, OwnerDep, RunsDep
+from pronk.api.errors import ApiError, not_found
+from pronk.api.routes.files import ID_PATTERN, owned_file
+from pronk.batch_store import BatchStore
+from pronk.files_store import FileRecord
+from pronk.jobs import JobConfig, load_jobs
+from pronk.schemas import SERVED_URLS, TERMINAL_STATUSES, Batch, BatchErrorData, BatchErrors
+
+router = APIRouter(prefix="/batches", tags=["batches"])
+logger = logging.getLogger("pronk.api")
+
+BatchId = Annotated[str, Path(pattern=ID_PATTERN, description="The batch's id.")]
+HIDDEN = {"owner"}
+"""Batch fields the API never shows."""
+
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
+
+
+class BatchCreate(BaseModel):
+    """OpenAI's create-batch body plus `job_id` (the openai client sends it through `extra_body`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input_file_id: str = Field(description="An uploaded file with purpose `batch`.")
+    endpoint: str = Field(description="The url every line of the file must name; pronk serves /v1/chat/completions.")
+    completion_window: Literal["24h", "unlimited"] = Field(
+        description="`24h`: lines not started within a day end as `batch_expired` and the batch `expired`."
+    )
+    metadata: dict[str, str] | None = Field(default=None, description="Up to 16 pairs; keys <= 64, values <= 512 chars.")
+    job_id: str | None = Field(default=None, description="The job to run on; default: the one job serving the lines' model.")
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_limits(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is None:
+            return None
+        if len(value) > MAX_METADATA_PAIRS:
+            raise ValueError(f"at most {MAX_METADATA_PAIRS} pairs, got {len(value)}")
+        for key, item in value.items():
+            if len(key) > MAX_METADATA_KEY:
+                raise ValueError(f"key {key[:80]!r} has {len(key)} characters; the limit is {MAX_METADATA_KEY}")
+            if len(item) > MAX_METADATA_VALUE:
+                raise ValueError(f"value of {key!r} has {len(item)} characters; the limit is {MAX_METADATA_VALUE}")
+        return value
+
+
+class BatchList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Batch]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool = False
+
+
+def choose_job(job_id: str | None, file: FileRecord, jobs: dict[str, JobConfig]) -> JobConfig:
+    """The job named by `job_id`, else the one job serving the file's model; anything unclear is a 400."""
+    if job_id is not None:
+        job = jobs.get(job_id)
+        if job is None:
+            raise ApiError(400, f"No job {job_id!r}; known jobs: {sorted(jobs)}.", param="job_id", code="unknown_job")
+        if file.models and job.served_model_name not in file.models:
+            raise ApiError(
+                400, f"Job {job_id} serves model {job.served_model_name!r} but the file's lines ask for {file.models}.",
+                param="job_id", code="model_mismatch",
+            )
+        return job
+    if len(file.models) != 1:
+        raise ApiError(
+            400, f"Cannot choose a job: the file's lines name {len(file.models)} models {file.models}; pass job_id.",
+            param="job_id", code="ambiguous_job",
+        )
+    (model,) = file.models
+    serving = sorted(j.job_id for j in jobs.values() if j.served_model_name == model)
+    if len(serving) != 1:
+        found = f"jobs {serving} all serve it" if serving else "no job serves it"
+        raise ApiError(400, f"Cannot choose a job for model {model!r}: {found}; pass job_id.", param="job_id", code="ambiguous_job")
+    return jobs[serving[0]]
+
+
+def owned_batch(batches: BatchStore, owner: str, batch_id: str) -> Batch:
+    if not batches.exists(batch_id):
+        raise not_found("batch", batch_id, "batch_id")
+    batch = batches.load(batch_id)
+    if batch.owner != owner:
+        raise not_found("batch", batch_id, "batch_id")
+    return batch
+
+
+@router.post("", response_model=Batch, response_model_exclude=HIDDEN)
+async def create_batch(body: BatchCreate, owner: OwnerDep, files: FilesDep, batches: BatchesDep, runs: RunsDep) -> Batch:
+    """Check the request, save the batch (`validating`) and start its run; returns at once."""
+    file = await run_in_threadpool(owned_file, files, owner, body.input_file_id)
+    if file.purpose != "batch":
+        raise ApiError(400, f"File {file.id} has purpose {file.purpose!r}; a batch needs purpose 'batch'.", param="input_file_id")
+    if body.endpoint not in SERVED_URLS:
+        raise ApiError(400, f"Endpoint {body.endpoint!r} is not served; use one of {list(SERVED_URLS)}.", param="endpoint")
+    other_urls = [url for url in file.urls if url != body.endpoint]
+    if other_urls:
+        raise ApiError(
+            400, f"Every line's url must equal the endpoint {body.endpoint!r}; the file also has {other_urls}.",
+            param="endpoint", code="endpoint_mismatch",
+        )
+    job = choose_job(body.job_id, file, await run_in_threadpool(load_jobs))
+    batch = Batch(
+        input_file_id=file.id, endpoint=body.endpoint, completion_window=body.completion_window, metadata=body.metadata,
+        job_id=job.job_id, model=job.served_model_name, price_per_worker_hour=job.price_per_worker_hour, owner=owner,
+    )
+    batch.request_counts.total = file.lines
+    await run_in_threadpool(batches.create, batch)
+    try:
+        batch.flow_run_id = await runs.start(batch, file.uri)
+    except Exception as exc:
+        logger.exception("could not start the run of %s", batch.id)
+        batch.errors = BatchErrors(data=[BatchErrorData(code="run_not_started", message=f"{type(exc).__name__}: {exc}")])
+        batch.mark("failed")
+        await run_in_threadpool(batches.save, batch)
+        raise ApiError(503, f"Could not start the batch's run on Prefect: {exc}", code="run_not_started") from exc
+    return batch
+
+
+@router.get("", response_model=BatchList, response_model_exclude={"data": {"__all__": HIDDEN}})
+def list_batches(
+    owner: OwnerDep,
+    batches: BatchesDep,
+    after: Annotated[str | None, Query(description="Cursor: the id of the last batch of the previous page.")] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+) -> BatchList:
+    """The caller's batches, newest first."""
+    data, has_more = batches.list(owner, after, limit)
+    return BatchList(data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None, has_more=has_more)
+
+
+@router.get("/{batch_id}", response_model=Batch, response_model_exclude=HIDDEN)
+def get_batch(batch_id: BatchId, owner: OwnerDep, batches: BatchesDep) -> Batch:
+    return owned_batch(batches, owner, batch_id)
+
+
+@router.post("/{batch_id}/cancel", response_model=Batch, response_model_exclude=HIDDEN)
+def cancel_batch(batch_id: BatchId, owner: OwnerDep, batches: BatchesDep) -> Batch:
+    """Ask the run to stop: the batch is `cancelling` at once and `cancelled` when the run has written what finished."""
+    batch = owned_batch(batches, owner, batch_id)
+    if batch.status in TERMINAL_STATUSES:
+        raise ApiError(409, f"Cannot cancel batch {batch_id}: it is already {batch.status}.", param="batch_id", code="batch_not_cancellable")
+    batches.request_cancel(batch_id)
+    return batches.load(batch_id)
