@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from pronk.leap_commands import register as register_leap_commands
 from pronk.settings import get_settings
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
@@ -29,6 +30,9 @@ JobOption = Annotated[Optional[str], typer.Option("--job", help="Job id or name 
 def _fail(message: str) -> None:
     typer.echo(f"pronk: {message}", err=True)
     raise typer.Exit(1)
+
+
+register_leap_commands(app, model_app)
 
 
 @stack_app.command("up")
