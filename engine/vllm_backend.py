@@ -97,7 +97,7 @@ class VllmBackend:
         from vllm import SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
 
-        structured = StructuredOutputsParams(json=spec.json_schema, disable_any_whitespace=True) if spec.json_schema else None
+        structured = StructuredOutputsParams(json=spec.json_schema) if spec.json_schema else None
         return SamplingParams(
             max_tokens=spec.max_tokens,
             temperature=spec.temperature,

@@ -98,6 +98,13 @@ def create_app(backend: VllmBackend, registry: Registry, url: str, heartbeat_int
     return app
 
 
+def compact_json_outputs():
+    """JSON-constrained steps without free whitespace: a random-weight model otherwise pads its calls with it."""
+    from vllm.config import StructuredOutputsConfig
+
+    return StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
@@ -125,6 +132,7 @@ def main(argv: list[str] | None = None) -> None:
         engine_kwargs={
             "served_model_name": job.served_model_name,
             "scheduler_cls": scheduler_class(job.device),
+            "structured_outputs_config": compact_json_outputs(),
             **job.engine.as_vllm_kwargs(),
         },
     )

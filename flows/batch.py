@@ -15,11 +15,14 @@ from engine.router import Router
 from pronk import storage
 from pronk.batch_input import BatchInputError, ValidRequest
 from pronk.batch_store import BatchStore
-from pronk.completions import RequestOutcome, run_request
+from pronk.completions import RequestOutcome
+from pronk.harness import Harness
 from pronk.jobs import JobConfig, get_job
 from pronk.schemas import Batch, BatchErrorData, BatchErrors, new_id
 from pronk.settings import get_settings
+from pronk.step_records import StepRecorder
 from tasks.files import read_input_file, validate_lines, write_result_files
+from tasks.traces import scratch_dir, write_trace_outputs
 
 
 class BatchFailed(RuntimeError):
@@ -60,7 +63,7 @@ async def run_chunk(run: BatchRun, start: int, stop: int) -> int:
 
     async def one(request: ValidRequest) -> None:
         async with run.slots:
-            run.record(await run_request(run.router, request, run.job))
+            run.record(await run.harness.run_line(request))
 
     await asyncio.gather(*(one(r) for r in run.requests[start:stop]))
     return stop - start
@@ -144,8 +147,9 @@ async def run_batch(
     store.save(batch)
     logger.info("batch %s: %d lines, %d invalid, job %s", batch.id, validated.total, len(validated.errors), job.job_id)
 
-    router = Router(job.job_id, Registry(settings.registry_dir, settings.heartbeat_timeout_s))
+    router = Router(job.job_id, Registry(settings.registry_dir, settings.heartbeat_timeout_s), policy=job.harness.routing)
     run = BatchRun(batch, job, router, validated.requests)
+    run.harness = Harness(router, job, StepRecorder(), scratch_dir(settings, batch.id))
     reporter = asyncio.create_task(report_progress(run, store))
     started = time.monotonic()
     try:
@@ -164,6 +168,7 @@ async def run_batch(
     failures = [o.output for o in outcomes if o.result is None]
     errors = sorted(validated.errors + failures, key=lambda line: line.error.line or 0)
     write_result_files(batch.output_uri, batch.error_uri, outputs, errors)
+    await write_trace_outputs(run.harness.recorder, outcomes, batch, job, settings)
     batch.mark("completed")
     store.save(batch)
     await acreate_table_artifact(table=summary_table(batch), key=None, description=f"batch {batch.id} summary")

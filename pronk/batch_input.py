@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from pronk.agent_spec import REPLAY_URL, ReplayBody, check_tools
 from pronk.jobs import JobConfig
 from pronk.schemas import SERVED_URLS, ChatCompletionBody, ErrorCode, LineError, OutputLine
 
@@ -19,7 +20,7 @@ class BatchInputError(ValueError):
 class ValidRequest:
     line: int
     custom_id: str
-    body: ChatCompletionBody
+    body: ChatCompletionBody | ReplayBody
 
 
 @dataclass(slots=True)
@@ -60,7 +61,7 @@ def _check_line(number: int, text: str, job: JobConfig, seen: set[str]) -> Valid
     if not isinstance(body, dict):
         return _error(number, custom_id, ErrorCode.INVALID_BODY, f"body must be a JSON object, got {type(body).__name__}")
     try:
-        parsed = ChatCompletionBody.model_validate(body)
+        parsed = (ReplayBody if raw["url"] == REPLAY_URL else ChatCompletionBody).model_validate(body)
     except ValidationError as exc:
         return _error(number, custom_id, ErrorCode.INVALID_BODY, _validation_message(exc))
     if parsed.model != job.served_model_name:
@@ -68,7 +69,18 @@ def _check_line(number: int, text: str, job: JobConfig, seen: set[str]) -> Valid
             number, custom_id, ErrorCode.MODEL_MISMATCH,
             f"body.model {parsed.model!r} is not served by job {job.job_id} (which serves {job.served_model_name!r})",
         )
+    problem = _agent_problem(parsed, job)
+    if problem is not None:
+        return _error(number, custom_id, problem[0], problem[1])
     return ValidRequest(line=number, custom_id=custom_id, body=parsed)
+
+
+def _agent_problem(body: ChatCompletionBody | ReplayBody, job: JobConfig) -> tuple[str, str] | None:
+    if not isinstance(body, ChatCompletionBody) or body.tools is None:
+        return None
+    from pronk.tools import job_tools
+
+    return check_tools(body.tools, body.tool_choice, body.harness, job, set(job_tools(job.harness)))
 
 
 def validate_input(data: bytes, job: JobConfig) -> ValidatedInput:

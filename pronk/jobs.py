@@ -73,6 +73,7 @@ class HarnessConfig(BaseModel):
     tables_dir: str = Field(default="data/tables", description="Tables the `sql` tool sees (csv/parquet; relative to the project root).")
     corpus_dir: str = Field(default="data/corpus", description="Documents the `search` tool ranks (relative to the project root).")
     python: PythonToolLimits = Field(default_factory=PythonToolLimits)
+    mlflow_traces: int = Field(default=0, ge=0, description="Log up to this many root traces per run to MLflow as traces (0 = off).")
 
 
 class JobConfig(BaseModel):

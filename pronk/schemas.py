@@ -9,9 +9,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from engine.protocol import ChatMessage
+from pronk.agent_spec import REPLAY_URL, HarnessRequest, ToolChoice, ToolSpec
 
 CHAT_COMPLETIONS_URL = "/v1/chat/completions"
-SERVED_URLS = (CHAT_COMPLETIONS_URL,)
+SERVED_URLS = (CHAT_COMPLETIONS_URL, REPLAY_URL)
 
 BatchStatus = Literal[
     "validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled"
@@ -36,6 +37,10 @@ class ErrorCode:
     MODEL_MISMATCH = "model_mismatch"
     REQUEST_REJECTED = "request_rejected"
     ENGINE_UNAVAILABLE = "engine_unavailable"
+    UNKNOWN_TOOL = "unknown_tool"
+    INVALID_TOOL_SCHEMA = "invalid_tool_schema"
+    HARNESS_LIMIT_EXCEEDED = "harness_limit_exceeded"
+    STEP_FAILED = "step_failed"
     CANCELLED = "batch_cancelled"
     EXPIRED = "batch_expired"
 
@@ -54,6 +59,9 @@ class ChatCompletionBody(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     n: Literal[1] = 1
+    tools: list[ToolSpec] | None = Field(default=None, description="Tools the job's harness may call: makes the line an agent task.")
+    tool_choice: ToolChoice = Field(default="auto", description="auto, required, none, or a named function (forced on the first step).")
+    harness: HarnessRequest | None = Field(default=None, description="Per-line harness limits, within the job's caps.")
 
     @field_validator("stop")
     @classmethod
@@ -176,6 +184,7 @@ class Batch(BaseModel):
     tasks_per_dollar: float | None = None
     output_uri: str | None = None
     error_uri: str | None = None
+    steps_uri: str | None = Field(default=None, description="NDJSON step records of the run's traces, beside the output file.")
     flow_run_id: str | None = None
     owner: str | None = Field(default=None, description="Who made it through the API (an API key's owner); never shown by the API.")
 

@@ -132,3 +132,14 @@ async def run_tool(tool: Tool, arguments: dict[str, Any], context: ToolContext, 
     if len(text) > max_chars:
         text = text[:max_chars] + f"\n[... {len(text) - max_chars} more characters cut]"
     return ToolOutcome(ok, text, time.monotonic() - started)
+
+
+_LOADED: dict[str, dict[str, Tool]] = {}
+
+
+def job_tools(harness: HarnessConfig) -> dict[str, Tool]:
+    """`load_tools`, once per distinct harness section in this process."""
+    key = harness.model_dump_json()
+    if key not in _LOADED:
+        _LOADED[key] = load_tools(harness)
+    return _LOADED[key]

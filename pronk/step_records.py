@@ -1,0 +1,129 @@
+"""Step records: one row per model step (and per retried attempt) of every trace, as NDJSON beside the outputs.
+
+The file `<batch id>_steps.jsonl` reads straight into polars (`pl.read_ndjson`). Each trace's
+rows are also summarised in its output line, and, when tracing is on, logged to MLflow as one
+trace per root trace with agent, LLM and tool spans.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+
+from engine.protocol import StepResult
+from pronk import storage
+
+
+@dataclass(slots=True)
+class StepRecord:
+    trace_id: str
+    step: int
+    root_trace_id: str
+    parent_trace_id: str | None = None
+    custom_id: str | None = None
+    kind: str = "agent"
+    attempt: int = 0
+    worker_id: str | None = None
+    model_version: str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    queue_time_s: float = 0.0
+    engine_time_s: float = 0.0
+    tool_name: str | None = None
+    tool_time_s: float = 0.0
+    tool_ok: bool | None = None
+    error: str | None = None
+    finish_reason: str | None = None
+    started_at: float = field(default_factory=time.time)
+
+    def take(self, result: StepResult) -> None:
+        """Copy the engine's numbers for this step."""
+        self.worker_id = result.worker_id
+        self.model_version = result.model_version
+        self.prompt_tokens = result.prompt_tokens
+        self.cached_tokens = result.cached_tokens
+        self.output_tokens = result.completion_tokens
+        self.queue_time_s = round(result.queue_time_s, 6)
+        self.engine_time_s = round(result.engine_time_s, 6)
+        self.finish_reason = result.finish_reason
+
+
+class StepRecorder:
+    """Collects the records of one run; `write` puts them next to the output file."""
+
+    def __init__(self) -> None:
+        self.records: list[StepRecord] = []
+
+    def add(self, record: StepRecord) -> StepRecord:
+        self.records.append(record)
+        return record
+
+    def to_ndjson(self) -> bytes:
+        rows = sorted(self.records, key=lambda r: (r.root_trace_id, r.trace_id, r.step, r.attempt))
+        return b"".join(json.dumps(asdict(r)).encode() + b"\n" for r in rows)
+
+    def write(self, uri: str) -> None:
+        storage.write_bytes(uri, self.to_ndjson())
+
+
+def summarise(records: list[StepRecord]) -> dict:
+    """Totals over the records of one trace family (a root trace and its children)."""
+    failed = [r for r in records if r.error is not None and r.tool_name is None]
+    done = [r for r in records if r.worker_id is not None]
+    prompt = sum(r.prompt_tokens for r in done)
+    cached = sum(r.cached_tokens for r in done)
+    tools: dict[str, int] = {}
+    for r in records:
+        if r.tool_name:
+            tools[r.tool_name] = tools.get(r.tool_name, 0) + 1
+    return {
+        "steps": len(records) - len(failed),
+        "failed_attempts": len(failed),
+        "traces": len({r.trace_id for r in records}),
+        "tool_calls": tools,
+        "tool_errors": sum(1 for r in records if r.tool_ok is False),
+        "workers": sorted({r.worker_id for r in records if r.worker_id}),
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "output_tokens": sum(r.output_tokens for r in done),
+        "cached_ratio": round(cached / prompt, 4) if prompt else 0.0,
+        "engine_time_s": round(sum(r.engine_time_s for r in done), 6),
+        "tool_time_s": round(sum(r.tool_time_s for r in records), 6),
+    }
+
+
+def log_mlflow_traces(records: list[StepRecord], tracking_uri: str, experiment: str, limit: int = 200) -> int:
+    """One MLflow trace per root trace (agent span → LLM and tool spans per step); returns how many were logged."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_experiment(experiment)
+    by_root: dict[str, list[StepRecord]] = {}
+    for r in records:
+        by_root.setdefault(r.root_trace_id, []).append(r)
+    for root_id, rows in list(by_root.items())[:limit]:
+        rows.sort(key=lambda r: r.started_at)
+        start = min(r.started_at for r in rows)
+        end = max(r.started_at + r.engine_time_s + r.tool_time_s for r in rows)
+        root = mlflow.start_span_no_context(
+            name=f"trace {root_id}", span_type="AGENT", inputs={"custom_id": rows[0].custom_id},
+            attributes={"pronk.root_trace_id": root_id, **{f"pronk.{k}": str(v) for k, v in summarise(rows).items()}},
+            start_time_ns=int(start * 1e9),
+        )
+        for r in rows:
+            llm = mlflow.start_span_no_context(
+                name=f"{r.trace_id} step {r.step}", span_type="LLM", parent_span=root, start_time_ns=int(r.started_at * 1e9),
+                attributes={k: v for k, v in asdict(r).items() if v is not None and not isinstance(v, (list, dict))},
+            )
+            llm.end(end_time_ns=int((r.started_at + r.engine_time_s) * 1e9))
+            if r.tool_name:
+                tool_start = r.started_at + r.engine_time_s
+                span = mlflow.start_span_no_context(
+                    name=r.tool_name, span_type="TOOL", parent_span=root, start_time_ns=int(tool_start * 1e9),
+                    attributes={"ok": bool(r.tool_ok), "trace_id": r.trace_id, "step": r.step},
+                )
+                span.end(end_time_ns=int((tool_start + r.tool_time_s) * 1e9))
+        root.end(end_time_ns=int(end * 1e9))
+    return min(len(by_root), limit)
