@@ -18,7 +18,8 @@ from pronk.batch_store import BatchStore
 from pronk.completions import RequestOutcome
 from pronk.harness import Harness
 from pronk.jobs import JobConfig, get_job
-from pronk.schemas import Batch, BatchErrorData, BatchErrors, new_id
+from pronk.files_store import FileStore
+from pronk.schemas import Batch, BatchErrorData, BatchErrors, ErrorCode, LineError, OutputLine, new_id
 from pronk.settings import get_settings
 from pronk.step_records import StepRecorder
 from tasks.files import read_input_file, validate_lines, write_result_files
@@ -40,6 +41,8 @@ class BatchRun:
         self.slots = asyncio.Semaphore(job.max_concurrency)
         self.outcomes: list[RequestOutcome] = []
         self.workers_seen: set[str] = set()
+        self.stop_reason: Literal["cancelled", "expired"] | None = None
+        self.unstarted: list[ValidRequest] = []
 
     def record(self, outcome: RequestOutcome) -> None:
         self.outcomes.append(outcome)
@@ -63,6 +66,9 @@ async def run_chunk(run: BatchRun, start: int, stop: int) -> int:
 
     async def one(request: ValidRequest) -> None:
         async with run.slots:
+            if run.stop_reason is not None:
+                run.unstarted.append(request)
+                return
             run.record(await run.harness.run_line(request))
 
     await asyncio.gather(*(one(r) for r in run.requests[start:stop]))
@@ -76,7 +82,44 @@ async def report_progress(run: BatchRun, store: BatchStore, interval_s: float = 
     while True:
         await asyncio.sleep(interval_s)
         await aupdate_progress_artifact(artifact_id, progress=100.0 * run.done / total)
+        await asyncio.to_thread(check_stop, run, store)
         await asyncio.to_thread(store.save, run.batch)
+
+
+# Cancellation and expiry are cooperative: the run stops starting requests, lets those in flight
+# finish, and writes one error line per request it never started.
+STOP_ERRORS = {
+    "cancelled": (ErrorCode.CANCELLED, "the batch was cancelled before this request started"),
+    "expired": (ErrorCode.EXPIRED, "the batch's completion window ended before this request started"),
+}
+
+
+def check_stop(run: BatchRun, store: BatchStore) -> None:
+    """Stop the run when the API asked to cancel (the batch shows `cancelling`) or the completion window is over."""
+    batch = run.batch
+    if run.stop_reason is not None:
+        return
+    if store.cancel_requested(batch.id):
+        run.stop_reason = "cancelled"
+        batch.mark("cancelling")
+    elif batch.expires_at is not None and time.time() >= batch.expires_at:
+        run.stop_reason = "expired"
+
+
+def unstarted_lines(run: BatchRun) -> list[OutputLine]:
+    """One error line per request the stopped run never started; they count as failed."""
+    if run.stop_reason is None:
+        return []
+    code, reason = STOP_ERRORS[run.stop_reason]
+    run.batch.request_counts.failed += len(run.unstarted)
+    return [
+        OutputLine(custom_id=r.custom_id, error=LineError(code=code, message=f"line {r.line}: {reason}", line=r.line))
+        for r in run.unstarted
+    ]
+
+
+def final_status(run: BatchRun) -> Literal["completed", "cancelled", "expired"]:
+    return run.stop_reason or "completed"
 
 
 def summary_table(batch: Batch) -> list[dict[str, object]]:
@@ -150,6 +193,7 @@ async def run_batch(
     router = Router(job.job_id, Registry(settings.registry_dir, settings.heartbeat_timeout_s), policy=job.harness.routing)
     run = BatchRun(batch, job, router, validated.requests)
     run.harness = Harness(router, job, StepRecorder(), scratch_dir(settings, batch.id))
+    check_stop(run, store)
     reporter = asyncio.create_task(report_progress(run, store))
     started = time.monotonic()
     try:
@@ -159,18 +203,21 @@ async def run_batch(
     finally:
         reporter.cancel()
         await router.aclose()
+    check_stop(run, store)
     _finish_accounting(run, time.monotonic() - started)
 
-    batch.mark("finalizing")
+    if run.stop_reason != "cancelled":
+        batch.mark("finalizing")
     store.save(batch)
     outcomes = sorted(run.outcomes, key=lambda o: o.line)
     outputs = [o.output for o in outcomes if o.result is not None]
     failures = [o.output for o in outcomes if o.result is None]
-    errors = sorted(validated.errors + failures, key=lambda line: line.error.line or 0)
+    errors = sorted(validated.errors + failures + unstarted_lines(run), key=lambda line: line.error.line or 0)
     write_result_files(batch.output_uri, batch.error_uri, outputs, errors)
     await write_trace_outputs(run.harness.recorder, outcomes, batch, job, settings)
-    batch.mark("completed")
+    FileStore(settings).attach_results(batch)
+    batch.mark(final_status(run))
     store.save(batch)
     await acreate_table_artifact(table=summary_table(batch), key=None, description=f"batch {batch.id} summary")
-    logger.info("batch %s completed: %s", batch.id, batch.request_counts.model_dump())
+    logger.info("batch %s %s: %s", batch.id, batch.status, batch.request_counts.model_dump())
     return batch.model_dump(mode="json")

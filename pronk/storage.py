@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import threading
+from pathlib import Path
 from typing import Any
 
 import fsspec
@@ -26,17 +29,21 @@ def filesystem(uri: str, settings: Settings | None = None) -> fsspec.AbstractFil
 
 
 def read_bytes(uri: str, settings: Settings | None = None) -> bytes:
-    with fsspec.open(uri, "rb", **storage_options(uri, settings)) as f:
-        return f.read()
+    """One whole GET: unlike a file object's ranged reads, it cannot fail when another process rewrites the object."""
+    return filesystem(uri, settings).cat_file(uri)
 
 
 def write_bytes(uri: str, data: bytes, settings: Settings | None = None) -> None:
+    """Replace the object at once: an S3 PUT is atomic, a local file is written beside it and renamed."""
     fs = filesystem(uri, settings)
-    parent = uri.rsplit("/", 1)[0]
-    if "://" not in uri or uri.startswith("file://"):
-        fs.makedirs(parent, exist_ok=True)
-    with fsspec.open(uri, "wb", **storage_options(uri, settings)) as f:
-        f.write(data)
+    if "://" in uri and not uri.startswith("file://"):
+        fs.pipe_file(uri, data)
+        return
+    path = Path(uri.removeprefix("file://"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.partial")
+    partial.write_bytes(data)
+    os.replace(partial, path)
 
 
 def join(base: str, *parts: str) -> str:

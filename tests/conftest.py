@@ -1,11 +1,14 @@
 """Test settings: every test session gets its own data dir and ports, set before Prefect is imported.
 
 The `stack` fixture starts the real embedded stack once per session (Prefect server, the run-batch
-deployment with a process worker, the tiny model in MLflow on SQLite, two vLLM workers).
+deployment with a process worker, the tiny model in MLflow on SQLite, two vLLM workers, `pronk api`
+with auth on). Files and batch records live on moto's S3 server (`object_store`), whose address is
+put in the environment before the stack starts, so every process shares one bucket.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -20,6 +23,8 @@ os.environ.update(
         "PRONK_DATA_DIR": str(_DATA_DIR),
         "PRONK_PREFECT_PORT": str(free_port()),
         "PRONK_MLFLOW_PORT": str(free_port()),
+        "PRONK_API_PORT": str(free_port()),
+        "PRONK_API_AUTH": "true",
     }
 )
 for key in [k for k in os.environ if k.startswith("PREFECT_")]:
@@ -35,7 +40,32 @@ DATA = Path(__file__).parent / "data"
 
 
 @pytest.fixture(scope="session")
-def settings() -> Settings:
+def object_store():
+    """moto's S3 server on 127.0.0.1 as the store (`PRONK_STORAGE_URI=s3://…`) of this process and all it spawns."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    os.environ.update(
+        {
+            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+            "PRONK_S3_ENDPOINT_URL": endpoint, "PRONK_STORAGE_URI": "s3://pronk-test/store",
+        }
+    )
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="pronk-test")
+    get_settings.cache_clear()
+    try:
+        yield endpoint
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def settings(object_store) -> Settings:
     return get_settings()
 
 
