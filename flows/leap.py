@@ -17,9 +17,9 @@ from prefect.artifacts import acreate_table_artifact
 from engine.registry import Registry
 from pronk.jobs import get_job
 from pronk.leap_store import LeapRecord, LeapStore, WorkerLeap
-from pronk.model_store import _parse_models_uri, alias_version, resolve_model, set_alias
+from pronk.model_store import _parse_models_uri, alias_version, set_alias
 from pronk.settings import Settings, get_settings
-from pronk.weights import CheckpointMismatch, check_compatible, read_spec
+from pronk.weights import CheckpointMismatch, check_version_fits
 from tasks.weights import LeapRun, reload_weights, stage_weights
 
 
@@ -43,16 +43,11 @@ def _target_version(name: str, version: int | None, alias: str | None, settings:
 def _check_fits(target_uri: str, current_version: str, settings: Settings) -> None:
     """Refuse a target that does not fit the weights the fleet serves (each worker checks again when staging)."""
     try:
-        target = resolve_model(target_uri, settings)
-    except Exception as exc:
-        raise LeapRefused(f"cannot resolve {target_uri}: {exc}") from exc
-    if current_version.startswith("local:") or "://" in current_version:
-        return
-    current = resolve_model(f"models:/{current_version}", settings)
-    try:
-        check_compatible(read_spec(target.path), read_spec(current.path), target_uri, current_version)
+        check_version_fits(target_uri, current_version, settings)
     except CheckpointMismatch as exc:
         raise LeapRefused(str(exc)) from exc
+    except Exception as exc:
+        raise LeapRefused(f"cannot resolve {target_uri}: {exc}") from exc
 
 
 async def _publish(record: LeapRecord) -> None:

@@ -134,6 +134,18 @@ def reference_version(name: str, job_model: str | None, settings: Settings) -> i
     return latest_version(name, settings)
 
 
+def check_version_fits(target_uri: str, current_version: str, settings: Settings | None = None) -> None:
+    """Raise `CheckpointMismatch` if `target_uri` cannot replace the weights a worker labels `current_version` (`NAME/N`)."""
+    from pronk.model_store import resolve_model
+
+    settings = settings or get_settings()
+    target = resolve_model(target_uri, settings)
+    if current_version.startswith("local:") or "://" in current_version:
+        return
+    current = resolve_model(f"models:/{current_version}", settings)
+    check_compatible(read_spec(target.path), read_spec(current.path), target_uri, current_version)
+
+
 def upload_checkpoint(
     src: str, name: str, job_model: str | None = None, settings: Settings | None = None, source_tag: str | None = None
 ) -> UploadResult:

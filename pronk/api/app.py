@@ -8,7 +8,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from pronk.api.errors import install_error_handlers
-from pronk.api.routes import batches, files
+from pronk.api.routes import batches, files, weights
 from pronk.api.runs import PrefectRuns
 from pronk.api_keys import ApiKeyStore
 from pronk.batch_store import BatchStore
@@ -33,6 +33,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    for router in (files.router, batches.router):
+    for router in (files.router, batches.router, weights.router):
         app.include_router(router, prefix="/v1")
     return app
