@@ -6,7 +6,7 @@ vLLM as `scheduler_cls`) takes an extra reference on the finished request's full
 the step asked for a pin (`SamplingParams.extra_args`, see `retention_hints`), which keeps them out
 of the free queue. The pin is released when the trace's next step has been scheduled (it now holds
 the blocks itself), when the TTL passes, when the pinned total would pass `PRONK_KV_PIN_MAX_FRACTION`
-of the cache (oldest pins go first), or before a prefix-cache reset (weight swap).
+of the cache (a full table refuses new pins), or before a prefix-cache reset (weight swap).
 
 The vLLM classes are built on first attribute access (`__getattr__`), so importing this module for
 `retention_hints` stays free of vLLM.
@@ -54,7 +54,7 @@ class PinTable:
         self.free = free
         self.pins: dict[str, Pin] = {}
         self.pinned_blocks = 0
-        self.released = {"next_step": 0, "ttl": 0, "budget": 0, "reset": 0}
+        self.released = {"next_step": 0, "ttl": 0, "refused": 0, "reset": 0}
 
     def release(self, trace_id: str, why: str) -> None:
         pin = self.pins.pop(trace_id, None)
@@ -64,17 +64,21 @@ class PinTable:
         self.released[why] += 1
         self.free(pin.blocks)
 
-    def add(self, trace_id: str, blocks: list[Any], ttl_s: float, now: float) -> bool:
-        """Pin `blocks` (already referenced by the caller's `touch`) unless they cannot fit the budget."""
+    def fits(self, trace_id: str, count: int) -> bool:
+        """Whether `count` more blocks fit the budget once this trace's own pin is replaced.
+
+        A full table refuses new pins rather than evicting old ones: a trace pinned earlier has
+        waited longer, so its next step is likelier to come first (and a stable pinned set gets
+        full hits, where churning pins would help nobody).
+        """
+        held = len(self.pins[trace_id].blocks) if trace_id in self.pins else 0
+        return self.pinned_blocks - held + count <= self.budget_blocks
+
+    def add(self, trace_id: str, blocks: list[Any], ttl_s: float, now: float) -> None:
+        """Pin `blocks` (already referenced by the caller's `touch`); check `fits` first."""
         self.release(trace_id, "next_step")
-        if len(blocks) > self.budget_blocks:
-            return False
-        while self.pinned_blocks + len(blocks) > self.budget_blocks:
-            oldest = min(self.pins, key=lambda t: self.pins[t].pinned_at)
-            self.release(oldest, "budget")
         self.pins[trace_id] = Pin(blocks, now + ttl_s)
         self.pinned_blocks += len(blocks)
-        return True
 
     def expire(self, now: float) -> None:
         for trace_id in [t for t, pin in self.pins.items() if pin.expires_at <= now]:
@@ -122,9 +126,13 @@ def _retention_mixin(base: type) -> type:
         def _pin(self, trace_id: str, request, ttl_s: float) -> None:
             groups = self.kv_cache_manager.get_blocks(request.request_id).blocks
             blocks = [b for group in groups for b in group if b.block_hash is not None and not b.is_null]
-            if blocks and len(blocks) <= self.pin_table.budget_blocks:
-                self.kv_cache_manager.block_pool.touch(blocks)
-                self.pin_table.add(trace_id, blocks, ttl_s, time.monotonic())
+            if not blocks:
+                return
+            if not self.pin_table.fits(trace_id, len(blocks)):
+                self.pin_table.release(trace_id, "refused")
+                return
+            self.kv_cache_manager.block_pool.touch(blocks)
+            self.pin_table.add(trace_id, blocks, ttl_s, time.monotonic())
 
         def reset_prefix_cache(self, *args, **kwargs):
             self.pin_table.release_all("reset")
