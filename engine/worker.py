@@ -105,13 +105,6 @@ def compact_json_outputs():
     return StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True)
 
 
-def compact_json_outputs():
-    """JSON-constrained steps without free whitespace: a random-weight model otherwise pads its calls with it."""
-    from vllm.config import StructuredOutputsConfig
-
-    return StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True)
-
-
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
@@ -139,7 +132,6 @@ def main(argv: list[str] | None = None) -> None:
         engine_kwargs={
             "served_model_name": job.served_model_name,
             "scheduler_cls": scheduler_class(job.device),
-            "structured_outputs_config": compact_json_outputs(),
             "structured_outputs_config": compact_json_outputs(),
             **job.engine.as_vllm_kwargs(),
         },
