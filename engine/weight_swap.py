@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from fastapi import FastAPI, HTTPException
@@ -45,10 +46,15 @@ class ReloadResult(BaseModel):
 class WeightSwapper:
     """Stages versions on disk and swaps the backend to one of them; one Leap at a time per worker."""
 
-    def __init__(self, backend: VllmBackend):
+    def __init__(self, backend: VllmBackend, on_change: Callable[[], None] = lambda: None):
         self.backend = backend
+        self.on_change = on_change
         self.staged: dict[str, str] = {backend.model_version: backend.model_path}
         self.lock = asyncio.Lock()
+
+    def _set_state(self, state: str) -> None:
+        self.backend.leap_state = state
+        self.on_change()
 
     async def stage(self, model_uri: str) -> StageResult:
         from pronk.model_store import resolve_model
@@ -56,40 +62,42 @@ class WeightSwapper:
 
         started = time.monotonic()
         async with self.lock:
-            self.backend.leap_state = "uploading"
+            self._set_state("uploading")
             try:
                 model = await asyncio.to_thread(resolve_model, model_uri)
                 candidate, current = await asyncio.to_thread(lambda: (read_spec(model.path), read_spec(Path(self.backend.model_path))))
                 check_compatible(candidate, current, model_uri, self.backend.model_version)
-            finally:
-                self.backend.leap_state = "ready"
+            except Exception:
+                self._set_state("ready")
+                raise
             self.staged[model.version] = str(model.path)
             self.backend.staged_version = model.version
+            self._set_state("ready")
         return StageResult(worker_id=self.backend.worker_id, version=model.version, path=str(model.path), seconds=time.monotonic() - started)
 
     async def reload(self, version: str) -> ReloadResult:
         if version not in self.staged:
             raise LookupError(f"{self.backend.worker_id}: version {version!r} is not staged (staged: {sorted(self.staged)})")
         async with self.lock:
-            self.backend.leap_state = "reloading"
+            self._set_state("reloading")
             try:
                 swap = await self.backend.swap_weights(self.staged[version], version)
             except Exception:
-                self.backend.leap_state = "failed"
+                self._set_state("failed")
                 raise
-            self.backend.leap_state = "ready"
             self.backend.staged_version = None
+            self._set_state("ready")
         return ReloadResult(
             worker_id=self.backend.worker_id, from_version=swap.from_version, to_version=swap.to_version,
             pause_requested_at=swap.pause_requested_at, paused_at=swap.paused_at, resumed_at=swap.resumed_at,
         )
 
 
-def add_weight_routes(app: FastAPI, backend: VllmBackend) -> WeightSwapper:
-    """Mount `/weights/stage`, `/weights/reload` and `GET /weights` on a worker's app."""
+def add_weight_routes(app: FastAPI, backend: VllmBackend, on_change: Callable[[], None] = lambda: None) -> WeightSwapper:
+    """Mount `/weights/stage`, `/weights/reload` and `GET /weights` on a worker's app; `on_change` announces a new state at once."""
     from pronk.weights import CheckpointMismatch
 
-    swapper = WeightSwapper(backend)
+    swapper = WeightSwapper(backend, on_change)
 
     @app.post("/weights/stage")
     async def stage(request: StageRequest) -> StageResult:

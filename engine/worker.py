@@ -94,7 +94,7 @@ def create_app(backend: VllmBackend, registry: Registry, url: str, heartbeat_int
     async def stats() -> WorkerStats:
         return backend.stats()
 
-    add_weight_routes(app, backend)
+    add_weight_routes(app, backend, on_change=announce)
     return app
 
 
