@@ -130,11 +130,14 @@ def _target_version(job: JobConfig, uri: str, settings: Settings) -> int:
     return alias_version(name, alias, settings) if alias else int(number)
 
 
-def _validated_target(job: JobConfig, uri: str, settings: Settings) -> int:
-    version = _target_version(job, uri, settings)
+def _validated_target(job: JobConfig, uri: str, settings: Settings) -> int | None:
+    """The target version, checked against what the job's live workers serve; None when the job has no live worker."""
     serving = {w.stats.model_version for w in Registry(settings.registry_dir, settings.heartbeat_timeout_s).live(job.job_id)}
     if not serving:
-        raise ApiError(409, f"Job {job.job_id} has no live workers to Leap.", param=job.served_model_name, code="no_live_workers")
+        return None
+    if not job.model.startswith("models:/"):
+        raise ApiError(400, f"Job {job.job_id} serves {job.model!r}, not an MLflow model.", param=job.served_model_name, code="not_leapable")
+    version = _target_version(job, uri, settings)
     name = _parse_models_uri(job.model)[0]
     for current in sorted(serving):
         check_version_fits(f"models:/{name}/{version}", current, settings)
@@ -146,7 +149,7 @@ async def reload(
     owner: OwnerDep, settings: SettingsDep, leaps: LeapsDep,
     body: Annotated[dict[str, str], Body(description="Served model name → checkpoint URI (`models:/NAME/N`, `models:/NAME@ALIAS`, a dir or s3://).")],
 ) -> LeapList:
-    """Leap every job serving each named model to the checkpoint given for it; all are validated before any starts."""
+    """Leap every job with live workers serving each named model to the checkpoint given for it; all are validated before any starts."""
     if not body:
         raise ApiError(400, "Give at least one served model name and checkpoint URI.", code="invalid_value")
     jobs = load_jobs(settings.jobs_dir)
@@ -156,14 +159,18 @@ async def reload(
         if not serving:
             raise ApiError(400, f"No job serves model {served!r}.", param=served, code="unknown_model")
         for job in serving:
-            if not job.model.startswith("models:/"):
-                raise ApiError(400, f"Job {job.job_id} serves {job.model!r}, not an MLflow model.", param=served, code="not_leapable")
             try:
-                planned.append((job, await run_in_threadpool(_validated_target, job, uri, settings)))
+                version = await run_in_threadpool(_validated_target, job, uri, settings)
+            except ApiError:
+                raise
             except CheckpointMismatch as exc:
                 raise _mismatch(exc, served) from exc
-            except (FileNotFoundError, LookupError) as exc:
-                raise ApiError(400, str(exc), param=served, code="invalid_checkpoint") from exc
+            except Exception as exc:
+                raise ApiError(400, f"Cannot use {uri!r} for {served!r}: {exc}", param=served, code="invalid_checkpoint") from exc
+            if version is not None:
+                planned.append((job, version))
+    if not planned:
+        raise ApiError(409, f"No job serving {sorted(body)} has live workers to Leap.", code="no_live_workers")
     store = LeapStore(settings)
     started = []
     for job, version in planned:
