@@ -126,4 +126,5 @@ def log_mlflow_traces(records: list[StepRecord], tracking_uri: str, experiment: 
                 )
                 span.end(end_time_ns=int((tool_start + r.tool_time_s) * 1e9))
         root.end(end_time_ns=int(end * 1e9))
+    mlflow.flush_trace_async_logging()
     return min(len(by_root), limit)

@@ -78,18 +78,18 @@ def test_a_raising_tool_a_runaway_python_call_and_a_stuck_tool_are_contained(sta
     base = get_job(JOB)
     harness = base.harness.model_copy(update={
         "tools": ["python", "tests.pronk.tool_fixtures:ExplodingTool", "tests.pronk.tool_fixtures:StuckTool"],
-        "tool_timeout_s": 2.0, "python": base.harness.python.model_copy(update={"cpu_s": 1, "wall_s": 20.0}),
+        "tool_timeout_s": 30.0, "python": base.harness.python.model_copy(update={"cpu_s": 1, "wall_s": 25.0}),
     })
     job = base.model_copy(update={"harness": harness})
     runaway = {"type": "object", "properties": {"code": {"type": "string", "enum": ["while True:\n    pass"]}}, "required": ["code"], "additionalProperties": False}
 
-    def agent(cid: str, name: str, parameters=None) -> str:
+    def agent(cid: str, name: str, parameters=None, **limits) -> str:
         function = {"name": name, **({"parameters": parameters} if parameters else {})}
         body = {"model": "pronk-tiny", "messages": [{"role": "user", "content": "go"}], "tools": [{"type": "function", "function": function}],
-                "tool_choice": "required", "max_tokens": 48, "seed": 3, "harness": {"max_steps": 2}}
+                "tool_choice": "required", "max_tokens": 48, "seed": 3, "harness": {"max_steps": 2, **limits}}
         return json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/chat/completions", "body": body})
 
-    lines = "\n".join([agent("runaway", "python", runaway), agent("raises", "explode"), agent("stuck", "stuck")])
+    lines = "\n".join([agent("runaway", "python", runaway), agent("raises", "explode"), agent("stuck", "stuck", tool_timeout_s=2.0)])
     validated = validate_input(lines.encode(), job)
     assert validated.errors == []
     router = Router(job.job_id, Registry(stack.registry_dir, stack.heartbeat_timeout_s), policy="trace_affinity")

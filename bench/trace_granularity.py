@@ -1,0 +1,80 @@
+"""Prefect granularity for traces: one task run per chunk of traces vs one per trace, on the real stack.
+
+Runs the same batch of short replay traces through the `run-batch` flow twice, with
+`chunk_size=1` (a task run per trace) and the default `chunk_size=64`, and reports wall time,
+task runs created, task runs per second, and how many task runs the Prefect server still shows
+unfinished right after the flow returns (its recording lag). Uses the stack of `PRONK_DATA_DIR`
+(start it with `pronk stack up`).
+
+    .venv/bin/python -m bench.trace_granularity [--traces 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+
+JOB = "job-c0ffee01"
+
+
+def write_batch(path: Path, traces: int) -> None:
+    lines = []
+    for i in range(traces):
+        shape = {"trace_id": f"g{i}", "system_prompt_tokens": 64, "steps": [
+            {"new_prompt_tokens": 16, "output_tokens": 4, "tool_gap_s": 0.05}, {"new_prompt_tokens": 16, "output_tokens": 4}]}
+        lines.append(json.dumps({"custom_id": f"g{i}", "method": "POST", "url": "/v1/pronk/replay", "body": {"model": "pronk-tiny", "shape": shape}}))
+    path.write_text("\n".join(lines) + "\n")
+
+
+async def task_run_states(flow_run_id: str) -> dict[str, int]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, TaskRunFilter
+
+    async with get_client() as client:
+        runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])), task_run_filter=TaskRunFilter(), limit=5000)
+    states: dict[str, int] = {}
+    for run in runs:
+        name = run.state.name if run.state else "none"
+        states[name] = states.get(name, 0) + 1
+    return states
+
+
+async def one(input_path: Path, out: Path, chunk_size: int) -> dict:
+    from flows.batch import run_batch
+
+    started = time.monotonic()
+    batch = await run_batch(input_uri=str(input_path), job_id=JOB, output_dir=str(out), chunk_size=chunk_size)
+    elapsed = time.monotonic() - started
+    states = await task_run_states(batch["flow_run_id"])
+    await asyncio.sleep(5)
+    settled = await task_run_states(batch["flow_run_id"])
+    total = sum(settled.values())
+    return {
+        "chunk_size": chunk_size, "traces": batch["request_counts"]["completed"], "seconds": round(elapsed, 3),
+        "task_runs": total, "task_runs_per_s": round(total / elapsed, 2),
+        "unfinished_at_return": sum(v for k, v in states.items() if k not in {"Completed"}),
+        "unfinished_after_5s": sum(v for k, v in settled.items() if k not in {"Completed"}),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--traces", type=int, default=200)
+    args = parser.parse_args()
+    from pronk.prefect_env import configure_prefect
+    from pronk.settings import get_settings
+
+    configure_prefect(get_settings())
+    folder = Path(tempfile.mkdtemp(prefix="pronk-granularity-"))
+    write_batch(folder / "input.jsonl", args.traces)
+    results = [asyncio.run(one(folder / "input.jsonl", folder / f"out{c}", c)) for c in (64, 1)]
+    for result in results:
+        print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
