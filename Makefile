@@ -18,3 +18,7 @@ test: install
 
 down:
 	$(BIN)/pronk stack down
+
+# pronk vs N stock vLLM servers on the same agent traces and single-step file; records bench/RESULTS.md.
+bench: install
+	$(BIN)/pronk bench --record

@@ -206,6 +206,34 @@ def api(
     uvicorn.run(create_app(settings), host="127.0.0.1", port=port or settings.api_port, log_level="warning")
 
 
+@app.command("bench")
+def bench(
+    job: JobOption = None,
+    profile: Annotated[str, typer.Option(help="Workload profile (bench/workload.py): cpu, smoke or reference.")] = "cpu",
+    traces: Annotated[Optional[int], typer.Option(min=1, help="Root traces per round (default: the profile's).")] = None,
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds (seed + round each); figures are medians over rounds.")] = 1,
+    seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
+    single_step_requests: Annotated[int, typer.Option(min=1, help="Lines of the single-step batch file.")] = 64,
+    work_dir: Annotated[Optional[Path], typer.Option(help="Scratch folder (default: <data dir>/bench).")] = None,
+    record: Annotated[bool, typer.Option(help="Write bench/RESULTS.md, bench/results.json and bench/completion_times.png.")] = False,
+) -> None:
+    """pronk against N stock vLLM servers on the same agent traces and single-step file; prints the table."""
+    from pronk.prefect_env import configure_prefect
+    from pronk.settings import PROJECT_ROOT
+
+    settings = get_settings()
+    configure_prefect(settings)
+    sys.path.insert(0, str(PROJECT_ROOT))  # bench/ lives in the checkout, not in the installed package
+    from bench.suite import BenchConfig, run_bench
+
+    config = BenchConfig(
+        job=job or settings.default_job, profile=profile, traces=traces, rounds=rounds, seed=seed,
+        single_step_requests=single_step_requests, work_dir=work_dir or settings.data_dir / "bench", record=record,
+        command="pronk " + " ".join(sys.argv[1:]),
+    )
+    run_bench(config, settings, echo=typer.echo)
+
+
 @keys_app.command("create")
 def keys_create(
     owner: Annotated[Optional[str], typer.Option(help="Share files and batches with the other keys of this owner (default: the key alone).")] = None,

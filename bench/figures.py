@@ -1,0 +1,153 @@
+"""The benchmark's figures: per-run measurements, and the pronk / baseline comparisons made of them."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from bench.agent_loop import ReplayResult
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0–100), linear between closest ranks; NaN when empty."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+@dataclass(slots=True)
+class AgentRun:
+    """One replay of the agent workload on one setup."""
+
+    name: str
+    wall_s: float
+    workers: int
+    traces: int
+    steps: int
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    trace_seconds: list[float]
+    errors: list[str] = field(default_factory=list)
+    orchestration_overhead: float | None = None
+    prefect_lag_s: float | None = None
+
+    @classmethod
+    def from_replay(cls, name: str, result: ReplayResult, workers: int) -> AgentRun:
+        steps = [r for trace in result.traces for r in trace.records if r.worker_id is not None]
+        return cls(
+            name=name, wall_s=result.wall_s, workers=workers, traces=len(result.traces), steps=len(steps),
+            prompt_tokens=sum(s.prompt_tokens for s in steps), cached_tokens=sum(s.cached_tokens for s in steps),
+            output_tokens=sum(s.output_tokens for s in steps), trace_seconds=[t.duration_s for t in result.traces],
+            errors=list(result.errors),
+        )
+
+    @property
+    def traces_per_s(self) -> float:
+        return self.traces / self.wall_s
+
+    @property
+    def tasks_per_worker_hour(self) -> float:
+        return self.traces / (self.workers * self.wall_s / 3600.0)
+
+    def tasks_per_dollar(self, price_per_worker_hour: float) -> float:
+        return self.tasks_per_worker_hour / price_per_worker_hour if price_per_worker_hour else math.nan
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.output_tokens / self.wall_s
+
+    @property
+    def cached_ratio(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else math.nan
+
+
+@dataclass(slots=True)
+class SingleStepRun:
+    """One single-step batch file run to completion on one setup."""
+
+    name: str
+    wall_s: float
+    requests: int
+    completed: int
+    output_tokens: int
+    processing_s: float | None = None
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.completed / self.wall_s
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.output_tokens / self.wall_s
+
+    @property
+    def requests_per_s_processing(self) -> float:
+        """Requests per second on requests alone; a run with no start-up of its own counts its wall time."""
+        return self.completed / (self.processing_s or self.wall_s)
+
+
+@dataclass(slots=True)
+class Comparison:
+    """One row of the table and one object of results.json."""
+
+    name: str
+    unit: str
+    pronk: float | None
+    baseline: float | None
+    higher_is_better: bool = True
+    pronk_bare: float | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        if self.pronk is None or self.baseline is None or not self.baseline or math.isnan(self.baseline) or math.isnan(self.pronk):
+            return None
+        return self.pronk / self.baseline
+
+    @property
+    def pronk_loses(self) -> bool:
+        ratio = self.ratio
+        return ratio is not None and (ratio < 1.0 if self.higher_is_better else ratio > 1.0)
+
+    def as_json(self) -> dict:
+        clean = lambda v: None if v is None or (isinstance(v, float) and math.isnan(v)) else round(v, 6)  # noqa: E731
+        return {
+            "name": self.name, "pronk": clean(self.pronk), "baseline": clean(self.baseline), "ratio": clean(self.ratio),
+            "unit": self.unit, "pronk_bare_loop": clean(self.pronk_bare), "higher_is_better": self.higher_is_better,
+        }
+
+
+def agent_comparisons(pronk: AgentRun, bare: AgentRun, baseline: AgentRun, price: float) -> list[Comparison]:
+    rows = [
+        ("traces per second", "traces/s", lambda r: r.traces_per_s, True),
+        ("tasks per worker-hour", "traces/worker-h", lambda r: r.tasks_per_worker_hour, True),
+        (f"tasks per dollar (at ${price}/worker-h)", "traces/USD", lambda r: r.tasks_per_dollar(price), True),
+        ("output tokens per second", "tokens/s", lambda r: r.output_tokens_per_s, True),
+        ("cached-token ratio", "cached/prompt", lambda r: r.cached_ratio, True),
+        ("p50 trace completion time", "s", lambda r: percentile(r.trace_seconds, 50), False),
+        ("p90 trace completion time", "s", lambda r: percentile(r.trace_seconds, 90), False),
+    ]
+    out = [Comparison(f"agent: {name}", unit, get(pronk), get(baseline), better, get(bare)) for name, unit, get, better in rows]
+    out.append(Comparison("agent: orchestration overhead", "share of end-to-end", pronk.orchestration_overhead, None, False, 0.0))
+    out.append(Comparison("agent: Prefect server lag", "s", pronk.prefect_lag_s, None, False, None))
+    return out
+
+
+def single_step_comparisons(pronk: SingleStepRun, baseline: SingleStepRun) -> list[Comparison]:
+    return [
+        Comparison("single-step: requests per second (end to end)", "requests/s", pronk.requests_per_s, baseline.requests_per_s),
+        Comparison("single-step: output tokens per second", "tokens/s", pronk.output_tokens_per_s, baseline.output_tokens_per_s),
+        Comparison(
+            "single-step: requests per second (vLLM without its start-up)", "requests/s",
+            pronk.requests_per_s_processing, baseline.requests_per_s_processing,
+        ),
+        Comparison("single-step: wall time", "s", pronk.wall_s, baseline.wall_s, False),
+    ]
+
+
+def median_of(values: list[float]) -> float:
+    return statistics.median(values) if values else math.nan

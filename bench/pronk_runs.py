@@ -1,0 +1,88 @@
+"""pronk's side of the benchmark: a bare asyncio loop over its workers, its batch flow, and Prefect's lag.
+
+The bare loop runs the same replay loop as the baseline, through `engine.router.Router` with the
+job's routing policy and gap-KV pin, so the difference between it and the batch flow on the same
+shapes is what the orchestration (Prefect flow and task runs, batch records, step records, result
+files) costs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from uuid import UUID
+
+from bench.agent_loop import ReplayResult, replay
+from bench.figures import AgentRun
+from pronk.agent_spec import REPLAY_URL
+from pronk.jobs import JobConfig
+from pronk.settings import Settings
+from pronk.trace_shape import TraceShape
+
+
+def pronk_router(job: JobConfig, settings: Settings):
+    from engine.registry import Registry
+    from engine.router import Router
+
+    return Router(job.job_id, Registry(settings.registry_dir, settings.heartbeat_timeout_s), policy=job.harness.routing)
+
+
+async def bare_loop(shapes: list[TraceShape], job: JobConfig, settings: Settings, concurrency: int) -> ReplayResult:
+    """The shapes through pronk's router and workers, driven by the plain agent loop."""
+    return await replay(shapes, pronk_router(job, settings), concurrency, job.harness.kv_pin_ttl_s)
+
+
+async def prefect_lag_s(flow_run_id: str, timeout_s: float = 120.0) -> float:
+    """Seconds after the flow returned until the server shows the flow run and all its task runs final."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    started = time.monotonic()
+    async with get_client() as client:
+        while time.monotonic() - started < timeout_s:
+            flow_run = await client.read_flow_run(UUID(flow_run_id))
+            tasks = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)])))
+            states = [flow_run.state] + [t.state for t in tasks]
+            if all(s is not None and s.is_final() for s in states):
+                return time.monotonic() - started
+            await asyncio.sleep(0.1)
+    return timeout_s
+
+
+async def run_batch_file(input_path: Path, job: JobConfig, out_dir: Path) -> tuple[dict, float, float]:
+    """pronk's batch flow on a file, in this process like `pronk batch run`: (batch, wall s, Prefect lag s)."""
+    from flows.batch import run_batch
+
+    started = time.monotonic()
+    batch = await run_batch(input_uri=str(input_path.resolve()), job_id=job.job_id, output_dir=str(out_dir.resolve()))
+    wall = time.monotonic() - started
+    lag = await prefect_lag_s(batch["flow_run_id"]) if batch.get("flow_run_id") else float("nan")
+    return batch, wall, lag
+
+
+def replay_lines(shapes: list[TraceShape], model: str) -> list[dict]:
+    """One replay line per root shape; its custom_id is the trace id."""
+    return [{"custom_id": s.trace_id, "method": "POST", "url": REPLAY_URL, "body": {"model": model, "shape": s.model_dump()}} for s in shapes]
+
+
+def _read_jsonl(uri: str | None) -> list[dict]:
+    path = Path(uri) if uri else None
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path and path.exists() else []
+
+
+async def trace_batch(shapes: list[TraceShape], job: JobConfig, work_dir: Path) -> AgentRun:
+    """The shapes as a pronk batch (replay lines) through the batch flow; figures from its output lines."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    path = work_dir / "replay_batch.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in replay_lines(shapes, job.served_model_name)))
+    batch, wall, lag = await run_batch_file(path, job, work_dir / "out")
+    traces = [line["response"]["body"]["pronk"]["trace"] for line in _read_jsonl(batch["output_uri"])]
+    errors = [f"{line['custom_id']}: {line['error']['code']}: {line['error']['message']}"[:300] for line in _read_jsonl(batch["error_uri"])]
+    return AgentRun(
+        name="pronk batch (Prefect)", wall_s=wall, workers=job.workers, traces=len(traces), steps=sum(t["steps"] for t in traces),
+        prompt_tokens=sum(t["prompt_tokens"] for t in traces), cached_tokens=sum(t["cached_tokens"] for t in traces),
+        output_tokens=sum(t["output_tokens"] for t in traces), trace_seconds=[t["duration_s"] for t in traces],
+        errors=errors, prefect_lag_s=lag,
+    )

@@ -1,0 +1,209 @@
+"""`pronk bench`: run the baseline and pronk side by side on one workload, then print and record the table.
+
+Order of one run: draw the workload; start N stock vLLM servers (the baseline) and replay it there;
+stop them; replay it on pronk's workers with the bare loop, then as a pronk batch; then the
+single-step file through pronk's batch flow and through vLLM's `run_batch`. Each setup gets the
+same shapes under its own trace ids, so no setup reads KV another one left in a cache.
+With `rounds` > 1 every figure is the median over rounds (each round draws with seed + round).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import statistics
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from bench import pronk_runs, report
+from bench.agent_loop import OpenAIServers, replay
+from bench.baseline import VllmServers, run_vllm_batch
+from bench.figures import AgentRun, Comparison, SingleStepRun, agent_comparisons, single_step_comparisons
+from bench.workload import PROFILES, Workload, cache_bounds, generate, write_single_step_file
+from pronk.jobs import JobConfig, get_job
+from pronk.settings import PROJECT_ROOT, Settings
+from pronk.trace_shape import TraceShape
+
+BENCH_DIR = PROJECT_ROOT / "bench"
+CPU_BLOCK_SIZE = 128  # vLLM's default KV block size on CPU (the job leaves block_size unset)
+
+
+class BenchConfig(BaseModel):
+    """What `pronk bench` runs."""
+
+    job: str = Field(default="job-c0ffee01", description="Job whose model, engine args, workers and price both sides use.")
+    profile: str = Field(default="cpu", description=f"Workload profile: one of {sorted(PROFILES)}.")
+    traces: int | None = Field(default=None, ge=1, description="Root traces per round (default: the profile's).")
+    seed: int = Field(default=0, description="Workload seed; round r uses seed + r.")
+    rounds: int = Field(default=1, ge=1, description="Rounds; figures are medians over rounds.")
+    single_step_requests: int = Field(default=64, ge=1, description="Lines in the single-step batch file.")
+    work_dir: Path = Field(description="Scratch folder: workload files, outputs, logs.")
+    record: bool = Field(default=False, description="Write bench/RESULTS.md, bench/results.json and the plot.")
+    command: str = Field(default="pronk bench", description="The command line, for the record.")
+
+
+def relabel(shapes: list[TraceShape], label: str) -> list[TraceShape]:
+    """The same shapes under trace ids of their own, so their token content (and KV) is the setup's own."""
+
+    def one(shape: TraceShape) -> TraceShape:
+        steps = [s.model_copy(update={"fan_out": [one(c) for c in s.fan_out]}) for s in shape.steps]
+        return shape.model_copy(update={"trace_id": f"{label}-{shape.trace_id}", "steps": steps})
+
+    return [one(shape) for shape in shapes]
+
+
+def _median_run(runs: list[AgentRun]) -> AgentRun:
+    """A run whose every figure is the median over rounds (completion times pooled for percentiles)."""
+    if len(runs) == 1:
+        return runs[0]
+    med = lambda get: statistics.median(get(r) for r in runs)  # noqa: E731
+    first = runs[0]
+    total = lambda get: sum(get(r) for r in runs)  # noqa: E731
+    scale = med(lambda r: r.wall_s) / max(total(lambda r: r.wall_s), 1e-9)
+    overheads = [r.orchestration_overhead for r in runs if r.orchestration_overhead is not None]
+    lags = [r.prefect_lag_s for r in runs if r.prefect_lag_s is not None]
+    return AgentRun(
+        name=first.name, wall_s=med(lambda r: r.wall_s), workers=first.workers,
+        traces=round(med(lambda r: r.traces)), steps=round(med(lambda r: r.steps)),
+        prompt_tokens=round(total(lambda r: r.prompt_tokens) * scale), cached_tokens=round(total(lambda r: r.cached_tokens) * scale),
+        output_tokens=round(med(lambda r: r.output_tokens)), trace_seconds=[s for r in runs for s in r.trace_seconds],
+        errors=[e for r in runs for e in r.errors], orchestration_overhead=statistics.median(overheads) if overheads else None,
+        prefect_lag_s=statistics.median(lags) if lags else None,
+    )
+
+
+class Bench:
+    def __init__(self, config: BenchConfig, settings: Settings):
+        self.config = config
+        self.settings = settings
+        self.job: JobConfig = get_job(config.job)
+        self.concurrency = self.job.max_concurrency  # what pronk's batch keeps in flight; every setup gets the same
+        self.work = config.work_dir
+        self.work.mkdir(parents=True, exist_ok=True)
+
+    def model_dir(self) -> Path:
+        from pronk.model_store import resolve_model
+
+        return resolve_model(self.job.model, self.settings).path
+
+    def agent_round(self, workload: Workload, servers: VllmServers) -> tuple[AgentRun, AgentRun, AgentRun]:
+        cfg, job, n = self.config, self.job, self.job.workers
+        result = asyncio.run(replay(relabel(workload.shapes, "base"), OpenAIServers(servers.urls, job.served_model_name), self.concurrency))
+        baseline = AgentRun.from_replay("baseline: vLLM servers, round-robin", result, n)
+        result = asyncio.run(pronk_runs.bare_loop(relabel(workload.shapes, "bare"), job, self.settings, self.concurrency))
+        bare = AgentRun.from_replay("pronk bare loop", result, n)
+        pronk = asyncio.run(pronk_runs.trace_batch(relabel(workload.shapes, "batch"), job, self.work / f"agent-{workload.seed}"))
+        pronk.orchestration_overhead = (pronk.wall_s - bare.wall_s) / pronk.wall_s
+        return pronk, bare, baseline
+
+    def single_step(self, model_dir: Path) -> tuple[SingleStepRun, SingleStepRun]:
+        path = write_single_step_file(self.work / "single_step.jsonl", self.config.single_step_requests, self.job.served_model_name, self.config.seed)
+        batch, wall, _ = asyncio.run(pronk_runs.run_batch_file(path, self.job, self.work / "single-pronk"))
+        pronk = SingleStepRun("pronk run_batch", wall, batch["request_counts"]["total"], batch["request_counts"]["completed"], batch["usage"]["output_tokens"])
+        out = self.work / "single-vllm" / "output.jsonl"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        wall, processing = run_vllm_batch(self.job, model_dir, path, out, self.work / "logs" / "vllm-run-batch.log")
+        lines = [json.loads(line) for line in out.read_text().splitlines()]
+        ok = [line for line in lines if not line.get("error") and (line.get("response") or {}).get("status_code") == 200]
+        tokens = sum(line["response"]["body"]["usage"]["completion_tokens"] for line in ok)
+        return pronk, SingleStepRun("vLLM run_batch", wall, len(lines), len(ok), tokens, processing_s=processing)
+
+    def run(self) -> dict:
+        cfg = self.config
+        model_dir = self.model_dir()
+        workloads = [generate(cfg.profile, cfg.seed + r, cfg.traces) for r in range(cfg.rounds)]
+        rounds = []
+        with VllmServers(self.job, model_dir, self.work / "logs", self.job.workers) as servers:
+            for workload in workloads:
+                rounds.append(self.agent_round(workload, servers))
+            startup_s = servers.startup_s
+        pronk, bare, baseline = (_median_run([r[i] for r in rounds]) for i in range(3))
+        single_pronk, single_vllm = self.single_step(model_dir)
+        comparisons = agent_comparisons(pronk, bare, baseline, self.job.price_per_worker_hour)
+        comparisons += single_step_comparisons(single_pronk, single_vllm)
+        return {
+            "comparisons": comparisons, "runs": [pronk, bare, baseline], "single": [single_pronk, single_vllm],
+            "workloads": workloads, "startup_s": startup_s,
+        }
+
+
+def meta(config: BenchConfig, job: JobConfig, outcome: dict) -> dict:
+    workload: Workload = outcome["workloads"][0]
+    return {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{platform.node()}: {platform.machine()}, {len(os.sched_getaffinity(0))} cores, {platform.platform()}",
+        "command": config.command,
+        "job": job.job_id, "workers": job.workers, "price_per_worker_hour": job.price_per_worker_hour,
+        "kv_cache_memory_bytes": job.engine.kv_cache_memory_bytes, "max_model_len": job.engine.max_model_len,
+        "profile": config.profile, "traces_per_round": len(workload.shapes), "rounds": config.rounds, "seed": config.seed,
+        "concurrency": job.max_concurrency, "steps_per_round": workload.total_steps(), "steps_cut_by_context_cap": workload.steps_cut_by_cap,
+        "single_step_requests": config.single_step_requests, "vllm_server_startup_s": round(outcome["startup_s"], 1),
+        "errors": {run.name: run.errors[:5] for run in outcome["runs"] if run.errors},
+    }
+
+
+def kv_summary(job: JobConfig, model_dir: Path, workload: Workload, concurrency: int) -> dict:
+    """KV capacity per process against the workload's working set, and the no-eviction cached ratio."""
+    config = json.loads((model_dir / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    dtype_bytes = {"float32": 4, "float16": 2, "bfloat16": 2}.get(job.engine.dtype, 2)
+    per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * dtype_bytes
+    mean_context, ideal = cache_bounds(workload, job.engine.block_size or CPU_BLOCK_SIZE)
+    return {
+        "tokens_per_worker": (job.engine.kv_cache_memory_bytes or 0) // per_token,
+        "mean_trace_context": round(mean_context),
+        "working_set_tokens_per_worker": round(concurrency / job.workers * mean_context),
+        "ideal_cached_ratio": ideal,
+    }
+
+
+def record(config: BenchConfig, outcome: dict, info: dict, out_dir: Path = BENCH_DIR) -> list[Path]:
+    """Write results.json, the plot and the main section of RESULTS.md."""
+    comparisons: list[Comparison] = outcome["comparisons"]
+    plot = report.plot_completion_times(out_dir / "completion_times.png", outcome["runs"])
+    data = report.write_json(out_dir / "results.json", comparisons, info)
+    md = report.write_results_md(out_dir / "RESULTS.md", report.markdown_section(info, comparisons, plot.name))
+    return [md, data, plot]
+
+
+@contextlib.contextmanager
+def pronk_fleet(settings: Settings, job: JobConfig):
+    """pronk's stack (Prefect server and the job's workers): reuse a running one, or start one and stop it after."""
+    from engine.registry import Registry
+    from pronk import stack
+
+    owned = not stack.read_state(settings)
+    if len(Registry(settings.registry_dir, settings.heartbeat_timeout_s).live(job.job_id)) < job.workers or owned:
+        stack.up(settings, job.job_id, mlflow_ui=False, deploy=False)
+    try:
+        yield
+    finally:
+        if owned:
+            stack.down(settings)
+
+
+def run_bench(config: BenchConfig, settings: Settings, echo=print) -> dict:
+    """Run everything, print the table, and (with `record`) write the results files."""
+    bench = Bench(config, settings)
+    with pronk_fleet(settings, bench.job):
+        started = time.monotonic()
+        outcome = bench.run()
+    info = meta(config, bench.job, outcome)
+    info["kv"] = kv_summary(bench.job, bench.model_dir(), outcome["workloads"][0], bench.concurrency)
+    info["bench_wall_s"] = round(time.monotonic() - started, 1)
+    echo(report.text_table(outcome["comparisons"]))
+    echo(f"KV per process {info['kv']['tokens_per_worker']:,} tokens, working set ~{info['kv']['working_set_tokens_per_worker']:,}; "
+         f"cached ratio with no eviction {info['kv']['ideal_cached_ratio']:.3f}; bench took {info['bench_wall_s']} s")
+    if info["errors"]:
+        echo(f"errors: {info['errors']}")
+    if config.record:
+        for path in record(config, outcome, info):
+            echo(f"wrote {path}")
+    outcome["meta"] = info
+    return outcome
