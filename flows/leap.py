@@ -122,11 +122,15 @@ async def leap(job_id: str, version: int | None = None, alias: str | None = None
     try:
         failed = await _switch(run, original)
         if failed:
-            stuck = await _roll_back(run, original)
             errors = "; ".join(f"{w}: {record.workers[w].error}" for w in failed)
             message = f"{len(failed)} of {len(original)} workers could not switch to {record.to_version} ({errors}); "
-            message += f"the others went back to {record.from_version}" if not stuck else f"{stuck} could not go back either"
-            record.finish("rolled_back" if not stuck else "failed", message)
+            if record.status == "staging":
+                message += f"no worker switched, the fleet still serves {record.from_version}"
+                record.finish("failed", message)
+            else:
+                stuck = await _roll_back(run, original)
+                message += f"the others went back to {record.from_version}" if not stuck else f"{stuck} could not go back either"
+                record.finish("rolled_back" if not stuck else "failed", message)
             logger.error("leap %s: %s", record.id, message)
             raise LeapFailed(message)
         if job_alias:

@@ -90,7 +90,7 @@ def on_v1(stack, versions):
 def batch_file(path, lines: int) -> str:
     rows = [
         {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"model": MODEL, "temperature": 0, "max_tokens": 96, "messages": [{"role": "user", "content": f"note {i}: the fleet"}]}}
+         "body": {"model": MODEL, "temperature": 0, "max_tokens": 64, "messages": [{"role": "user", "content": f"note {i}: the fleet"}]}}
         for i in range(lines)
     ]
     path.write_text("\n".join(json.dumps(r) for r in rows))
@@ -111,8 +111,8 @@ def test_leap_during_a_running_batch_switches_every_step_cleanly(stack, on_v1, t
     served_at_start = sum(w.stats.requests_served for w in fleet(stack))
 
     async def batch_with_a_leap_in_the_middle():
-        batch = asyncio.create_task(run_batch(input_uri=batch_file(tmp_path / "in.jsonl", 64), job_id=JOB, output_dir=str(tmp_path)))
-        while sum(w.stats.requests_served for w in fleet(stack)) < served_at_start + 12:
+        batch = asyncio.create_task(run_batch(input_uri=batch_file(tmp_path / "in.jsonl", 128), job_id=JOB, output_dir=str(tmp_path)))
+        while sum(w.stats.requests_served for w in fleet(stack)) < served_at_start + 4:
             assert not batch.done(), "the batch ended before the Leap could start"
             await asyncio.sleep(0.2)
         record = await leap(job_id=JOB, version=v2)
@@ -124,7 +124,7 @@ def test_leap_during_a_running_batch_switches_every_step_cleanly(stack, on_v1, t
     assert 0 < record["switch_seconds"] < 10
     assert alias_version(MODEL, "live", stack) == v2
     assert {w.stats.model_version for w in fleet(stack)} == {f"{MODEL}/{v2}"}
-    assert batch["request_counts"] == {"total": 64, "completed": 64, "failed": 0}
+    assert batch["request_counts"] == {"total": 128, "completed": 128, "failed": 0}
     outputs = [json.loads(line) for line in open(batch["output_uri"])]
     fingerprints = [o["response"]["body"]["system_fingerprint"] for o in outputs]
     assert all(o["response"]["body"]["pronk"]["model_version"] == f for o, f in zip(outputs, fingerprints))
