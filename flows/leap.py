@@ -17,7 +17,7 @@ from prefect.artifacts import acreate_table_artifact
 from engine.registry import Registry
 from pronk.jobs import get_job
 from pronk.leap_store import LeapRecord, LeapStore, WorkerLeap
-from pronk.model_store import _parse_models_uri, alias_version, set_alias
+from pronk.model_store import parse_models_uri, alias_version, set_alias
 from pronk.settings import Settings, get_settings
 from pronk.weights import CheckpointMismatch, check_version_fits
 from tasks.weights import LeapRun, reload_weights, stage_weights
@@ -96,7 +96,7 @@ async def leap(job_id: str, version: int | None = None, alias: str | None = None
     job = get_job(job_id)
     if not job.model.startswith("models:/"):
         raise LeapRefused(f"job {job.job_id} serves {job.model!r}; Leap needs an MLflow model (models:/NAME@ALIAS)")
-    name, job_alias, _ = _parse_models_uri(job.model)
+    name, job_alias, _ = parse_models_uri(job.model)
     target = _target_version(name, version, alias, settings)
     workers = Registry(settings.registry_dir, settings.heartbeat_timeout_s).live(job.job_id)
     original = {w.worker_id: w.stats.model_version for w in workers}

@@ -70,12 +70,12 @@ def _train(model_dir: Path, config: FinetuneConfig) -> tuple[float, float]:
 
 def finetune(config: FinetuneConfig, settings: Settings | None = None) -> FinetuneResult:
     """Train from `config.source` and register the result as the next version of the same model."""
-    from pronk.model_store import _parse_models_uri, resolve_model
+    from pronk.model_store import parse_models_uri, resolve_model
 
     settings = settings or get_settings()
     if not config.source.startswith("models:/"):
         raise ValueError(f"finetune source {config.source!r}: expected models:/NAME@ALIAS or models:/NAME/N")
-    name = _parse_models_uri(config.source)[0]
+    name = parse_models_uri(config.source)[0]
     parent = resolve_model(config.source, settings)
     work = settings.data_dir / "build" / f"finetune-{name}-{time.time_ns()}"
     shutil.copytree(parent.path, work)

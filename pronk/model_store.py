@@ -76,7 +76,7 @@ def latest_version(name: str, settings: Settings | None = None) -> int | None:
     return max((int(v.version) for v in versions), default=None)
 
 
-def _parse_models_uri(uri: str) -> tuple[str, str | None, str | None]:
+def parse_models_uri(uri: str) -> tuple[str, str | None, str | None]:
     """`models:/name@alias` or `models:/name/3` into (name, alias, version)."""
     rest = uri.removeprefix("models:/")
     if "@" in rest:
@@ -102,7 +102,7 @@ def resolve_model(uri: str, settings: Settings | None = None) -> ResolvedModel:
     settings = settings or get_settings()
     if uri.startswith("models:/"):
         client = _client(settings)
-        name, alias, number = _parse_models_uri(uri)
+        name, alias, number = parse_models_uri(uri)
         version = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, number)
         target = settings.models_dir / name / f"v{version.version}"
         if not (target / "config.json").exists():

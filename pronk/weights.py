@@ -125,10 +125,10 @@ class UploadResult(BaseModel):
 
 def reference_version(name: str, job_model: str | None, settings: Settings) -> int | None:
     """The version a new checkpoint of `name` must fit: the one the job's model URI names, else the newest."""
-    from pronk.model_store import _parse_models_uri, alias_version, latest_version
+    from pronk.model_store import parse_models_uri, alias_version, latest_version
 
     if job_model and job_model.startswith("models:/"):
-        job_name, alias, number = _parse_models_uri(job_model)
+        job_name, alias, number = parse_models_uri(job_model)
         if job_name == name:
             return alias_version(name, alias, settings) if alias else int(number)
     return latest_version(name, settings)

@@ -18,7 +18,7 @@ from pronk.api.deps import OwnerDep, SettingsDep
 from pronk.api.errors import ApiError
 from pronk.jobs import JobConfig, load_jobs
 from pronk.leap_store import LeapRecord, LeapStore
-from pronk.model_store import _parse_models_uri, alias_version
+from pronk.model_store import parse_models_uri, alias_version
 from pronk.schemas import new_id
 from pronk.settings import Settings
 from pronk.weights import CheckpointMismatch, UploadResult, check_version_fits, upload_checkpoint
@@ -121,10 +121,10 @@ async def upload(body: WeightsUpload, owner: OwnerDep, settings: SettingsDep) ->
 
 def _target_version(job: JobConfig, uri: str, settings: Settings) -> int:
     """The version of the job's model that `uri` names, registering a checkpoint directory first."""
-    name = _parse_models_uri(job.model)[0]
+    name = parse_models_uri(job.model)[0]
     if not uri.startswith("models:/"):
         return upload_checkpoint(uri, name, job.model, settings).version
-    target_name, alias, number = _parse_models_uri(uri)
+    target_name, alias, number = parse_models_uri(uri)
     if target_name != name:
         raise ApiError(400, f"Job {job.job_id} serves model {name!r}; {uri} is another model.", param=job.served_model_name, code="model_mismatch")
     return alias_version(name, alias, settings) if alias else int(number)
@@ -138,7 +138,7 @@ def _validated_target(job: JobConfig, uri: str, settings: Settings) -> int | Non
     if not job.model.startswith("models:/"):
         raise ApiError(400, f"Job {job.job_id} serves {job.model!r}, not an MLflow model.", param=job.served_model_name, code="not_leapable")
     version = _target_version(job, uri, settings)
-    name = _parse_models_uri(job.model)[0]
+    name = parse_models_uri(job.model)[0]
     for current in sorted(serving):
         check_version_fits(f"models:/{name}/{version}", current, settings)
     return version
@@ -174,7 +174,7 @@ async def reload(
     store = LeapStore(settings)
     started = []
     for job, version in planned:
-        name = _parse_models_uri(job.model)[0]
+        name = parse_models_uri(job.model)[0]
         record = LeapRecord(job_id=job.job_id, model=name, to_version=f"{name}/{version}", id=new_id("leap"))
         await run_in_threadpool(store.save, record)
         flow_run_id = await leaps.start(job.job_id, version, record.id)
