@@ -70,7 +70,11 @@ def start_prefect_server(settings: Settings, state: dict[str, int]) -> None:
 
 def deploy_flows(settings: Settings, state: dict[str, int]) -> None:
     """Create the process work pool, deploy `deployments/prefect.yaml`, and start a worker for the pool."""
-    env = {**prefect_environment(settings), "PRONK_PROJECT_ROOT": str(PROJECT_ROOT), "PRONK_DATA_DIR": str(settings.data_dir)}
+    env = {
+        **prefect_environment(settings), "PRONK_PROJECT_ROOT": str(PROJECT_ROOT), "PRONK_DATA_DIR": str(settings.data_dir),
+        # A batch made through the API starts when the worker next polls (Prefect's default: every 10 s).
+        "PREFECT_WORKER_QUERY_SECONDS": os.environ.get("PREFECT_WORKER_QUERY_SECONDS", "2"),
+    }
     _prefect(["work-pool", "create", WORK_POOL, "--type", "process", "--overwrite"], env)
     deployed = _prefect(["--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml"], env)
     if deployed.returncode != 0:
