@@ -83,6 +83,8 @@ def test_files_upload_list_read_download_delete_and_isolation(api):
     rest = client.get("/v1/files", params={"limit": 2, "after": page["last_id"]}, headers=alice).json()
     assert [f["id"] for f in rest["data"]] == [ids[0]] and rest["has_more"] is False
     assert client.get(f"/v1/files/{ids[0]}/content", headers=alice).text == text
+    assert len(client.get("/v1/files", params={"purpose": "batch", "limit": 1}, headers=alice).json()["data"]) == 1
+    assert client.get("/v1/files", params={"purpose": "batch_output"}, headers=alice).json()["data"] == []
 
     assert client.get("/v1/files", headers=bob).json()["data"] == []
     for path in (f"/v1/files/{ids[0]}", f"/v1/files/{ids[0]}/content"):
