@@ -30,6 +30,14 @@ class WorkerClient:
             raise StepRejected(f"HTTP {response.status_code}: {response.text[:500]}")
         return StepResult.model_validate_json(response.content)
 
+    async def release(self, url: str, trace_ids: list[str]) -> None:
+        try:
+            response = await self._http.post(f"{url}/release", json={"trace_ids": trace_ids})
+        except httpx.TransportError as exc:
+            raise WorkerUnavailable(f"{url}: {type(exc).__name__}: {exc}") from exc
+        if response.status_code >= 400:
+            raise WorkerUnavailable(f"{url}: HTTP {response.status_code} on release: {response.text[:200]}")
+
     async def stats(self, url: str) -> WorkerStats:
         response = await self._http.get(f"{url}/stats")
         response.raise_for_status()

@@ -5,7 +5,8 @@ other traffic can evict its prefix and the next step recomputes it. `PinningSche
 vLLM as `scheduler_cls`) takes an extra reference on the finished request's full, cached blocks when
 the step asked for a pin (`SamplingParams.extra_args`, see `retention_hints`), which keeps them out
 of the free queue. The pin is released when the trace's next step has been scheduled (it now holds
-the blocks itself), when the TTL passes, when the pinned total would pass `PRONK_KV_PIN_MAX_FRACTION`
+the blocks itself), when the trace ends (the harness calls the worker's `/release`, which reaches
+the scheduler as an internal abort of `release_request_id(trace)`), when the TTL passes, when the pinned total would pass `PRONK_KV_PIN_MAX_FRACTION`
 of the cache (a full table refuses new pins), or before a prefix-cache reset (weight swap).
 
 The vLLM classes are built on first attribute access (`__getattr__`), so importing this module for
@@ -19,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+RELEASE_PREFIX = "pronk-release:"
 TRACE_KEY = "pronk_trace_id"
 TTL_KEY = "pronk_pin_ttl_s"
 MAX_FRACTION_ENV = "PRONK_KV_PIN_MAX_FRACTION"
@@ -27,6 +29,11 @@ MAX_FRACTION_ENV = "PRONK_KV_PIN_MAX_FRACTION"
 def retention_hints(trace_id: str, ttl_s: float) -> dict[str, Any]:
     """The per-request hints `PinningScheduler` reads from `SamplingParams.extra_args`."""
     return {TRACE_KEY: trace_id, TTL_KEY: float(ttl_s)}
+
+
+def release_request_id(trace_id: str) -> str:
+    """The request id whose (internal) abort tells `PinningScheduler` the trace ended."""
+    return f"{RELEASE_PREFIX}{trace_id}"
 
 
 def scheduler_class(device: str) -> str:
@@ -54,7 +61,7 @@ class PinTable:
         self.free = free
         self.pins: dict[str, Pin] = {}
         self.pinned_blocks = 0
-        self.released = {"next_step": 0, "ttl": 0, "refused": 0, "reset": 0}
+        self.released = {"next_step": 0, "trace_end": 0, "ttl": 0, "refused": 0, "reset": 0}
 
     def release(self, trace_id: str, why: str) -> None:
         pin = self.pins.pop(trace_id, None)
@@ -133,6 +140,15 @@ def _retention_mixin(base: type) -> type:
                 return
             self.kv_cache_manager.block_pool.touch(blocks)
             self.pin_table.add(trace_id, blocks, ttl_s, time.monotonic())
+
+        def finish_requests(self, request_ids, finished_status):
+            if request_ids is not None:
+                ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+                for request_id in ids:
+                    if request_id.startswith(RELEASE_PREFIX):
+                        self.pin_table.release(request_id.removeprefix(RELEASE_PREFIX), "trace_end")
+                request_ids = [i for i in ids if not i.startswith(RELEASE_PREFIX)]
+            return super().finish_requests(request_ids, finished_status)
 
         def reset_prefix_cache(self, *args, **kwargs):
             self.pin_table.release_all("reset")

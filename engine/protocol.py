@@ -57,6 +57,14 @@ class StepRequest(BaseModel):
         return self
 
 
+class ReleaseRequest(BaseModel):
+    """Traces that ended: let go of their KV pins now rather than at the TTL."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    trace_ids: list[str] = Field(min_length=1, max_length=1024)
+
+
 class StepResult(BaseModel):
     request_id: str
     text: str

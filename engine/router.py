@@ -79,5 +79,16 @@ class Router:
                 self.in_flight[worker.worker_id] -= 1
         raise NoWorkerAvailable(f"step {request.request_id} failed on {self.max_attempts} workers: {'; '.join(errors)}")
 
+    async def release(self, worker_id: str, trace_ids: list[str]) -> bool:
+        """Tell the worker these traces ended so it drops their KV pins; best effort (the TTL is the fallback)."""
+        worker = next((w for w in self.workers() if w.worker_id == worker_id), None)
+        if worker is None:
+            return False
+        try:
+            await self.client.release(worker.url, trace_ids)
+        except WorkerUnavailable:
+            return False
+        return True
+
     async def aclose(self) -> None:
         await self.client.aclose()

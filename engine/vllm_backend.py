@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.kv_retention import retention_hints
+from engine.kv_retention import release_request_id, retention_hints
 from engine.protocol import SamplingSpec, StepRequest, StepResult, WorkerStats
 
 
@@ -145,6 +145,11 @@ class VllmBackend:
             queue_time_s=queue_time,
             engine_time_s=time.monotonic() - started,
         )
+
+    async def release(self, trace_ids: list[str]) -> None:
+        """Drop the KV pins of traces that ended: an abort of ids the pinning scheduler recognises, sent straight
+        to the engine core (the output processor would drop ids of requests it does not know)."""
+        await self._engine.engine_core.abort_requests_async([release_request_id(t) for t in trace_ids])
 
     def stats(self) -> WorkerStats:
         return WorkerStats(

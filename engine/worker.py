@@ -17,7 +17,7 @@ import time
 from fastapi import FastAPI, HTTPException
 
 from engine.kv_retention import scheduler_class
-from engine.protocol import StepRequest, StepResult, WorkerStats
+from engine.protocol import ReleaseRequest, StepRequest, StepResult, WorkerStats
 from engine.registry import Registry, WorkerEntry
 from engine.vllm_backend import VllmBackend
 from engine.weight_swap import add_weight_routes
@@ -85,6 +85,11 @@ def create_app(backend: VllmBackend, registry: Registry, url: str, heartbeat_int
             return await backend.generate(request)
         except ValueError as exc:
             raise HTTPException(status_code=400, detail=str(exc)) from exc
+
+    @app.post("/release")
+    async def release(request: ReleaseRequest) -> dict[str, int]:
+        await backend.release(request.trace_ids)
+        return {"released": len(request.trace_ids)}
 
     @app.get("/health")
     async def health() -> dict[str, str]:

@@ -229,7 +229,14 @@ class Harness:
         except TraceFailed as exc:
             error = LineError(code=exc.code, message=f"line {request.line}: trace {root.trace_id}: {exc}", line=request.line)
             return RequestOutcome(request.line, OutputLine(custom_id=request.custom_id, error=error), None)
+        finally:
+            await self._release(family, root)
         return self._outcome(request, family, root, time.monotonic() - started)
+
+    async def _release(self, family: Family, state: TraceState) -> None:
+        """The trace ended: drop its KV pin now instead of at the TTL."""
+        if family.limits.kv_pin_ttl_s > 0 and state.last_result is not None:
+            await self.router.release(state.last_result.worker_id, [state.trace_id])
 
     async def _trace(self, family: Family, state: TraceState, first_choice: Any) -> None:
         limits = family.limits
@@ -320,6 +327,7 @@ class Harness:
                 pass
             except TraceFailed as exc:
                 child.finish_reason, child.answer = "error", str(exc)
+            await self._release(family, child)
             return {"trace_id": child.trace_id, "finish_reason": child.finish_reason, "answer": child.answer}
 
         return json.dumps(await asyncio.gather(*(child_run(c) for c in children)))
