@@ -89,10 +89,12 @@ def choose_job(job_id: str | None, file: FileRecord, jobs: dict[str, JobConfig])
 
 
 def owned_batch(batches: BatchStore, owner: str, batch_id: str) -> Batch:
-    if not batches.exists(batch_id):
-        raise not_found("batch", batch_id, "batch_id")
-    batch = batches.load(batch_id)
-    if batch.owner != owner:
+    """The caller's batch, or 404 (also for another owner's batch: its existence is not revealed)."""
+    try:
+        batch = batches.load(batch_id)
+    except FileNotFoundError:
+        batch = None
+    if batch is None or batch.owner != owner:
         raise not_found("batch", batch_id, "batch_id")
     return batch
 
