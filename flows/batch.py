@@ -119,6 +119,9 @@ def unstarted_lines(run: BatchRun) -> list[OutputLine]:
 
 
 def final_status(run: BatchRun) -> Literal["completed", "cancelled", "expired"]:
+    """`expired` only when the window cut requests off; a cancel request always ends `cancelled`."""
+    if run.stop_reason == "expired" and not run.unstarted:
+        return "completed"
     return run.stop_reason or "completed"
 
 
