@@ -1,7 +1,7 @@
 """Prefect granularity for traces: one task run per chunk of traces vs one per trace, on the real stack.
 
-Runs the same batch of short replay traces through the `run-batch` flow twice, with
-`chunk_size=1` (a task run per trace) and the default `chunk_size=64`, and reports wall time,
+Runs the same batch of short replay traces through the `run-batch` flow, after one warm-up run,
+alternating `chunk_size=1` (a task run per trace) and the default `chunk_size=64`; reports wall time,
 task runs created, task runs per second, and how many task runs the Prefect server still shows
 unfinished right after the flow returns (its recording lag). Uses the stack of `PRONK_DATA_DIR`
 (start it with `pronk stack up`).
@@ -34,8 +34,15 @@ async def task_run_states(flow_run_id: str) -> dict[str, int]:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, TaskRunFilter
 
+    runs = []
     async with get_client() as client:
-        runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])), task_run_filter=TaskRunFilter(), limit=5000)
+        while True:
+            page = await client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])), task_run_filter=TaskRunFilter(), limit=200, offset=len(runs)
+            )
+            runs += page
+            if len(page) < 200:
+                break
     states: dict[str, int] = {}
     for run in runs:
         name = run.state.name if run.state else "none"
@@ -71,9 +78,9 @@ def main() -> None:
     configure_prefect(get_settings())
     folder = Path(tempfile.mkdtemp(prefix="pronk-granularity-"))
     write_batch(folder / "input.jsonl", args.traces)
-    results = [asyncio.run(one(folder / "input.jsonl", folder / f"out{c}", c)) for c in (64, 1)]
-    for result in results:
-        print(json.dumps(result))
+    asyncio.run(one(folder / "input.jsonl", folder / "warmup", 64))
+    for n, chunk_size in enumerate((1, 64, 1, 64)):
+        print(json.dumps(asyncio.run(one(folder / "input.jsonl", folder / f"out{n}", chunk_size))), flush=True)
 
 
 if __name__ == "__main__":

@@ -162,7 +162,18 @@ class Harness:
         self.tools = job_tools(job.harness)
 
     async def run_line(self, request: ValidRequest) -> RequestOutcome:
-        """Any valid line: a replay, an agent task, or a plain chat completion (a one-step trace)."""
+        """Any valid line: a replay, an agent task, or a plain chat completion (a one-step trace).
+
+        Whatever goes wrong inside becomes this line's error line, never an exception into the flow.
+        """
+        try:
+            return await self._run_line(request)
+        except Exception as exc:  # noqa: BLE001 - one line's failure must not fail the batch
+            message = f"line {request.line}: {type(exc).__name__}: {exc}"
+            error = LineError(code=ErrorCode.STEP_FAILED, message=message, line=request.line)
+            return RequestOutcome(request.line, OutputLine(custom_id=request.custom_id, error=error), None)
+
+    async def _run_line(self, request: ValidRequest) -> RequestOutcome:
         if isinstance(request.body, ReplayBody):
             return await self.run_replay(request)
         if request.body.tools is not None and request.body.tool_choice != "none":
