@@ -9,6 +9,21 @@ from dataclasses import dataclass, field
 from bench.agent_loop import ReplayResult
 
 
+def worker_moves(steps: list[tuple[str, int, str]]) -> tuple[int, int]:
+    """(steps that ran on a different worker than their trace's previous step, steps that had a previous step).
+
+    `steps` are (trace id, step index, worker id); a move means the prefix was recomputed elsewhere.
+    """
+    moves = transitions = 0
+    last: dict[str, str] = {}
+    for trace_id, _, worker in sorted(steps):
+        if trace_id in last:
+            transitions += 1
+            moves += worker != last[trace_id]
+        last[trace_id] = worker
+    return moves, transitions
+
+
 def percentile(values: list[float], q: float) -> float:
     """The q-th percentile (0–100), linear between closest ranks; NaN when empty."""
     if not values:
@@ -32,6 +47,7 @@ class AgentRun:
     cached_tokens: int
     output_tokens: int
     trace_seconds: list[float]
+    moved_steps: float = math.nan
     errors: list[str] = field(default_factory=list)
     orchestration_overhead: float | None = None
     prefect_lag_s: float | None = None
@@ -39,11 +55,12 @@ class AgentRun:
     @classmethod
     def from_replay(cls, name: str, result: ReplayResult, workers: int) -> AgentRun:
         steps = [r for trace in result.traces for r in trace.records if r.worker_id is not None]
+        moves, transitions = worker_moves([(r.trace_id, r.step, r.worker_id) for r in steps])
         return cls(
             name=name, wall_s=result.wall_s, workers=workers, traces=len(result.traces), steps=len(steps),
             prompt_tokens=sum(s.prompt_tokens for s in steps), cached_tokens=sum(s.cached_tokens for s in steps),
             output_tokens=sum(s.output_tokens for s in steps), trace_seconds=[t.duration_s for t in result.traces],
-            errors=list(result.errors),
+            moved_steps=moves / transitions if transitions else math.nan, errors=list(result.errors),
         )
 
     @property
@@ -130,6 +147,7 @@ def agent_comparisons(pronk: AgentRun, bare: AgentRun, baseline: AgentRun, price
         ("cached-token ratio", "cached/prompt", lambda r: r.cached_ratio, True),
         ("p50 trace completion time", "s", lambda r: percentile(r.trace_seconds, 50), False),
         ("p90 trace completion time", "s", lambda r: percentile(r.trace_seconds, 90), False),
+        ("steps moved off their trace's previous worker", "share of steps", lambda r: r.moved_steps, False),
     ]
     out = [Comparison(f"agent: {name}", unit, get(pronk), get(baseline), better, get(bare)) for name, unit, get, better in rows]
     out.append(Comparison("agent: orchestration overhead", "share of end-to-end", pronk.orchestration_overhead, None, False, 0.0))

@@ -15,7 +15,7 @@ from pathlib import Path
 from uuid import UUID
 
 from bench.agent_loop import ReplayResult, replay
-from bench.figures import AgentRun
+from bench.figures import AgentRun, worker_moves
 from pronk.agent_spec import REPLAY_URL
 from pronk.jobs import JobConfig
 from pronk.settings import Settings
@@ -79,10 +79,12 @@ async def trace_batch(shapes: list[TraceShape], job: JobConfig, work_dir: Path) 
     path.write_text("".join(json.dumps(line) + "\n" for line in replay_lines(shapes, job.served_model_name)))
     batch, wall, lag = await run_batch_file(path, job, work_dir / "out")
     traces = [line["response"]["body"]["pronk"]["trace"] for line in _read_jsonl(batch["output_uri"])]
+    steps = _read_jsonl(batch["output_uri"].removesuffix("_output.jsonl") + "_steps.jsonl")
+    moves, transitions = worker_moves([(r["trace_id"], r["step"], r["worker_id"]) for r in steps if r.get("worker_id")])
     errors = [f"{line['custom_id']}: {line['error']['code']}: {line['error']['message']}"[:300] for line in _read_jsonl(batch["error_uri"])]
     return AgentRun(
         name="pronk batch (Prefect)", wall_s=wall, workers=job.workers, traces=len(traces), steps=sum(t["steps"] for t in traces),
         prompt_tokens=sum(t["prompt_tokens"] for t in traces), cached_tokens=sum(t["cached_tokens"] for t in traces),
         output_tokens=sum(t["output_tokens"] for t in traces), trace_seconds=[t["duration_s"] for t in traces],
-        errors=errors, prefect_lag_s=lag,
+        moved_steps=moves / transitions if transitions else float("nan"), errors=errors, prefect_lag_s=lag,
     )

@@ -73,6 +73,7 @@ def _median_run(runs: list[AgentRun]) -> AgentRun:
         traces=round(med(lambda r: r.traces)), steps=round(med(lambda r: r.steps)),
         prompt_tokens=round(total(lambda r: r.prompt_tokens) * scale), cached_tokens=round(total(lambda r: r.cached_tokens) * scale),
         output_tokens=round(med(lambda r: r.output_tokens)), trace_seconds=[s for r in runs for s in r.trace_seconds],
+        moved_steps=med(lambda r: r.moved_steps),
         errors=[e for r in runs for e in r.errors], orchestration_overhead=statistics.median(overheads) if overheads else None,
         prefect_lag_s=statistics.median(lags) if lags else None,
     )
@@ -158,7 +159,7 @@ def kv_summary(job: JobConfig, model_dir: Path, workload: Workload, concurrency:
     return {
         "tokens_per_worker": (job.engine.kv_cache_memory_bytes or 0) // per_token,
         "mean_trace_context": round(mean_context),
-        "working_set_tokens_per_worker": round(concurrency / job.workers * mean_context),
+        "working_set_tokens_per_worker": round(min(concurrency, len(workload.shapes)) / job.workers * mean_context),
         "ideal_cached_ratio": ideal,
     }
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bench.baseline import engine_flags, processing_seconds
-from bench.figures import AgentRun, Comparison, percentile
+from bench.figures import AgentRun, Comparison, percentile, worker_moves
 from bench.report import END, START, write_results_md
 from bench.suite import relabel
 from bench.workload import PROFILES, cache_bounds, generate
@@ -65,3 +65,8 @@ def test_vllm_flags_and_progress_parsing():
     assert processing_seconds("x\nRunning batch: 100% Completed | 64/64 [00:12<00:00,  5.00req/s]\n") == 12.8
     assert processing_seconds("Running batch: 100% Completed | 10/10 [01:10<00:00,  2.00s/req]") == 20.0
     assert processing_seconds("no bar") is None
+
+
+def test_worker_moves_counts_steps_that_left_their_trace_worker():
+    steps = [("a", 0, "w0"), ("a", 1, "w0"), ("a", 2, "w1"), ("b", 0, "w1"), ("b", 1, "w0")]
+    assert worker_moves(steps) == (2, 3)
