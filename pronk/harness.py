@@ -11,7 +11,6 @@ A step that fails (engine trouble, an unparsable call, a timeout) is retried up 
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import time
 import zlib
@@ -29,10 +28,10 @@ from pronk.jobs import HarnessConfig, JobConfig
 from pronk.replay import run_shape
 from pronk.schemas import ChatCompletionBody, ErrorCode, LineError, OutputLine, ResponseEnvelope, new_id
 from pronk.step_records import StepRecord, StepRecorder, summarise
+from pronk.tool_calls import parse_call, step_schema, system_prompt
 from pronk.tools import SPAWN_SUBAGENTS, Tool, ToolContext, job_tools, run_tool
 
 TOOL_RESULT_CHARS = 1200
-MAX_ARRAY_ITEMS = 4
 
 
 class TraceFailed(Exception):
@@ -77,68 +76,6 @@ class TraceState:
     answer: str = ""
     steps: int = 0
     last_result: StepResult | None = None
-
-
-def _cap_arrays(schema: Any) -> Any:
-    if isinstance(schema, dict):
-        schema = {k: _cap_arrays(v) for k, v in schema.items()}
-        if schema.get("type") == "array":
-            schema["maxItems"] = min(schema.get("maxItems", MAX_ARRAY_ITEMS), MAX_ARRAY_ITEMS)
-        return schema
-    if isinstance(schema, list):
-        return [_cap_arrays(v) for v in schema]
-    return schema
-
-
-def _string_slots(schema: Any) -> int:
-    if isinstance(schema, dict):
-        if schema.get("type") == "string":
-            return 1
-        if schema.get("type") == "array":
-            return schema.get("maxItems", MAX_ARRAY_ITEMS) * max(_string_slots(schema.get("items", {})), 1)
-        branches = [_string_slots(b) for key in ("anyOf", "oneOf") for b in schema.get(key, [])]
-        return max(branches, default=0) + sum(_string_slots(v) for v in schema.get("properties", {}).values())
-    return 0
-
-
-def _cap_strings(schema: Any, chars: int) -> Any:
-    if isinstance(schema, dict):
-        schema = {k: _cap_strings(v, chars) for k, v in schema.items()}
-        if schema.get("type") == "string" and "enum" not in schema and "const" not in schema:
-            schema["maxLength"] = min(schema.get("maxLength", chars), chars)
-        return schema
-    if isinstance(schema, list):
-        return [_cap_strings(v, chars) for v in schema]
-    return schema
-
-
-def step_schema(tools: list[ToolView], allow_final: bool, max_tokens: int) -> dict[str, Any]:
-    """The JSON schema of one step's output, bounded to fit `max_tokens`."""
-    branches: list[dict[str, Any]] = [
-        {
-            "type": "object",
-            "properties": {"tool": {"const": t.name}, "arguments": _cap_arrays(t.parameters)},
-            "required": ["tool", "arguments"],
-            "additionalProperties": False,
-        }
-        for t in tools
-    ]
-    if allow_final:
-        branches.append({"type": "object", "properties": {"final": {"type": "string"}}, "required": ["final"], "additionalProperties": False})
-    schema = branches[0] if len(branches) == 1 else {"anyOf": branches}
-    chars = max(8, (max_tokens - 24) // max(_string_slots(schema), 1) - 8)
-    return _cap_strings(schema, chars)
-
-
-def system_prompt(tools: list[ToolView]) -> str:
-    lines = [
-        "You are an agent. Each turn, reply with one JSON object: either "
-        '{"tool": NAME, "arguments": {...}} to call a tool, or {"final": ANSWER} when done.',
-        "Tools:",
-    ]
-    for t in tools:
-        lines.append(f"- {t.name}: {t.description} Arguments schema: {json.dumps(t.parameters, sort_keys=True)}")
-    return "\n".join(lines)
 
 
 def tool_views(body: ChatCompletionBody, tools: dict[str, Tool]) -> dict[str, ToolView]:
@@ -302,7 +239,7 @@ class Harness:
                 continue
             record.take(result)
             state.last_result = result
-            call = _parse(result.text, {t.name for t in tools}, allow_final)
+            call = parse_call(result.text, {t.name for t in tools}, allow_final)
             if isinstance(call, str):
                 record.error = call
                 continue
@@ -374,19 +311,6 @@ class Harness:
 
 class _ContextFull(Exception):
     """The trace's prompt outgrew the model's context: it ends with finish_reason `context_length`."""
-
-
-def _parse(text: str, tools: set[str], allow_final: bool) -> dict[str, Any] | str:
-    """The step's call, or a message saying why it is unusable."""
-    try:
-        call = json.loads(text, strict=False)
-    except json.JSONDecodeError as exc:
-        return f"unparsable step output ({exc.msg} at {exc.pos}): {text[:120]!r}"
-    if isinstance(call, dict) and allow_final and isinstance(call.get("final"), str):
-        return {"final": call["final"]}
-    if isinstance(call, dict) and call.get("tool") in tools and isinstance(call.get("arguments"), dict):
-        return {"tool": call["tool"], "arguments": copy.deepcopy(call["arguments"])}
-    return f"step output is not a call of {sorted(tools)}: {text[:120]!r}"
 
 
 def _safe(name: str) -> str:

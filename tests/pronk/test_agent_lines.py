@@ -8,7 +8,8 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from pronk.batch_input import validate_input
-from pronk.harness import _parse, step_schema, tool_views
+from pronk.harness import tool_views
+from pronk.tool_calls import parse_call as _parse, step_schema
 from pronk.jobs import get_job
 from pronk.schemas import ErrorCode
 from pronk.settings import PROJECT_ROOT

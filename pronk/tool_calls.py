@@ -1,0 +1,89 @@
+"""Tool calls as constrained JSON: the step schema built from the tools' schemas, the prompt that lists them, the parser.
+
+A step's output is `{"tool": NAME, "arguments": {...}}` or `{"final": TEXT}`. Every string and array
+in the schema gets a bound so the whole object fits the step's `max_tokens` (xgrammar enforces
+`maxLength`/`maxItems`), which is what makes even a random-weight model's calls parse.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+MAX_ARRAY_ITEMS = 4
+
+
+def _cap_arrays(schema: Any) -> Any:
+    if isinstance(schema, dict):
+        schema = {k: _cap_arrays(v) for k, v in schema.items()}
+        if schema.get("type") == "array":
+            schema["maxItems"] = min(schema.get("maxItems", MAX_ARRAY_ITEMS), MAX_ARRAY_ITEMS)
+        return schema
+    if isinstance(schema, list):
+        return [_cap_arrays(v) for v in schema]
+    return schema
+
+
+def _string_slots(schema: Any) -> int:
+    if isinstance(schema, dict):
+        if schema.get("type") == "string":
+            return 1
+        if schema.get("type") == "array":
+            return schema.get("maxItems", MAX_ARRAY_ITEMS) * max(_string_slots(schema.get("items", {})), 1)
+        branches = [_string_slots(b) for key in ("anyOf", "oneOf") for b in schema.get(key, [])]
+        return max(branches, default=0) + sum(_string_slots(v) for v in schema.get("properties", {}).values())
+    return 0
+
+
+def _cap_strings(schema: Any, chars: int) -> Any:
+    if isinstance(schema, dict):
+        schema = {k: _cap_strings(v, chars) for k, v in schema.items()}
+        if schema.get("type") == "string" and "enum" not in schema and "const" not in schema:
+            schema["maxLength"] = min(schema.get("maxLength", chars), chars)
+        return schema
+    if isinstance(schema, list):
+        return [_cap_strings(v, chars) for v in schema]
+    return schema
+
+
+def step_schema(tools: list[Any], allow_final: bool, max_tokens: int) -> dict[str, Any]:
+    """The JSON schema of one step's output, bounded to fit `max_tokens`."""
+    branches: list[dict[str, Any]] = [
+        {
+            "type": "object",
+            "properties": {"tool": {"const": t.name}, "arguments": _cap_arrays(t.parameters)},
+            "required": ["tool", "arguments"],
+            "additionalProperties": False,
+        }
+        for t in tools
+    ]
+    if allow_final:
+        branches.append({"type": "object", "properties": {"final": {"type": "string"}}, "required": ["final"], "additionalProperties": False})
+    schema = branches[0] if len(branches) == 1 else {"anyOf": branches}
+    chars = max(8, (max_tokens - 24) // max(_string_slots(schema), 1) - 8)
+    return _cap_strings(schema, chars)
+
+
+def system_prompt(tools: list[Any]) -> str:
+    lines = [
+        "You are an agent. Each turn, reply with one JSON object: either "
+        '{"tool": NAME, "arguments": {...}} to call a tool, or {"final": ANSWER} when done.',
+        "Tools:",
+    ]
+    for t in tools:
+        lines.append(f"- {t.name}: {t.description} Arguments schema: {json.dumps(t.parameters, sort_keys=True)}")
+    return "\n".join(lines)
+
+
+def parse_call(text: str, tools: set[str], allow_final: bool) -> dict[str, Any] | str:
+    """The step's call, or a message saying why it is unusable."""
+    try:
+        call = json.loads(text, strict=False)
+    except json.JSONDecodeError as exc:
+        return f"unparsable step output ({exc.msg} at {exc.pos}): {text[:120]!r}"
+    if isinstance(call, dict) and allow_final and isinstance(call.get("final"), str):
+        return {"final": call["final"]}
+    if isinstance(call, dict) and call.get("tool") in tools and isinstance(call.get("arguments"), dict):
+        return {"tool": call["tool"], "arguments": copy.deepcopy(call["arguments"])}
+    return f"step output is not a call of {sorted(tools)}: {text[:120]!r}"
