@@ -83,6 +83,10 @@ def versions(stack):
 
 @pytest.fixture
 def on_v1(stack, versions):
+    """Fleet on v1, and no other worker of the job still heartbeating (another test may have just killed one)."""
+    deadline = time.monotonic() + 2 * stack.heartbeat_timeout_s
+    while len(registry(stack).live(JOB)) > 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
     restore_v1(stack, versions[0])
     return versions
 
