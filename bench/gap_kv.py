@@ -6,7 +6,7 @@ between steps. The baseline is the same worker with pins off (`kv_pin_ttl_s=0`: 
 prefix cache). Rounds alternate off/on; every round uses fresh token content so nothing carries
 over. Prints per-round numbers, medians and the on/off ratios as JSON.
 
-    .venv/bin/python -m bench.gap_kv [--traces 24] [--rounds 3] [--kv-mib 24] [--ttl 8] [--gap 0.6] [--system-tokens 640]
+    .venv/bin/python -m bench.gap_kv [--traces 24] [--rounds 3] [--kv-mib 24] [--ttl 8] [--gap 0.6] [--system-tokens 640] [--output-tokens 32]
 """
 
 from __future__ import annotations
@@ -25,19 +25,19 @@ import yaml
 JOB_ID = "job-9a9c0001"
 
 
-def bench_shape(index: int, round_tag: str, gap_s: float, system_tokens: int):
+def bench_shape(index: int, round_tag: str, gap_s: float, system_tokens: int, output_tokens: int = 32):
     from pronk.trace_shape import ShapeStep, TraceShape
 
-    steps = [ShapeStep(new_prompt_tokens=96 + 32 * (i % 3), output_tokens=32, tool_gap_s=gap_s * (0.5 + (index + i) % 3 / 2)) for i in range(5)]
+    steps = [ShapeStep(new_prompt_tokens=96 + 32 * (i % 3), output_tokens=output_tokens, tool_gap_s=gap_s * (0.5 + (index + i) % 3 / 2)) for i in range(5)]
     steps[-1].tool_gap_s = 0.0
     return TraceShape(trace_id=f"{round_tag}-t{index}", system_prompt_tokens=system_tokens, steps=steps)
 
 
-async def one_round(router, traces: int, ttl: float, tag: str, gap_s: float, system_tokens: int) -> dict:
+async def one_round(router, traces: int, ttl: float, tag: str, gap_s: float, system_tokens: int, output_tokens: int) -> dict:
     from pronk.replay import run_shape
 
     started = time.monotonic()
-    records = await asyncio.gather(*(run_shape(router, bench_shape(i, tag, gap_s, system_tokens), kv_pin_ttl_s=ttl) for i in range(traces)))
+    records = await asyncio.gather(*(run_shape(router, bench_shape(i, tag, gap_s, system_tokens, output_tokens), kv_pin_ttl_s=ttl) for i in range(traces)))
     elapsed = time.monotonic() - started
     rows = [r for rec in records for r in rec.records]
     later = [r for r in rows if r.step > 0]
@@ -66,10 +66,10 @@ async def measure(args, settings) -> list[dict]:
     router = Router(JOB_ID, Registry(settings.registry_dir, settings.heartbeat_timeout_s), policy="trace_affinity")
     results = []
     try:
-        await one_round(router, 4, 0.0, "warmup", 0.05, args.system_tokens)
+        await one_round(router, 4, 0.0, "warmup", 0.05, args.system_tokens, args.output_tokens)
         for n in range(args.rounds):
             for ttl in (0.0, args.ttl):
-                result = await one_round(router, args.traces, ttl, f"r{n}-{'on' if ttl else 'off'}", args.gap, args.system_tokens)
+                result = await one_round(router, args.traces, ttl, f"r{n}-{'on' if ttl else 'off'}", args.gap, args.system_tokens, args.output_tokens)
                 print(json.dumps(result), flush=True)
                 results.append(result)
     finally:
@@ -102,6 +102,7 @@ def main() -> None:
     parser.add_argument("--ttl", type=float, default=8.0, help="pin TTL in seconds when on")
     parser.add_argument("--gap", type=float, default=0.6, help="typical tool-call gap in seconds")
     parser.add_argument("--system-tokens", type=int, default=640, help="system prompt tokens of every trace")
+    parser.add_argument("--output-tokens", type=int, default=32, help="tokens each step generates")
     args = parser.parse_args()
 
     data_dir = Path(os.environ.get("PRONK_DATA_DIR") or tempfile.mkdtemp(prefix="pronk-gapkv-"))
