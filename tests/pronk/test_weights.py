@@ -1,4 +1,4 @@
-"""Checkpoint specs, hashes and the first-mismatch message, on small safetensors files written here (no server)."""
+"""Checkpoint specs, hashes and the first-mismatch message on small safetensors files; uploads from moto's S3 server."""
 
 from __future__ import annotations
 
@@ -64,3 +64,19 @@ def test_leap_record_switch_time_spans_first_pause_to_last_resume():
     record.finish("completed", "ok")
     assert record.switch_seconds == pytest.approx(0.5)
     assert [row["paused → resumed s"] for row in record.table()] == [0.2, 0.4]
+
+
+def test_upload_reads_a_checkpoint_from_s3_and_registers_nothing_that_does_not_fit(settings, tmp_path):
+    from pronk import storage
+    from pronk.model_store import latest_version
+    from pronk.weights import upload_checkpoint
+
+    fs = storage.filesystem("s3://pronk-test", settings)
+    for name, shapes in (("fits", SHAPES), ("wrong", {**SHAPES, "lm_head.weight": (16, 9)})):
+        checkpoint(tmp_path / name, shapes)
+        fs.put(str(tmp_path / name) + "/", f"pronk-test/ckpts/{name}/", recursive=True)
+    first = upload_checkpoint("s3://pronk-test/ckpts/fits", "pronk-s3-test", settings=settings)
+    assert first.tags["source"] == "s3://pronk-test/ckpts/fits" and first.tags["param_hash"] == read_spec(tmp_path / "fits").param_hash
+    with pytest.raises(CheckpointMismatch, match=r"'lm_head.weight' shape is \[16, 9\], expected \[16, 8\]"):
+        upload_checkpoint("s3://pronk-test/ckpts/wrong", "pronk-s3-test", settings=settings)
+    assert latest_version("pronk-s3-test", settings) == first.version
