@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from engine.protocol import StepResult
 from pronk import storage
@@ -94,11 +95,17 @@ def summarise(records: list[StepRecord]) -> dict:
     }
 
 
-def log_mlflow_traces(records: list[StepRecord], tracking_uri: str, experiment: str, limit: int = 200) -> int:
-    """One MLflow trace per root trace (agent span → LLM and tool spans per step); returns how many were logged."""
+def log_mlflow_traces(records: list[StepRecord], tracking_uri: str, experiment: str, artifact_root: Path, limit: int = 200) -> int:
+    """One MLflow trace per root trace (agent span → LLM and tool spans per step); returns how many were logged.
+
+    A new experiment keeps its trace data under `artifact_root` (MLflow's default is `./mlruns` of the cwd).
+    """
     import mlflow
 
     mlflow.set_tracking_uri(tracking_uri)
+    if mlflow.get_experiment_by_name(experiment) is None:
+        artifact_root.mkdir(parents=True, exist_ok=True)
+        mlflow.create_experiment(experiment, artifact_location=artifact_root.as_uri())
     mlflow.set_experiment(experiment)
     by_root: dict[str, list[StepRecord]] = {}
     for r in records:

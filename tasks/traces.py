@@ -58,6 +58,7 @@ async def write_trace_outputs(recorder: StepRecorder, outcomes: list[RequestOutc
     await acreate_table_artifact(table=trace_rows(outcomes), key=None, description=f"batch {batch.id}: traces (first {TABLE_ROWS})")
     if job.harness.mlflow_traces:
         logged = await asyncio.to_thread(
-            log_mlflow_traces, recorder.records, settings.tracking_uri, f"pronk-{job.job_id}", job.harness.mlflow_traces
+            log_mlflow_traces, recorder.records, settings.tracking_uri, f"pronk-{job.job_id}", settings.artifact_root,
+            job.harness.mlflow_traces,
         )
         get_run_logger().info("logged %d traces to MLflow", logged)

@@ -39,7 +39,7 @@ def test_traces_land_in_mlflow_with_agent_llm_and_tool_spans(tmp_path):
     import mlflow
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    assert log_mlflow_traces(records(), uri, "pronk-test") == 1
+    assert log_mlflow_traces(records(), uri, "pronk-test", tmp_path / "artifacts") == 1
     mlflow.set_tracking_uri(uri)
     (trace,) = mlflow.search_traces(locations=[mlflow.get_experiment_by_name("pronk-test").experiment_id], return_type="list")
     kinds = sorted(span.span_type for span in trace.data.spans)
