@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 
 from prefect import get_run_logger, task
@@ -52,9 +53,10 @@ def trace_rows(outcomes: list[RequestOutcome]) -> list[dict[str, object]]:
 
 @task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
 async def write_trace_outputs(recorder: StepRecorder, outcomes: list[RequestOutcome], batch: Batch, job: JobConfig, settings: Settings) -> None:
-    """Write `<batch>_steps.jsonl`, publish the per-trace table, and log MLflow traces when the job asks."""
+    """Write `<batch>_steps.jsonl`, drop the tools' scratch folder, publish the per-trace table, log MLflow traces if asked."""
     batch.steps_uri = steps_uri(batch)
     await asyncio.to_thread(recorder.write, batch.steps_uri)
+    await asyncio.to_thread(shutil.rmtree, scratch_dir(settings, batch.id), True)
     await acreate_table_artifact(table=trace_rows(outcomes), key=None, description=f"batch {batch.id}: traces (first {TABLE_ROWS})")
     if job.harness.mlflow_traces:
         logged = await asyncio.to_thread(
