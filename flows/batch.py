@@ -33,10 +33,10 @@ class BatchFailed(RuntimeError):
 class BatchRun:
     """Live state of one run, shared by its chunk tasks (a plain class, so Prefect passes it through untouched)."""
 
-    def __init__(self, batch: Batch, job: JobConfig, router: Router, requests: list[ValidRequest]):
+    def __init__(self, batch: Batch, job: JobConfig, harness: Harness, requests: list[ValidRequest]):
         self.batch = batch
         self.job = job
-        self.router = router
+        self.harness = harness
         self.requests = requests
         self.slots = asyncio.Semaphore(job.max_concurrency)
         self.outcomes: list[RequestOutcome] = []
@@ -194,8 +194,7 @@ async def run_batch(
     logger.info("batch %s: %d lines, %d invalid, job %s", batch.id, validated.total, len(validated.errors), job.job_id)
 
     router = Router(job.job_id, Registry(settings.registry_dir, settings.heartbeat_timeout_s), policy=job.harness.routing)
-    run = BatchRun(batch, job, router, validated.requests)
-    run.harness = Harness(router, job, StepRecorder(), scratch_dir(settings, batch.id))
+    run = BatchRun(batch, job, Harness(router, job, StepRecorder(), scratch_dir(settings, batch.id)), validated.requests)
     check_stop(run, store)
     reporter = asyncio.create_task(report_progress(run, store))
     started = time.monotonic()
