@@ -1,4 +1,4 @@
-"""The `pronk` command line: the embedded stack, models, workers and batches."""
+"""The `pronk` command line: the embedded stack, models, workers, batches, Leap, API keys and benchmarks."""
 
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ worker_app = typer.Typer(no_args_is_help=True, help="Run engine workers.")
 batch_app = typer.Typer(no_args_is_help=True, help="Run batches.")
 job_app = typer.Typer(no_args_is_help=True, help="Inspect jobs.")
 keys_app = typer.Typer(no_args_is_help=True, help="Manage API keys (used when PRONK_API_AUTH=true).")
-for sub, name in ((stack_app, "stack"), (model_app, "model"), (worker_app, "worker"), (batch_app, "batch"), (job_app, "job")):
+for sub, name in (
+    (stack_app, "stack"), (model_app, "model"), (worker_app, "worker"), (batch_app, "batch"), (job_app, "job"), (keys_app, "keys")
+):
     app.add_typer(sub, name=name)
-app.add_typer(keys_app, name="keys")
 
 JobOption = Annotated[Optional[str], typer.Option("--job", help="Job id or name (default: the settings' default job).")]
 
