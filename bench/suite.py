@@ -4,7 +4,7 @@ Order of one run: draw the workload; start N stock vLLM servers (the baseline) a
 stop them; replay it on pronk's workers with the bare loop, then as a pronk batch; then the
 single-step file through pronk's batch flow and through vLLM's `run_batch`. Each setup gets the
 same shapes under its own trace ids, so no setup reads KV another one left in a cache.
-With `rounds` > 1 every figure is the median over rounds (each round draws with seed + round).
+With `rounds` > 1 every figure is the median over rounds (each round draws with seed + round, and\nthe order of the three agent setups rotates by one each round).
 """
 
 from __future__ import annotations
@@ -93,15 +93,25 @@ class Bench:
 
         return resolve_model(self.job.model, self.settings).path
 
-    def agent_round(self, workload: Workload, servers: VllmServers) -> tuple[AgentRun, AgentRun, AgentRun]:
-        cfg, job, n = self.config, self.job, self.job.workers
-        result = asyncio.run(replay(relabel(workload.shapes, "base"), OpenAIServers(servers.urls, job.served_model_name), self.concurrency))
-        baseline = AgentRun.from_replay("baseline: vLLM servers, round-robin", result, n)
-        result = asyncio.run(pronk_runs.bare_loop(relabel(workload.shapes, "bare"), job, self.settings, self.concurrency))
-        bare = AgentRun.from_replay("pronk bare loop", result, n)
-        pronk = asyncio.run(pronk_runs.trace_batch(relabel(workload.shapes, "batch"), job, self.work / f"agent-{workload.seed}"))
-        pronk.orchestration_overhead = (pronk.wall_s - bare.wall_s) / pronk.wall_s
-        return pronk, bare, baseline
+    def agent_round(self, workload: Workload, servers: VllmServers, turn: int) -> tuple[AgentRun, AgentRun, AgentRun]:
+        """The three setups on one workload, in an order rotated by `turn` so no setup always goes first."""
+        job, n = self.job, self.job.workers
+
+        def baseline() -> AgentRun:
+            result = asyncio.run(replay(relabel(workload.shapes, "base"), OpenAIServers(servers.urls, job.served_model_name), self.concurrency))
+            return AgentRun.from_replay("baseline: vLLM servers, round-robin", result, n)
+
+        def bare() -> AgentRun:
+            result = asyncio.run(pronk_runs.bare_loop(relabel(workload.shapes, "bare"), job, self.settings, self.concurrency))
+            return AgentRun.from_replay("pronk bare loop", result, n)
+
+        def batch() -> AgentRun:
+            return asyncio.run(pronk_runs.trace_batch(relabel(workload.shapes, "batch"), job, self.work / f"agent-{workload.seed}"))
+
+        setups = [baseline, bare, batch]
+        runs = {f.__name__: f() for f in setups[turn % 3:] + setups[: turn % 3]}
+        runs["batch"].orchestration_overhead = (runs["batch"].wall_s - runs["bare"].wall_s) / runs["batch"].wall_s
+        return runs["batch"], runs["bare"], runs["baseline"]
 
     def single_step(self, model_dir: Path) -> tuple[SingleStepRun, SingleStepRun]:
         path = write_single_step_file(self.work / "single_step.jsonl", self.config.single_step_requests, self.job.served_model_name, self.config.seed)
@@ -121,8 +131,8 @@ class Bench:
         workloads = [generate(cfg.profile, cfg.seed + r, cfg.traces) for r in range(cfg.rounds)]
         rounds = []
         with VllmServers(self.job, model_dir, self.work / "logs", self.job.workers) as servers:
-            for workload in workloads:
-                rounds.append(self.agent_round(workload, servers))
+            for turn, workload in enumerate(workloads):
+                rounds.append(self.agent_round(workload, servers, turn))
             startup_s = servers.startup_s
         pronk, bare, baseline = (_median_run([r[i] for r in rounds]) for i in range(3))
         single_pronk, single_vllm = self.single_step(model_dir)
