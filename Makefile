@@ -21,4 +21,4 @@ down:
 
 # pronk vs N stock vLLM servers on the same agent traces and single-step file; records bench/RESULTS.md.
 bench: install
-	$(BIN)/pronk bench --record
+	$(BIN)/pronk bench --record --rounds 3 --traces 32
