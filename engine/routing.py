@@ -40,17 +40,24 @@ class RoundRobin:
 class TraceAffinity:
     """Steps of a trace (and its fan-out children, via `affinity_key`) go to the worker holding its prefix.
 
-    The first step of a family goes to the least-loaded worker and the family sticks there, unless
-    that worker is full (KV cache nearly exhausted) or busier than the least-loaded one by more than
-    `slack` steps; then the family moves (its prefix is recomputed once on the new worker). Dead
-    workers never reach `choose`: the router passes live candidates only.
+    The first step of a family goes to the least-loaded roomy worker and the family sticks there,
+    unless that worker is busier than the least-loaded one by more than `slack` steps, or its KV
+    cache is full while the best alternative has at least `kv_margin` more room; then the family
+    moves (its prefix is recomputed once on the new worker). Fullness is compared between workers:
+    under memory pressure every cache reports nearly full, and moving a trace then only throws its
+    prefix away. Dead workers never reach `choose`: the router passes live candidates only.
     """
 
-    def __init__(self, slack: int = 8, full_kv_usage: float = 0.97, max_families: int = 100_000) -> None:
+    def __init__(self, slack: int = 8, full_kv_usage: float = 0.97, kv_margin: float = 0.15, max_families: int = 100_000) -> None:
         self.slack = slack
         self.full_kv_usage = full_kv_usage
+        self.kv_margin = kv_margin
         self.max_families = max_families
         self.homes: dict[str, str] = {}
+
+    def _crowded(self, home: WorkerEntry, best: WorkerEntry) -> bool:
+        usage = home.stats.kv_cache_usage
+        return usage >= self.full_kv_usage and best.stats.kv_cache_usage <= usage - self.kv_margin
 
     def choose(self, candidates, in_flight, request):
         key = request.affinity_key or request.trace_id
@@ -58,8 +65,8 @@ class TraceAffinity:
         best = min(roomy, key=lambda w: (load_of(w, in_flight), w.worker_id))
         if key is None:
             return best
-        home = next((w for w in roomy if w.worker_id == self.homes.get(key)), None)
-        if home is not None and load_of(home, in_flight) <= load_of(best, in_flight) + self.slack:
+        home = next((w for w in candidates if w.worker_id == self.homes.get(key)), None)
+        if home is not None and load_of(home, in_flight) <= load_of(best, in_flight) + self.slack and not self._crowded(home, best):
             return home
         if len(self.homes) >= self.max_families:
             self.homes.pop(next(iter(self.homes)))

@@ -41,6 +41,14 @@ def test_a_busy_full_or_missing_home_moves_the_trace():
     assert policy.choose([worker(away)], {}, step("t")).worker_id == away
 
 
+def test_a_trace_stays_home_when_every_cache_is_nearly_full():
+    policy = make_policy("trace_affinity")
+    home = policy.choose([worker("w0"), worker("w1")], {}, step("t")).worker_id
+    away = "w1" if home == "w0" else "w0"
+    pressed = [worker(home, kv=0.99), worker(away, kv=0.95)]
+    assert policy.choose(pressed, {}, step("t")).worker_id == home
+
+
 def test_all_policies_are_registered():
     assert {"round_robin", "least_loaded", "trace_affinity"} <= set(POLICIES)
 
