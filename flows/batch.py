@@ -13,13 +13,13 @@ from prefect.cache_policies import NO_CACHE
 from engine.registry import Registry
 from engine.router import Router
 from pronk import storage
-from pronk.batch_input import BatchInputError, ValidRequest
+from pronk.batch_input import BatchInputError, ValidRequest, error_line
 from pronk.batch_store import BatchStore
 from pronk.completions import RequestOutcome
 from pronk.harness import Harness
 from pronk.jobs import JobConfig, get_job
 from pronk.files_store import FileStore
-from pronk.schemas import Batch, BatchErrorData, BatchErrors, ErrorCode, LineError, OutputLine, new_id
+from pronk.schemas import Batch, BatchErrorData, BatchErrors, ErrorCode, OutputLine, new_id
 from pronk.settings import get_settings
 from pronk.step_records import StepRecorder
 from tasks.files import read_input_file, validate_lines, write_result_files
@@ -112,10 +112,7 @@ def unstarted_lines(run: BatchRun) -> list[OutputLine]:
         return []
     code, reason = STOP_ERRORS[run.stop_reason]
     run.batch.request_counts.failed += len(run.unstarted)
-    return [
-        OutputLine(custom_id=r.custom_id, error=LineError(code=code, message=f"line {r.line}: {reason}", line=r.line))
-        for r in run.unstarted
-    ]
+    return [error_line(r.line, r.custom_id, code, reason) for r in run.unstarted]
 
 
 def final_status(run: BatchRun) -> Literal["completed", "cancelled", "expired"]:

@@ -30,7 +30,8 @@ class ValidatedInput:
     total: int
 
 
-def _error(line: int, custom_id: str | None, code: str, message: str) -> OutputLine:
+def error_line(line: int, custom_id: str | None, code: str, message: str) -> OutputLine:
+    """The error-file line for input line `line`; the message starts with the line number."""
     return OutputLine(custom_id=custom_id, error=LineError(code=code, message=f"line {line}: {message}", line=line))
 
 
@@ -44,34 +45,34 @@ def _check_line(number: int, text: str, job: JobConfig, seen: set[str]) -> Valid
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
-        return _error(number, None, ErrorCode.INVALID_JSON, f"not valid JSON: {exc.msg} at column {exc.colno}")
+        return error_line(number, None, ErrorCode.INVALID_JSON, f"not valid JSON: {exc.msg} at column {exc.colno}")
     if not isinstance(raw, dict):
-        return _error(number, None, ErrorCode.INVALID_LINE, f"a line must be a JSON object, got {type(raw).__name__}")
+        return error_line(number, None, ErrorCode.INVALID_LINE, f"a line must be a JSON object, got {type(raw).__name__}")
     custom_id = raw.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
-        return _error(number, None, ErrorCode.MISSING_CUSTOM_ID, f"missing or empty custom_id (got {custom_id!r})")
+        return error_line(number, None, ErrorCode.MISSING_CUSTOM_ID, f"missing or empty custom_id (got {custom_id!r})")
     if custom_id in seen:
-        return _error(number, custom_id, ErrorCode.DUPLICATE_CUSTOM_ID, f"custom_id {custom_id!r} appears on an earlier line")
+        return error_line(number, custom_id, ErrorCode.DUPLICATE_CUSTOM_ID, f"custom_id {custom_id!r} appears on an earlier line")
     seen.add(custom_id)
     if raw.get("method") != "POST":
-        return _error(number, custom_id, ErrorCode.INVALID_METHOD, f"method must be 'POST', got {raw.get('method')!r}")
+        return error_line(number, custom_id, ErrorCode.INVALID_METHOD, f"method must be 'POST', got {raw.get('method')!r}")
     if raw.get("url") not in SERVED_URLS:
-        return _error(number, custom_id, ErrorCode.UNSUPPORTED_URL, f"url {raw.get('url')!r} is not served; use one of {list(SERVED_URLS)}")
+        return error_line(number, custom_id, ErrorCode.UNSUPPORTED_URL, f"url {raw.get('url')!r} is not served; use one of {list(SERVED_URLS)}")
     body = raw.get("body")
     if not isinstance(body, dict):
-        return _error(number, custom_id, ErrorCode.INVALID_BODY, f"body must be a JSON object, got {type(body).__name__}")
+        return error_line(number, custom_id, ErrorCode.INVALID_BODY, f"body must be a JSON object, got {type(body).__name__}")
     try:
         parsed = (ReplayBody if raw["url"] == REPLAY_URL else ChatCompletionBody).model_validate(body)
     except ValidationError as exc:
-        return _error(number, custom_id, ErrorCode.INVALID_BODY, _validation_message(exc))
+        return error_line(number, custom_id, ErrorCode.INVALID_BODY, _validation_message(exc))
     if parsed.model != job.served_model_name:
-        return _error(
+        return error_line(
             number, custom_id, ErrorCode.MODEL_MISMATCH,
             f"body.model {parsed.model!r} is not served by job {job.job_id} (which serves {job.served_model_name!r})",
         )
     problem = _agent_problem(parsed, job)
     if problem is not None:
-        return _error(number, custom_id, problem[0], problem[1])
+        return error_line(number, custom_id, problem[0], problem[1])
     return ValidRequest(line=number, custom_id=custom_id, body=parsed)
 
 

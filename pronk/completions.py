@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from engine.client import StepRejected
 from engine.protocol import SamplingSpec, StepRequest, StepResult
 from engine.router import NoWorkerAvailable, Router
-from pronk.batch_input import ValidRequest
+from pronk.batch_input import ValidRequest, error_line
 from pronk.jobs import JobConfig
-from pronk.schemas import ErrorCode, LineError, OutputLine, ResponseEnvelope, new_id
+from pronk.schemas import ErrorCode, OutputLine, ResponseEnvelope, new_id
 
 
 @dataclass(slots=True)
@@ -69,17 +69,22 @@ def chat_completion_body(result: StepResult, model: str, request_id: str) -> dic
     }
 
 
+def failed_outcome(request: ValidRequest, code: str, reason: object) -> RequestOutcome:
+    return RequestOutcome(request.line, error_line(request.line, request.custom_id, code, str(reason)), None)
+
+
+def engine_error_code(exc: StepRejected | NoWorkerAvailable) -> str:
+    """A step the engine refused is the request's fault; no worker to run it is the fleet's."""
+    return ErrorCode.REQUEST_REJECTED if isinstance(exc, StepRejected) else ErrorCode.ENGINE_UNAVAILABLE
+
+
 async def run_request(router: Router, request: ValidRequest, job: JobConfig) -> RequestOutcome:
     """Run one request; engine trouble becomes an error line for this request, never an exception."""
     request_id = new_id("chatcmpl")
     try:
         result = await router.generate(to_step_request(request, job, request_id))
-    except StepRejected as exc:
-        error = LineError(code=ErrorCode.REQUEST_REJECTED, message=f"line {request.line}: {exc}", line=request.line)
-        return RequestOutcome(request.line, OutputLine(custom_id=request.custom_id, error=error), None)
-    except NoWorkerAvailable as exc:
-        error = LineError(code=ErrorCode.ENGINE_UNAVAILABLE, message=f"line {request.line}: {exc}", line=request.line)
-        return RequestOutcome(request.line, OutputLine(custom_id=request.custom_id, error=error), None)
+    except (StepRejected, NoWorkerAvailable) as exc:
+        return failed_outcome(request, engine_error_code(exc), exc)
     response = ResponseEnvelope(
         status_code=200, request_id=request_id, body=chat_completion_body(result, job.served_model_name, request_id)
     )

@@ -23,10 +23,10 @@ from engine.protocol import ChatMessage, SamplingSpec, StepRequest, StepResult
 from engine.router import NoWorkerAvailable, Router
 from pronk.agent_spec import NamedToolChoice, ReplayBody
 from pronk.batch_input import ValidRequest
-from pronk.completions import RequestOutcome, run_request
+from pronk.completions import RequestOutcome, engine_error_code, failed_outcome, run_request
 from pronk.jobs import HarnessConfig, JobConfig
 from pronk.replay import run_shape
-from pronk.schemas import ChatCompletionBody, ErrorCode, LineError, OutputLine, ResponseEnvelope, new_id
+from pronk.schemas import ChatCompletionBody, ErrorCode, OutputLine, ResponseEnvelope, new_id
 from pronk.step_records import StepRecord, StepRecorder, summarise
 from pronk.tool_calls import parse_call, step_schema, system_prompt
 from pronk.tools import SPAWN_SUBAGENTS, Tool, ToolContext, job_tools, run_tool
@@ -106,9 +106,7 @@ class Harness:
         try:
             return await self._run_line(request)
         except Exception as exc:  # noqa: BLE001 - one line's failure must not fail the batch
-            message = f"line {request.line}: {type(exc).__name__}: {exc}"
-            error = LineError(code=ErrorCode.STEP_FAILED, message=message, line=request.line)
-            return RequestOutcome(request.line, OutputLine(custom_id=request.custom_id, error=error), None)
+            return failed_outcome(request, ErrorCode.STEP_FAILED, f"{type(exc).__name__}: {exc}")
 
     async def _run_line(self, request: ValidRequest) -> RequestOutcome:
         if isinstance(request.body, ReplayBody):
@@ -129,12 +127,8 @@ class Harness:
         ttl = self.job.harness.kv_pin_ttl_s if body.kv_pin_ttl_s is None else body.kv_pin_ttl_s
         try:
             trace = await run_shape(self.router, body.shape, kv_pin_ttl_s=ttl, recorder=self.recorder, custom_id=request.custom_id, trace_id=request.custom_id)
-        except StepRejected as exc:
-            error = LineError(code=ErrorCode.REQUEST_REJECTED, message=f"line {request.line}: {exc}", line=request.line)
-            return RequestOutcome(request.line, OutputLine(custom_id=request.custom_id, error=error), None)
-        except NoWorkerAvailable as exc:
-            error = LineError(code=ErrorCode.ENGINE_UNAVAILABLE, message=f"line {request.line}: {exc}", line=request.line)
-            return RequestOutcome(request.line, OutputLine(custom_id=request.custom_id, error=error), None)
+        except (StepRejected, NoWorkerAvailable) as exc:
+            return failed_outcome(request, engine_error_code(exc), exc)
         summary = trace.summary()
         first = trace.records[0]
         request_id = new_id("replay")
@@ -175,8 +169,7 @@ class Harness:
         except _ContextFull:
             pass
         except TraceFailed as exc:
-            error = LineError(code=exc.code, message=f"line {request.line}: trace {root.trace_id}: {exc}", line=request.line)
-            return RequestOutcome(request.line, OutputLine(custom_id=request.custom_id, error=error), None)
+            return failed_outcome(request, exc.code, f"trace {root.trace_id}: {exc}")
         finally:
             await self._release(family, root)
         return self._outcome(request, family, root, time.monotonic() - started)
