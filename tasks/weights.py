@@ -51,6 +51,19 @@ class LeapRun:
         await self.http.aclose()
 
 
+async def _attempt(run: LeapRun, worker_id: str, state: str, path: str, payload: dict) -> dict:
+    """One attempt of a worker call, with the worker's state and attempt count saved before and after."""
+    worker = run.record.workers[worker_id]
+    worker.state, worker.attempts, worker.error = state, worker.attempts + 1, None
+    await run.save()
+    try:
+        return await run.post(worker_id, path, payload)
+    except Exception as exc:
+        worker.state, worker.error = "failed", str(exc)
+        await run.save()
+        raise
+
+
 def _retriable(task, task_run, state) -> bool:
     return not isinstance(state.data, WeightsRefused)
 
@@ -58,15 +71,8 @@ def _retriable(task, task_run, state) -> bool:
 @task(cache_policy=NO_CACHE, retries=ATTEMPTS - 1, retry_delay_seconds=1, retry_condition_fn=_retriable, task_run_name="stage-{worker_id}")
 async def stage_weights(run: LeapRun, worker_id: str, model_uri: str) -> None:
     """Download and validate `model_uri` on one worker while it keeps serving."""
+    staged = await _attempt(run, worker_id, "uploading", "/weights/stage", {"model_uri": model_uri})
     worker = run.record.workers[worker_id]
-    worker.state, worker.attempts, worker.error = "uploading", worker.attempts + 1, None
-    await run.save()
-    try:
-        staged = await run.post(worker_id, "/weights/stage", {"model_uri": model_uri})
-    except Exception as exc:
-        worker.state, worker.error = "failed", str(exc)
-        await run.save()
-        raise
     worker.state, worker.stage_seconds = "ready", staged["seconds"]
     await run.save()
 
@@ -74,15 +80,8 @@ async def stage_weights(run: LeapRun, worker_id: str, model_uri: str) -> None:
 @task(cache_policy=NO_CACHE, retries=ATTEMPTS - 1, retry_delay_seconds=1, task_run_name="reload-{worker_id}-{version}")
 async def reload_weights(run: LeapRun, worker_id: str, version: str) -> None:
     """Swap one worker to a staged version at a step boundary (drain, reload, reset prefix cache, resume)."""
+    swapped = await _attempt(run, worker_id, "reloading", "/weights/reload", {"version": version})
     worker = run.record.workers[worker_id]
-    worker.state, worker.attempts, worker.error = "reloading", worker.attempts + 1, None
-    await run.save()
-    try:
-        swapped = await run.post(worker_id, "/weights/reload", {"version": version})
-    except Exception as exc:
-        worker.state, worker.error = "failed", str(exc)
-        await run.save()
-        raise
     worker.state, worker.version = "ready", swapped["to_version"]
     worker.paused_at, worker.resumed_at = swapped["paused_at"], swapped["resumed_at"]
     await run.save()
