@@ -17,11 +17,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
 from engine.worker import cores_for, free_port
 from pronk.jobs import JobConfig
-from pronk.processes import alive, spawn, stop
+from pronk.processes import spawn, stop, wait_healthy
 
 
 def engine_flags(job: JobConfig) -> list[str]:
@@ -67,21 +65,10 @@ class VllmServers:
             self.urls.append(f"http://127.0.0.1:{port}")
         deadline = time.monotonic() + timeout_s
         for index, (url, pid) in enumerate(zip(self.urls, self.pids)):
-            while not self._healthy(url):
-                if not alive(pid):
-                    raise RuntimeError(f"vLLM server {index} exited during start-up; see {self.logs_dir}/vllm-server-{index}.log")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"vLLM server {index} not healthy after {timeout_s:.0f}s at {url}")
-                time.sleep(0.5)
+            log = self.logs_dir / f"vllm-server-{index}.log"
+            wait_healthy(f"{url}/health", f"vLLM server {index}", pid, log, max(0.0, deadline - time.monotonic()))
         self.startup_s = time.monotonic() - started
         return self
-
-    @staticmethod
-    def _healthy(url: str) -> bool:
-        try:
-            return httpx.get(f"{url}/health", timeout=2.0).status_code == 200
-        except httpx.HTTPError:
-            return False
 
     def stop(self) -> None:
         for pid in self.pids:

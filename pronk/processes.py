@@ -8,6 +8,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import httpx
+
 
 def spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> int:
     """Start `argv` in its own session (so its children stop with it); output goes to `log_path`."""
@@ -48,3 +50,18 @@ def stop(pid: int, timeout_s: float = 20.0) -> None:
             if not alive(pid):
                 return
             time.sleep(0.2)
+
+
+def wait_healthy(url: str, what: str, pid: int, log: Path, timeout_s: float = 120.0) -> None:
+    """Wait until `url` answers 200; fail at once if process `pid` exits, or after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if not alive(pid):
+            raise RuntimeError(f"{what} exited during start-up; see {log}")
+        time.sleep(0.5)
+    raise RuntimeError(f"{what} not answering at {url} after {timeout_s:.0f}s; see {log}")

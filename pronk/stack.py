@@ -10,16 +10,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
-
-import httpx
 
 from pronk.fleet import start_workers, wait_for_workers
 from pronk.jobs import JobConfig, get_job
 from pronk.model_store import ensure_tiny_model
 from pronk.prefect_env import prefect_environment
-from pronk.processes import alive, spawn, stop
+from pronk.processes import alive, spawn, stop, wait_healthy
 from pronk.settings import PROJECT_ROOT, Settings
 
 WORK_POOL = "pronk"
@@ -38,20 +35,6 @@ def _write_state(settings: Settings, state: dict[str, int]) -> None:
     _state_path(settings).write_text(json.dumps(state, indent=2))
 
 
-def _wait_http(url: str, what: str, pid: int, log: Path, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if not alive(pid):
-            raise RuntimeError(f"{what} exited during start-up; see {log}")
-        time.sleep(0.5)
-    raise RuntimeError(f"{what} not answering at {url} after {timeout_s:.0f}s; see {log}")
-
-
 def _prefect(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "prefect", *args], env={**os.environ, **env},
@@ -65,7 +48,7 @@ def start_prefect_server(settings: Settings, state: dict[str, int]) -> None:
         log = settings.logs_dir / "prefect-server.log"
         argv = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(settings.prefect_port)]
         state["prefect-server"] = spawn(argv, log, env=env)
-        _wait_http(env["PREFECT_API_URL"] + "/health", "Prefect server", state["prefect-server"], log)
+        wait_healthy(env["PREFECT_API_URL"] + "/health", "Prefect server", state["prefect-server"], log)
 
 
 def deploy_flows(settings: Settings, state: dict[str, int]) -> None:
@@ -107,7 +90,7 @@ def start_api(settings: Settings, state: dict[str, int]) -> None:
     ]
     env = {**prefect_environment(settings), "PRONK_DATA_DIR": str(settings.data_dir)}
     state["api"] = spawn(argv, log, env=env, cwd=PROJECT_ROOT)
-    _wait_http(f"http://127.0.0.1:{settings.api_port}/health", "pronk API", state["api"], log)
+    wait_healthy(f"http://127.0.0.1:{settings.api_port}/health", "pronk API", state["api"], log)
 
 
 def start_job(job: JobConfig, settings: Settings, state: dict[str, int]) -> None:

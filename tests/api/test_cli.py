@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
 from engine.worker import free_port
 from pronk.api_keys import ApiKeyStore
-from pronk.processes import spawn, stop
+from pronk.processes import spawn, stop, wait_healthy
 from pronk.settings import Settings
 
 PRONK = str(Path(sys.executable).parent / "pronk")
@@ -47,14 +46,7 @@ def test_pronk_api_serves_with_auth_switched_on_the_command_line(tmp_path):
     port = free_port()
     pid = spawn([PRONK, "api", "--port", str(port), "--auth"], tmp_path / "api.log", env=local_env(tmp_path))
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
+        wait_healthy(f"http://127.0.0.1:{port}/health", "pronk api", pid, tmp_path / "api.log", timeout_s=60)
         response = httpx.get(f"http://127.0.0.1:{port}/v1/batches")
         assert response.status_code == 401 and response.json()["error"]["code"] == "missing_api_key"
     finally:
