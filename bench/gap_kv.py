@@ -63,7 +63,7 @@ async def measure(args, settings) -> list[dict]:
     from engine.registry import Registry
     from engine.router import Router
 
-    router = Router(JOB_ID, Registry(settings.registry_dir, settings.heartbeat_timeout_s), policy="trace_affinity")
+    router = Router(JOB_ID, Registry.from_settings(settings), policy="trace_affinity")
     results = []
     try:
         await one_round(router, 4, 0.0, "warmup", 0.05, args.system_tokens, args.output_tokens)

@@ -119,7 +119,7 @@ async def _stream(job_id: str, settings, requests: int, leap_version: int | None
     from engine.router import Router
     from flows.leap import leap
 
-    router = Router(job_id, Registry(settings.registry_dir, settings.heartbeat_timeout_s))
+    router = Router(job_id, Registry.from_settings(settings))
     slots = asyncio.Semaphore(32)
     done: list[tuple[float, int]] = []
     started = time.monotonic()

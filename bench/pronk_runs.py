@@ -26,7 +26,7 @@ def pronk_router(job: JobConfig, settings: Settings):
     from engine.registry import Registry
     from engine.router import Router
 
-    return Router(job.job_id, Registry(settings.registry_dir, settings.heartbeat_timeout_s), policy=job.harness.routing)
+    return Router(job.job_id, Registry.from_settings(settings), policy=job.harness.routing)
 
 
 async def bare_loop(shapes: list[TraceShape], job: JobConfig, settings: Settings, concurrency: int) -> ReplayResult:

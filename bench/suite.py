@@ -190,7 +190,7 @@ def pronk_fleet(settings: Settings, job: JobConfig):
     from pronk import stack
 
     owned = not stack.read_state(settings)
-    if len(Registry(settings.registry_dir, settings.heartbeat_timeout_s).live(job.job_id)) < job.workers or owned:
+    if len(Registry.from_settings(settings).live(job.job_id)) < job.workers or owned:
         stack.up(settings, job.job_id, mlflow_ui=False, deploy=False)
     try:
         yield

@@ -32,6 +32,11 @@ class Registry:
         self.root = root
         self.heartbeat_timeout_s = heartbeat_timeout_s
 
+    @classmethod
+    def from_settings(cls, settings) -> Registry:
+        """The registry pronk's settings (`registry_dir`, `heartbeat_timeout_s`) describe."""
+        return cls(settings.registry_dir, settings.heartbeat_timeout_s)
+
     def _path(self, job_id: str, worker_id: str) -> Path:
         return self.root / job_id / f"{worker_id}.json"
 

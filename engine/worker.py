@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
             **job.engine.as_vllm_kwargs(),
         },
     )
-    registry = Registry(settings.registry_dir, settings.heartbeat_timeout_s)
+    registry = Registry.from_settings(settings)
     app = create_app(backend, registry, f"http://127.0.0.1:{port}", settings.heartbeat_interval_s)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 

@@ -190,7 +190,7 @@ async def run_batch(
     store.save(batch)
     logger.info("batch %s: %d lines, %d invalid, job %s", batch.id, validated.total, len(validated.errors), job.job_id)
 
-    router = Router(job.job_id, Registry(settings.registry_dir, settings.heartbeat_timeout_s), policy=job.harness.routing)
+    router = Router(job.job_id, Registry.from_settings(settings), policy=job.harness.routing)
     run = BatchRun(batch, job, Harness(router, job, StepRecorder(), scratch_dir(settings, batch.id)), validated.requests)
     check_stop(run, store)
     reporter = asyncio.create_task(report_progress(run, store))

@@ -98,7 +98,7 @@ async def leap(job_id: str, version: int | None = None, alias: str | None = None
         raise LeapRefused(f"job {job.job_id} serves {job.model!r}; Leap needs an MLflow model (models:/NAME@ALIAS)")
     name, job_alias, _ = parse_models_uri(job.model)
     target = _target_version(name, version, alias, settings)
-    workers = Registry(settings.registry_dir, settings.heartbeat_timeout_s).live(job.job_id)
+    workers = Registry.from_settings(settings).live(job.job_id)
     original = {w.worker_id: w.stats.model_version for w in workers}
     record = LeapRecord(
         job_id=job.job_id, model=name, to_version=f"{name}/{target}", alias=job_alias,

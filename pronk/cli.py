@@ -73,7 +73,7 @@ def stack_status() -> None:
     settings = get_settings()
     for name, pid in sorted(stack.read_state(settings).items()):
         typer.echo(f"{name:24} pid {pid:<8} {'running' if alive(pid) else 'stopped'}")
-    registry = Registry(settings.registry_dir, settings.heartbeat_timeout_s)
+    registry = Registry.from_settings(settings)
     for job_id in load_jobs():
         for entry in registry.live(job_id):
             typer.echo(f"{entry.worker_id:24} {entry.url}  {entry.stats.model_version}  in flight {entry.stats.in_flight}")
@@ -158,7 +158,7 @@ def batch_run(
         job_config = get_job(job or settings.default_job)
     except (KeyError, ValueError) as exc:
         _fail(str(exc))
-    if not Registry(settings.registry_dir, settings.heartbeat_timeout_s).live(job_config.job_id):
+    if not Registry.from_settings(settings).live(job_config.job_id):
         _fail(f"no live workers for {job_config.job_id}; start them with `pronk stack up --job {job_config.name}`")
     local_input = "://" not in input
     if local_input and not Path(input).is_file():

@@ -27,7 +27,7 @@ def start_workers(job: JobConfig, settings: Settings, indices: Sequence[int] | N
 
 
 def wait_for_workers(job: JobConfig, settings: Settings, pids: dict[str, int], timeout_s: float = 300.0) -> None:
-    registry = Registry(settings.registry_dir, settings.heartbeat_timeout_s)
+    registry = Registry.from_settings(settings)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         live = {entry.worker_id for entry in registry.live(job.job_id)}

@@ -92,7 +92,7 @@ def leap_status(
 
     settings = get_settings()
     job_id = get_job(job or settings.default_job).job_id
-    for entry in Registry(settings.registry_dir, settings.heartbeat_timeout_s).live(job_id):
+    for entry in Registry.from_settings(settings).live(job_id):
         staged = f"  staged {entry.stats.staged_version}" if entry.stats.staged_version else ""
         typer.echo(f"{entry.worker_id:24} {entry.stats.leap_state:10} {entry.stats.model_version}{staged}")
     record = LeapStore(settings).latest(job_id)

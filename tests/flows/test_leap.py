@@ -36,7 +36,7 @@ LONG_PROMPT = list(range(200, 1000))
 
 
 def registry(settings) -> Registry:
-    return Registry(settings.registry_dir, settings.heartbeat_timeout_s)
+    return Registry.from_settings(settings)
 
 
 def fleet(settings):

@@ -132,7 +132,7 @@ def _target_version(job: JobConfig, uri: str, settings: Settings) -> int:
 
 def _validated_target(job: JobConfig, uri: str, settings: Settings) -> int | None:
     """The target version, checked against what the job's live workers serve; None when the job has no live worker."""
-    serving = {w.stats.model_version for w in Registry(settings.registry_dir, settings.heartbeat_timeout_s).live(job.job_id)}
+    serving = {w.stats.model_version for w in Registry.from_settings(settings).live(job.job_id)}
     if not serving:
         return None
     if not job.model.startswith("models:/"):
@@ -191,7 +191,7 @@ async def status(
     jobs = load_jobs(settings.jobs_dir)
     if job_id is not None and job_id not in jobs:
         raise ApiError(404, f"No job {job_id!r}.", param="job_id", code="not_found")
-    registry = Registry(settings.registry_dir, settings.heartbeat_timeout_s)
+    registry = Registry.from_settings(settings)
     store = LeapStore(settings)
     data = []
     for job in jobs.values():
