@@ -1,6 +1,6 @@
 """A plain asyncio agent loop that replays trace shapes against stock vLLM servers or pronk's router.
 
-Every setup runs the very same replay code, `pronk.replay.run_shape` (append the tool result, call
+Every setup runs the very same replay code, `pronk.agents.replay.run_shape` (append the tool result, call
 the model with exact lengths, append its output, wait out the tool gap, fan out), with at most
 `concurrency` root traces in flight; only what answers `generate(StepRequest)` changes:
 
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 import httpx
 
 from engine.protocol import StepRequest, StepResult
-from pronk.replay import TraceRecord, run_shape
-from pronk.trace_shape import TraceShape
+from pronk.agents.replay import TraceRecord, run_shape
+from pronk.agents.trace_shape import TraceShape
 
 
 class OpenAIServers:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from engine.worker import cores_for, free_port
 from pronk.jobs import JobConfig
-from pronk.processes import spawn, stop, wait_healthy
+from pronk.stack.processes import spawn, stop, wait_healthy
 
 
 def engine_flags(job: JobConfig) -> list[str]:

@@ -26,7 +26,7 @@ JOB_ID = "job-9a9c0001"
 
 
 def bench_shape(index: int, round_tag: str, gap_s: float, system_tokens: int, output_tokens: int = 32):
-    from pronk.trace_shape import ShapeStep, TraceShape
+    from pronk.agents.trace_shape import ShapeStep, TraceShape
 
     steps = [ShapeStep(new_prompt_tokens=96 + 32 * (i % 3), output_tokens=output_tokens, tool_gap_s=gap_s * (0.5 + (index + i) % 3 / 2)) for i in range(5)]
     steps[-1].tool_gap_s = 0.0
@@ -34,7 +34,7 @@ def bench_shape(index: int, round_tag: str, gap_s: float, system_tokens: int, ou
 
 
 async def one_round(router, traces: int, ttl: float, tag: str, gap_s: float, system_tokens: int, output_tokens: int) -> dict:
-    from pronk.replay import run_shape
+    from pronk.agents.replay import run_shape
 
     started = time.monotonic()
     records = await asyncio.gather(*(run_shape(router, bench_shape(i, tag, gap_s, system_tokens, output_tokens), kv_pin_ttl_s=ttl) for i in range(traces)))
@@ -111,11 +111,11 @@ def main() -> None:
     write_job(jobs_dir, args.kv_mib)
     os.environ.update({"PRONK_DATA_DIR": str(data_dir), "PRONK_JOBS_DIR": str(jobs_dir)})
 
-    from pronk.fleet import start_workers, wait_for_workers
     from pronk.jobs import get_job
-    from pronk.model_store import ensure_tiny_model
-    from pronk.processes import stop
+    from pronk.models.registry import ensure_tiny_model
     from pronk.settings import get_settings
+    from pronk.stack.fleet import start_workers, wait_for_workers
+    from pronk.stack.processes import stop
 
     get_settings.cache_clear()
     settings = get_settings()

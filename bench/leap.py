@@ -47,7 +47,7 @@ def make_large_model(out_dir: Path, hidden: int, seed: int) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from pronk.tiny_model import SPECIAL_TOKENS, VOCAB_SIZE, train_tokenizer
+    from pronk.models.tiny_model import SPECIAL_TOKENS, VOCAB_SIZE, train_tokenizer
 
     out_dir.mkdir(parents=True, exist_ok=True)
     train_tokenizer(out_dir)
@@ -66,9 +66,9 @@ def register_versions(settings, hidden: int) -> dict[str, tuple[int, int]]:
     """(v1, v2) per model kind; v1 carries the alias `live`."""
     import shutil
 
-    from pronk.finetune import FinetuneConfig, finetune
-    from pronk.model_store import ensure_tiny_model, register_model_dir, set_alias
-    from pronk.weights import upload_checkpoint
+    from pronk.models.finetune import FinetuneConfig, finetune
+    from pronk.models.registry import ensure_tiny_model, register_model_dir, set_alias
+    from pronk.models.versions import upload_checkpoint
 
     tiny_v1 = ensure_tiny_model(settings)
     tiny_v2 = finetune(FinetuneConfig(source=f"models:/pronk-tiny/{tiny_v1}"), settings).version
@@ -171,8 +171,8 @@ async def _back_to(job_id: str, version: int) -> None:
 
 def redeploy_seconds(job, settings, state: dict[str, int]) -> float:
     """Stop worker 0 and start it again (it loads the alias's version): what a Leap spares."""
-    from pronk.fleet import start_workers, wait_for_workers
-    from pronk.processes import stop
+    from pronk.stack.fleet import start_workers, wait_for_workers
+    from pronk.stack.processes import stop
 
     started = time.monotonic()
     stop(state[f"{job.job_id}-w0"])
@@ -254,15 +254,15 @@ def main(argv: list[str] | None = None) -> None:
         "PRONK_DATA_DIR": str(work / "data"), "PRONK_JOBS_DIR": str(work / "jobs"), "PRONK_PREFECT_PORT": str(free_port()),
         "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
     })
-    from pronk.prefect_env import configure_prefect
     from pronk.settings import get_settings
+    from pronk.stack.prefect_env import configure_prefect
 
     settings = get_settings()
     configure_prefect(settings)
-    from pronk import stack
     from pronk.jobs import get_job
-    from pronk.model_store import resolve_model
-    from pronk.processes import stop
+    from pronk.models.registry import resolve_model
+    from pronk.stack import embedded as stack
+    from pronk.stack.processes import stop
 
     versions = register_versions(settings, args.large_hidden)
     rows: dict[str, dict] = {}

@@ -16,10 +16,10 @@ from uuid import UUID
 
 from bench.agent_loop import ReplayResult, replay
 from bench.figures import AgentRun, worker_moves
-from pronk.agent_spec import REPLAY_URL
+from pronk.agents.spec import REPLAY_URL
+from pronk.agents.trace_shape import TraceShape
 from pronk.jobs import JobConfig
 from pronk.settings import Settings
-from pronk.trace_shape import TraceShape
 
 
 def pronk_router(job: JobConfig, settings: Settings):

@@ -24,11 +24,23 @@ from pydantic import BaseModel, Field
 from bench import pronk_runs, report
 from bench.agent_loop import OpenAIServers, replay
 from bench.baseline import VllmServers, run_vllm_batch
-from bench.figures import AgentRun, Comparison, SingleStepRun, agent_comparisons, single_step_comparisons
-from bench.workload import PROFILES, Workload, cache_bounds, generate, write_single_step_file
+from bench.figures import (
+    AgentRun,
+    Comparison,
+    SingleStepRun,
+    agent_comparisons,
+    single_step_comparisons,
+)
+from bench.workload import (
+    PROFILES,
+    Workload,
+    cache_bounds,
+    generate,
+    write_single_step_file,
+)
+from pronk.agents.trace_shape import TraceShape
 from pronk.jobs import JobConfig, get_job
 from pronk.settings import PROJECT_ROOT, Settings
-from pronk.trace_shape import TraceShape
 
 BENCH_DIR = PROJECT_ROOT / "bench"
 CPU_BLOCK_SIZE = 128  # vLLM's default KV block size on CPU (the job leaves block_size unset)
@@ -89,7 +101,7 @@ class Bench:
         self.work.mkdir(parents=True, exist_ok=True)
 
     def model_dir(self) -> Path:
-        from pronk.model_store import resolve_model
+        from pronk.models.registry import resolve_model
 
         return resolve_model(self.job.model, self.settings).path
 
@@ -187,7 +199,7 @@ def record(config: BenchConfig, outcome: dict, info: dict, out_dir: Path = BENCH
 def pronk_fleet(settings: Settings, job: JobConfig):
     """pronk's stack (Prefect server and the job's workers): reuse a running one, or start one and stop it after."""
     from engine.registry import Registry
-    from pronk import stack
+    from pronk.stack import embedded as stack
 
     owned = not stack.read_state(settings)
     if len(Registry.from_settings(settings).live(job.job_id)) < job.workers or owned:

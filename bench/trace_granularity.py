@@ -32,7 +32,11 @@ def write_batch(path: Path, traces: int) -> None:
 
 async def task_run_states(flow_run_id: str) -> dict[str, int]:
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, TaskRunFilter
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        TaskRunFilter,
+    )
 
     runs = []
     async with get_client() as client:
@@ -72,8 +76,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--traces", type=int, default=200)
     args = parser.parse_args()
-    from pronk.prefect_env import configure_prefect
     from pronk.settings import get_settings
+    from pronk.stack.prefect_env import configure_prefect
 
     configure_prefect(get_settings())
     folder = Path(tempfile.mkdtemp(prefix="pronk-granularity-"))

@@ -32,7 +32,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pronk.trace_shape import ShapeStep, TraceShape
+from pronk.agents.trace_shape import ShapeStep, TraceShape
+
 
 class WorkloadProfile(BaseModel):
     """Ranges a workload is drawn from; every `(low, high)` pair is inclusive."""

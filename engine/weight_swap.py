@@ -11,12 +11,27 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from pathlib import Path
+from dataclasses import dataclass
 
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, Field
 
 from engine.vllm_backend import VllmBackend
+
+
+class IncompatibleWeights(ValueError):
+    """The staged checkpoint does not fit the weights being served (architecture, dtype or a parameter shape)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StagedWeights:
+    version: str
+    path: str
+
+
+# Resolve `model_uri` onto local disk and check it fits the checkpoint at `current_path` (serving `current_version`);
+# raises IncompatibleWeights, FileNotFoundError or ValueError. Supplied by whoever starts the worker.
+Stager = Callable[[str, str, str], StagedWeights]
 
 
 class StageRequest(BaseModel):
@@ -46,8 +61,9 @@ class ReloadResult(BaseModel):
 class WeightSwapper:
     """Stages versions on disk and swaps the backend to one of them; one Leap at a time per worker."""
 
-    def __init__(self, backend: VllmBackend, on_change: Callable[[], None] = lambda: None):
+    def __init__(self, backend: VllmBackend, stage: Stager, on_change: Callable[[], None] = lambda: None):
         self.backend = backend
+        self.stager = stage
         self.on_change = on_change
         self.staged: dict[str, str] = {backend.model_version: backend.model_path}
         self.lock = asyncio.Lock()
@@ -57,23 +73,18 @@ class WeightSwapper:
         self.on_change()
 
     async def stage(self, model_uri: str) -> StageResult:
-        from pronk.model_store import resolve_model
-        from pronk.weights import check_compatible, read_spec
-
         started = time.monotonic()
         async with self.lock:
             self._set_state("uploading")
             try:
-                model = await asyncio.to_thread(resolve_model, model_uri)
-                candidate, current = await asyncio.to_thread(lambda: (read_spec(model.path), read_spec(Path(self.backend.model_path))))
-                check_compatible(candidate, current, model_uri, self.backend.model_version)
+                staged = await asyncio.to_thread(self.stager, model_uri, self.backend.model_path, self.backend.model_version)
             except Exception:
                 self._set_state("ready")
                 raise
-            self.staged[model.version] = str(model.path)
-            self.backend.staged_version = model.version
+            self.staged[staged.version] = staged.path
+            self.backend.staged_version = staged.version
             self._set_state("ready")
-        return StageResult(worker_id=self.backend.worker_id, version=model.version, path=str(model.path), seconds=time.monotonic() - started)
+        return StageResult(worker_id=self.backend.worker_id, version=staged.version, path=staged.path, seconds=time.monotonic() - started)
 
     async def reload(self, version: str) -> ReloadResult:
         if version not in self.staged:
@@ -93,17 +104,15 @@ class WeightSwapper:
         )
 
 
-def add_weight_routes(app: FastAPI, backend: VllmBackend, on_change: Callable[[], None] = lambda: None) -> WeightSwapper:
+def add_weight_routes(app: FastAPI, backend: VllmBackend, stage: Stager, on_change: Callable[[], None] = lambda: None) -> WeightSwapper:
     """Mount `/weights/stage`, `/weights/reload` and `GET /weights` on a worker's app; `on_change` announces a new state at once."""
-    from pronk.weights import CheckpointMismatch
-
-    swapper = WeightSwapper(backend, on_change)
+    swapper = WeightSwapper(backend, stage, on_change)
 
     @app.post("/weights/stage")
     async def stage(request: StageRequest) -> StageResult:
         try:
             return await swapper.stage(request.model_uri)
-        except CheckpointMismatch as exc:
+        except IncompatibleWeights as exc:
             raise HTTPException(status_code=409, detail=str(exc)) from exc
         except (FileNotFoundError, ValueError) as exc:
             raise HTTPException(status_code=400, detail=str(exc)) from exc

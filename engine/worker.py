@@ -1,12 +1,12 @@
 """An engine worker: one persistent process holding a job's model in vLLM, serving steps over HTTP on 127.0.0.1.
 
-Run as `python -m engine.worker --job JOB [--index N]` (or `pronk worker start`). It announces itself in
-the registry with a heartbeat carrying its load, and withdraws on SIGTERM.
+Started by `python -m pronk.stack.worker --job JOB [--index N]` (or `pronk worker start`), which resolves the
+job and its model and calls `serve`. It announces itself in the registry with a heartbeat carrying its load,
+and withdraws on SIGTERM.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -16,13 +16,12 @@ import time
 
 from fastapi import FastAPI, HTTPException
 
-from engine.kv_retention import scheduler_class
 from engine.protocol import ReleaseRequest, StepRequest, StepResult, WorkerStats
 from engine.registry import Registry, WorkerEntry
 from engine.vllm_backend import VllmBackend
-from engine.weight_swap import add_weight_routes
+from engine.weight_swap import Stager, add_weight_routes
 
-log = logging.getLogger("pronk.worker")
+log = logging.getLogger(__name__)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -44,7 +43,7 @@ def pin_to_cores(cores: list[int]) -> None:
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in cores)
 
 
-def create_app(backend: VllmBackend, registry: Registry, url: str, heartbeat_interval_s: float) -> FastAPI:
+def create_app(backend: VllmBackend, registry: Registry, url: str, heartbeat_interval_s: float, stage: Stager) -> FastAPI:
     started_at = time.time()
 
     def announce() -> None:
@@ -99,7 +98,7 @@ def create_app(backend: VllmBackend, registry: Registry, url: str, heartbeat_int
     async def stats() -> WorkerStats:
         return backend.stats()
 
-    add_weight_routes(app, backend, on_change=announce)
+    add_weight_routes(app, backend, stage, on_change=announce)
     return app
 
 
@@ -110,41 +109,9 @@ def compact_json_outputs():
     return StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True)
 
 
-def main(argv: list[str] | None = None) -> None:
+def serve(backend: VllmBackend, registry: Registry, stage: Stager, port: int, heartbeat_interval_s: float, host: str = "127.0.0.1") -> None:
+    """Serve `backend` over HTTP until SIGTERM; the caller (pronk's worker entry point) built it from a job."""
     import uvicorn
 
-    from pronk.jobs import get_job
-    from pronk.model_store import resolve_model
-    from pronk.settings import get_settings
-
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--job", required=True, help="job id or name")
-    parser.add_argument("--index", type=int, default=0, help="this worker's index within the job")
-    parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0 picks a free one)")
-    args = parser.parse_args(argv)
-
-    settings = get_settings()
-    job = get_job(args.job)
-    if job.device == "cpu":
-        pin_to_cores(cores_for(args.index, job.cpu_cores_per_worker))
-    model = resolve_model(job.model, settings)
-    port = args.port or free_port()
-    backend = VllmBackend(
-        model_path=str(model.path),
-        model_version=model.version,
-        worker_id=f"{job.job_id}-w{args.index}",
-        job_id=job.job_id,
-        engine_kwargs={
-            "served_model_name": job.served_model_name,
-            "scheduler_cls": scheduler_class(job.device),
-            "structured_outputs_config": compact_json_outputs(),
-            **job.engine.as_vllm_kwargs(),
-        },
-    )
-    registry = Registry.from_settings(settings)
-    app = create_app(backend, registry, f"http://127.0.0.1:{port}", settings.heartbeat_interval_s)
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
-
-
-if __name__ == "__main__":
-    main()
+    app = create_app(backend, registry, f"http://{host}:{port}", heartbeat_interval_s, stage)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -7,21 +7,32 @@ import time
 from typing import Literal
 
 from prefect import flow, get_run_logger, runtime, task
-from prefect.artifacts import acreate_progress_artifact, acreate_table_artifact, aupdate_progress_artifact
+from prefect.artifacts import (
+    acreate_progress_artifact,
+    acreate_table_artifact,
+    aupdate_progress_artifact,
+)
 from prefect.cache_policies import NO_CACHE
 
 from engine.registry import Registry
 from engine.router import Router
 from pronk import storage
-from pronk.batch_input import BatchInputError, ValidRequest, error_line
-from pronk.batch_store import BatchStore
-from pronk.completions import RequestOutcome
-from pronk.harness import Harness
+from pronk.agents.completions import RequestOutcome
+from pronk.agents.harness import Harness
+from pronk.agents.step_records import StepRecorder
+from pronk.batches.files import FileStore
+from pronk.batches.input import BatchInputError, ValidRequest, error_line
+from pronk.batches.schemas import (
+    Batch,
+    BatchErrorData,
+    BatchErrors,
+    ErrorCode,
+    OutputLine,
+    new_id,
+)
+from pronk.batches.store import BatchStore
 from pronk.jobs import JobConfig, get_job
-from pronk.files_store import FileStore
-from pronk.schemas import Batch, BatchErrorData, BatchErrors, ErrorCode, OutputLine, new_id
 from pronk.settings import get_settings
-from pronk.step_records import StepRecorder
 from tasks.files import read_input_file, validate_lines, write_result_files
 from tasks.traces import scratch_dir, write_trace_outputs
 

@@ -16,11 +16,12 @@ from prefect.artifacts import acreate_table_artifact
 
 from engine.registry import Registry
 from pronk.jobs import get_job
-from pronk.leap_store import LeapRecord, LeapStore, WorkerLeap
-from pronk.model_store import parse_models_uri, alias_version, set_alias
+from pronk.models.checkpoints import CheckpointMismatch
+from pronk.models.leap_records import LeapRecord, LeapStore, WorkerLeap
+from pronk.models.registry import alias_version, parse_models_uri, set_alias
+from pronk.models.versions import check_version_fits
 from pronk.settings import Settings, get_settings
-from pronk.weights import CheckpointMismatch, check_version_fits
-from tasks.weights import LeapRun, reload_weights, stage_weights
+from tasks.leap import LeapRun, reload_weights, stage_weights
 
 
 class LeapRefused(ValueError):

@@ -6,9 +6,9 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from pronk import storage
-from pronk.batch_input import BatchInputError, ValidatedInput, validate_input
+from pronk.batches.input import BatchInputError, ValidatedInput, validate_input
+from pronk.batches.schemas import OutputLine
 from pronk.jobs import JobConfig
-from pronk.schemas import OutputLine
 
 
 @task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)

@@ -10,11 +10,11 @@ from prefect import get_run_logger, task
 from prefect.artifacts import acreate_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from pronk.completions import RequestOutcome
+from pronk.agents.completions import RequestOutcome
+from pronk.agents.step_records import StepRecorder, log_mlflow_traces
+from pronk.batches.schemas import Batch
 from pronk.jobs import JobConfig
-from pronk.schemas import Batch
 from pronk.settings import Settings
-from pronk.step_records import StepRecorder, log_mlflow_traces
 
 TABLE_ROWS = 500
 

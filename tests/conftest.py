@@ -30,8 +30,8 @@ os.environ.update(
 for key in [k for k in os.environ if k.startswith("PREFECT_")]:
     del os.environ[key]
 
-from pronk.prefect_env import configure_prefect  # noqa: E402
 from pronk.settings import Settings, get_settings  # noqa: E402
+from pronk.stack.prefect_env import configure_prefect  # noqa: E402
 
 get_settings.cache_clear()
 configure_prefect(get_settings())
@@ -72,7 +72,7 @@ def settings(object_store) -> Settings:
 @pytest.fixture(scope="session")
 def stack(settings: Settings):
     """The real embedded stack with the default job's two workers; stopped at the end of the session."""
-    from pronk import stack as embedded
+    from pronk.stack import embedded
 
     try:
         embedded.up(settings, mlflow_ui=False)

@@ -8,11 +8,11 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from pronk.api.errors import install_error_handlers
+from pronk.api.keys import ApiKeyStore
 from pronk.api.routes import batches, files, weights
 from pronk.api.runs import PrefectRuns
-from pronk.api_keys import ApiKeyStore
-from pronk.batch_store import BatchStore
-from pronk.files_store import FileStore
+from pronk.batches.files import FileStore
+from pronk.batches.store import BatchStore
 from pronk.settings import Settings, get_settings
 
 

@@ -8,10 +8,10 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from pronk.api.errors import ApiError
-from pronk.api_keys import ApiKeyStore
-from pronk.batch_store import BatchStore
-from pronk.files_store import FileStore
-from pronk.schemas import Batch
+from pronk.api.keys import ApiKeyStore
+from pronk.batches.files import FileStore
+from pronk.batches.schemas import Batch
+from pronk.batches.store import BatchStore
 from pronk.settings import Settings
 
 LOCAL_OWNER = "local"

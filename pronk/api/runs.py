@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pronk.prefect_env import configure_prefect
-from pronk.schemas import Batch
+from pronk.batches.schemas import Batch
 from pronk.settings import Settings
+from pronk.stack.prefect_env import configure_prefect
 
 DEPLOYMENT = "run-batch/run-batch"
 

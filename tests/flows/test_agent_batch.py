@@ -12,9 +12,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from pronk.batch_store import BatchStore
-from pronk.prefect_env import prefect_environment
+from pronk.batches.store import BatchStore
 from pronk.settings import PROJECT_ROOT
+from pronk.stack.prefect_env import prefect_environment
 
 pytestmark = pytest.mark.e2e
 JOB = "job-c0ffee01"
@@ -70,14 +70,14 @@ def test_step_records_show_one_worker_per_trace_and_cached_prefixes(agent_run):
 def test_a_raising_tool_a_runaway_python_call_and_a_stuck_tool_are_contained(stack, tmp_path):
     from engine.registry import Registry
     from engine.router import Router
-    from pronk.batch_input import validate_input
-    from pronk.harness import Harness
+    from pronk.agents.harness import Harness
+    from pronk.agents.step_records import StepRecorder
+    from pronk.batches.input import validate_input
     from pronk.jobs import get_job
-    from pronk.step_records import StepRecorder
 
     base = get_job(JOB)
     harness = base.harness.model_copy(update={
-        "tools": ["python", "tests.pronk.tool_fixtures:ExplodingTool", "tests.pronk.tool_fixtures:StuckTool"],
+        "tools": ["python", "tests.pronk.agents.tool_fixtures:ExplodingTool", "tests.pronk.agents.tool_fixtures:StuckTool"],
         "tool_timeout_s": 30.0, "python": base.harness.python.model_copy(update={"cpu_s": 1, "wall_s": 25.0}),
     })
     job = base.model_copy(update={"harness": harness})
@@ -115,7 +115,7 @@ def test_a_raising_tool_a_runaway_python_call_and_a_stuck_tool_are_contained(sta
 def test_replay_shapes_produce_exact_token_counts(stack):
     from engine.registry import Registry
     from engine.router import Router
-    from pronk.replay import load_shapes, run_shape
+    from pronk.agents.replay import load_shapes, run_shape
 
     shapes = load_shapes(PROJECT_ROOT / "data" / "shapes" / "sample_shapes.jsonl")
 

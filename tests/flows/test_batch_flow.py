@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from pronk.batch_store import BatchStore
+from pronk.batches.store import BatchStore
 from pronk.jobs import get_job
-from pronk.prefect_env import prefect_environment
 from pronk.settings import PROJECT_ROOT
+from pronk.stack.prefect_env import prefect_environment
 from tests.conftest import DATA
 
 pytestmark = pytest.mark.e2e
@@ -114,7 +114,7 @@ def test_prefect_deployment_run_completes_a_batch_through_the_process_worker(sta
 
 
 def test_steps_are_resent_when_a_worker_dies_mid_batch(stack, tmp_path):
-    from pronk.fleet import start_workers, wait_for_workers
+    from pronk.stack.fleet import start_workers, wait_for_workers
 
     job = get_job(JOB)
     extra = start_workers(job, stack, indices=range(2, 3))
@@ -153,8 +153,8 @@ def test_steps_are_resent_when_a_worker_dies_mid_batch(stack, tmp_path):
 
 def test_worker_withdraws_from_the_registry_on_sigterm(stack):
     from engine.registry import Registry
-    from pronk.fleet import start_workers, wait_for_workers
-    from pronk.processes import alive
+    from pronk.stack.fleet import start_workers, wait_for_workers
+    from pronk.stack.processes import alive
 
     job = get_job(JOB)
     extra = start_workers(job, stack, indices=[3])

@@ -25,8 +25,13 @@ from engine.protocol import SamplingSpec, StepRequest, WorkerStats
 from engine.registry import Registry, WorkerEntry
 from engine.worker import free_port
 from pronk.jobs import get_job
-from pronk.leap_store import LeapStore
-from pronk.model_store import alias_version, latest_version, register_model_dir, resolve_model
+from pronk.models.leap_records import LeapStore
+from pronk.models.registry import (
+    alias_version,
+    latest_version,
+    register_model_dir,
+    resolve_model,
+)
 
 pytestmark = pytest.mark.e2e
 JOB = "job-c0ffee01"
@@ -71,7 +76,7 @@ def restore_v1(settings, v1: int) -> None:
 @pytest.fixture(scope="module")
 def versions(stack):
     """(v1, v2): the live version and one fine-tuned from it; the fleet and `live` end on v1 whatever happens."""
-    from pronk.finetune import FinetuneConfig, finetune
+    from pronk.models.finetune import FinetuneConfig, finetune
 
     v1 = alias_version(MODEL, "live", stack)
     v2 = finetune(FinetuneConfig(source=f"models:/{MODEL}/{v1}"), stack).version
@@ -104,8 +109,8 @@ def batch_file(path, lines: int) -> str:
 def test_leap_during_a_running_batch_switches_every_step_cleanly(stack, on_v1, tmp_path):
     from flows.batch import run_batch
     from flows.leap import leap
-    from pronk.fleet import start_workers, wait_for_workers
-    from pronk.processes import stop
+    from pronk.stack.fleet import start_workers, wait_for_workers
+    from pronk.stack.processes import stop
 
     v1, v2 = on_v1
     w0 = fleet(stack)[0]
@@ -163,7 +168,8 @@ def wrong_shape_checkpoint(settings, v1: int, path):
 
 def test_a_wrong_shape_checkpoint_is_refused_and_the_fleet_keeps_serving_v1(stack, on_v1, tmp_path):
     from flows.leap import LeapRefused
-    from pronk.weights import CheckpointMismatch, upload_checkpoint
+    from pronk.models.checkpoints import CheckpointMismatch
+    from pronk.models.versions import upload_checkpoint
 
     v1, _ = on_v1
     wrong = wrong_shape_checkpoint(stack, v1, tmp_path / "wrong")
@@ -263,7 +269,7 @@ def test_a_worker_that_cannot_switch_sends_the_others_back(stack, on_v1):
 
 
 def test_weights_over_http_refuse_a_wrong_shape_and_leap_through_the_deployment(stack, on_v1, tmp_path):
-    from pronk.api_keys import ApiKeyStore
+    from pronk.api.keys import ApiKeyStore
 
     v1, v2 = on_v1
     key, _ = ApiKeyStore(stack).create(name="leap")

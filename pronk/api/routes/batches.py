@@ -12,10 +12,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pronk.api.deps import BatchesDep, FilesDep, OwnerDep, RunsDep
 from pronk.api.errors import ApiError, not_found
 from pronk.api.routes.files import ID_PATTERN, owned_file
-from pronk.batch_store import BatchStore
-from pronk.files_store import FileRecord
+from pronk.batches.files import FileRecord
+from pronk.batches.schemas import (
+    SERVED_URLS,
+    TERMINAL_STATUSES,
+    Batch,
+    BatchErrorData,
+    BatchErrors,
+)
+from pronk.batches.store import BatchStore
 from pronk.jobs import JobConfig, load_jobs
-from pronk.schemas import SERVED_URLS, TERMINAL_STATUSES, Batch, BatchErrorData, BatchErrors
 
 router = APIRouter(prefix="/batches", tags=["batches"])
 logger = logging.getLogger("pronk.api")

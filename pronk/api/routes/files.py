@@ -13,8 +13,8 @@ from starlette.datastructures import UploadFile
 from pronk import storage
 from pronk.api.deps import FilesDep, OwnerDep, SettingsDep
 from pronk.api.errors import ApiError, not_found
-from pronk.files_store import FileRecord, FileStore, UploadRejected
-from pronk.schemas import FileObject
+from pronk.batches.files import FileRecord, FileStore, UploadRejected
+from pronk.batches.schemas import FileObject
 
 router = APIRouter(prefix="/files", tags=["files"])
 

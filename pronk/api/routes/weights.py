@@ -16,12 +16,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from engine.registry import Registry
 from pronk.api.deps import OwnerDep, SettingsDep
 from pronk.api.errors import ApiError
+from pronk.batches.schemas import new_id
 from pronk.jobs import JobConfig, load_jobs
-from pronk.leap_store import LeapRecord, LeapStore
-from pronk.model_store import parse_models_uri, alias_version
-from pronk.schemas import new_id
+from pronk.models.checkpoints import CheckpointMismatch
+from pronk.models.leap_records import LeapRecord, LeapStore
+from pronk.models.registry import alias_version, parse_models_uri
+from pronk.models.versions import UploadResult, check_version_fits, upload_checkpoint
 from pronk.settings import Settings
-from pronk.weights import CheckpointMismatch, UploadResult, check_version_fits, upload_checkpoint
 
 router = APIRouter(prefix="/weights", tags=["weights"])
 DEPLOYMENT = "leap/leap"
@@ -35,7 +36,7 @@ class DeploymentLeaps:
     """Starts a Leap as a run of the `leap` deployment; the process work pool's worker picks it up."""
 
     def __init__(self, settings: Settings):
-        from pronk.prefect_env import configure_prefect
+        from pronk.stack.prefect_env import configure_prefect
 
         configure_prefect(settings)
 

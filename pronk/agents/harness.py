@@ -1,0 +1,321 @@
+"""The server-side agent harness: generate → parse the tool call → run the tool → append → next step.
+
+Every step's output is constrained (vLLM structured outputs) to `{"tool": NAME, "arguments": {...}}`
+or `{"final": TEXT}`, built from the line's tools' JSON schemas with every string and array bounded
+so that even a random-weight model's call parses within the step's token budget. `spawn_subagents`
+starts child traces from the parent's messages, concurrently; the parent resumes with their answers.
+A step that fails (engine trouble, an unparsable call, a timeout) is retried up to the harness's
+`max_step_retries`, each attempt recorded. Prefect-free, like `pronk.agents.completions`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.client import StepRejected
+from engine.protocol import ChatMessage, SamplingSpec, StepRequest, StepResult
+from engine.router import NoWorkerAvailable, Router
+from pronk.agents.completions import (
+    RequestOutcome,
+    engine_error_code,
+    failed_outcome,
+    run_request,
+)
+from pronk.agents.replay import run_shape
+from pronk.agents.spec import NamedToolChoice, ReplayBody
+from pronk.agents.step_records import StepRecord, StepRecorder, summarise
+from pronk.agents.tool_calls import parse_call, step_schema, system_prompt
+from pronk.agents.tools import SPAWN_SUBAGENTS, Tool, ToolContext, job_tools, run_tool
+from pronk.batches.input import ValidRequest
+from pronk.batches.schemas import (
+    ChatCompletionBody,
+    ErrorCode,
+    OutputLine,
+    ResponseEnvelope,
+    new_id,
+)
+from pronk.jobs import HarnessConfig, JobConfig
+
+TOOL_RESULT_CHARS = 1200
+
+
+class TraceFailed(Exception):
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(slots=True)
+class ToolView:
+    """A tool as one line sees it: its schema may be narrowed by the line."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    tool: Tool
+
+
+@dataclass(slots=True)
+class Family:
+    """What a root trace and its children share."""
+
+    root_id: str
+    custom_id: str
+    limits: HarnessConfig
+    tools: dict[str, ToolView]
+    system_prompt: str
+    max_tokens: int
+    temperature: float
+    seed: int | None
+    scratch: Path
+    records: list[StepRecord] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class TraceState:
+    trace_id: str
+    parent_id: str | None
+    depth: int
+    messages: list[dict[str, str]]
+    finish_reason: str = "running"
+    answer: str = ""
+    steps: int = 0
+    last_result: StepResult | None = None
+
+
+def tool_views(body: ChatCompletionBody, tools: dict[str, Tool]) -> dict[str, ToolView]:
+    views = {}
+    for spec in body.tools or []:
+        tool = tools[spec.function.name]
+        views[tool.name] = ToolView(
+            tool.name, spec.function.description or tool.description, spec.function.parameters or tool.parameters, tool
+        )
+    return views
+
+
+class Harness:
+    """Runs one batch's lines: agent traces, plain one-step chats and replays, recording every step."""
+
+    def __init__(self, router: Router, job: JobConfig, recorder: StepRecorder, scratch_root: Path):
+        self.router = router
+        self.job = job
+        self.recorder = recorder
+        self.scratch_root = scratch_root
+        self.tools = job_tools(job.harness)
+
+    async def run_line(self, request: ValidRequest) -> RequestOutcome:
+        """Any valid line: a replay, an agent task, or a plain chat completion (a one-step trace).
+
+        Whatever goes wrong inside becomes this line's error line, never an exception into the flow.
+        """
+        try:
+            return await self._run_line(request)
+        except Exception as exc:  # noqa: BLE001 - one line's failure must not fail the batch
+            return failed_outcome(request, ErrorCode.STEP_FAILED, f"{type(exc).__name__}: {exc}")
+
+    async def _run_line(self, request: ValidRequest) -> RequestOutcome:
+        if isinstance(request.body, ReplayBody):
+            return await self.run_replay(request)
+        if request.body.tools is not None and request.body.tool_choice != "none":
+            return await self.run_agent(request)
+        outcome = await run_request(self.router, request, self.job)
+        record = StepRecord(trace_id=request.custom_id, step=0, root_trace_id=request.custom_id, custom_id=request.custom_id, kind="chat")
+        if outcome.result is not None:
+            record.take(outcome.result)
+        else:
+            record.error = outcome.output.error.code
+        self.recorder.add(record)
+        return outcome
+
+    async def run_replay(self, request: ValidRequest) -> RequestOutcome:
+        body: ReplayBody = request.body
+        ttl = self.job.harness.kv_pin_ttl_s if body.kv_pin_ttl_s is None else body.kv_pin_ttl_s
+        try:
+            trace = await run_shape(self.router, body.shape, kv_pin_ttl_s=ttl, recorder=self.recorder, custom_id=request.custom_id, trace_id=request.custom_id)
+        except (StepRejected, NoWorkerAvailable) as exc:
+            return failed_outcome(request, engine_error_code(exc), exc)
+        summary = trace.summary()
+        first = trace.records[0]
+        request_id = new_id("replay")
+        aggregate = StepResult(
+            request_id=request_id, text="", token_ids=[], prompt_tokens=summary["prompt_tokens"], cached_tokens=summary["cached_tokens"],
+            completion_tokens=summary["output_tokens"], finish_reason="stop", model_version=first.model_version or "",
+            worker_id=first.worker_id or "", queue_time_s=0.0, engine_time_s=summary["engine_time_s"],
+        )
+        body_out = {
+            "id": request_id, "object": "pronk.replay", "created": int(time.time()), "model": self.job.served_model_name,
+            "usage": {
+                "prompt_tokens": aggregate.prompt_tokens, "completion_tokens": aggregate.completion_tokens,
+                "total_tokens": aggregate.prompt_tokens + aggregate.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": aggregate.cached_tokens},
+            },
+            "pronk": {"model_version": aggregate.model_version, "worker_id": aggregate.worker_id, "trace": summary},
+        }
+        response = ResponseEnvelope(status_code=200, request_id=request_id, body=body_out)
+        return RequestOutcome(request.line, OutputLine(custom_id=request.custom_id, response=response), aggregate)
+
+    async def run_agent(self, request: ValidRequest) -> RequestOutcome:
+        body: ChatCompletionBody = request.body
+        limits = body.harness.applied_to(self.job.harness) if body.harness else self.job.harness
+        views = tool_views(body, self.tools)
+        family = Family(
+            root_id=request.custom_id, custom_id=request.custom_id, limits=limits, tools=views,
+            system_prompt=system_prompt(list(views.values())),
+            max_tokens=min(body.output_limit(limits.step_max_tokens), limits.step_max_tokens),
+            temperature=body.temperature, seed=body.seed, scratch=self.scratch_root / _safe(request.custom_id),
+        )
+        messages = [{"role": "system", "content": family.system_prompt}] + [{"role": m.role, "content": m.text()} for m in body.messages]
+        root = TraceState(request.custom_id, None, 0, messages)
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(self._trace(family, root, body.tool_choice), limits.trace_timeout_s)
+        except asyncio.TimeoutError:
+            root.finish_reason = "timeout"
+        except _ContextFull:
+            pass
+        except TraceFailed as exc:
+            return failed_outcome(request, exc.code, f"trace {root.trace_id}: {exc}")
+        finally:
+            await self._release(family, root)
+        return self._outcome(request, family, root, time.monotonic() - started)
+
+    async def _release(self, family: Family, state: TraceState) -> None:
+        """The trace ended: drop its KV pin now instead of at the TTL."""
+        if family.limits.kv_pin_ttl_s > 0 and state.last_result is not None:
+            await self.router.release(state.last_result.worker_id, [state.trace_id])
+
+    async def _trace(self, family: Family, state: TraceState, first_choice: Any) -> None:
+        limits = family.limits
+        while state.steps < limits.max_steps:
+            choice = first_choice if state.steps == 0 else ("required" if first_choice == "required" else "auto")
+            last_step = state.steps == limits.max_steps - 1
+            record, call = await self._step(family, state, choice, pin=not last_step)
+            state.steps += 1
+            if "final" in call:
+                state.answer, state.finish_reason = call["final"], "stop"
+                return
+            if last_step:
+                record.tool_name, record.tool_ok, record.error = call["tool"], False, "max_steps reached: tool not run"
+                break
+            text, ok, seconds = await self._call_tool(family, state, call)
+            record.tool_name, record.tool_ok, record.tool_time_s = call["tool"], ok, round(seconds, 6)
+            state.messages.append({"role": "tool", "content": f"[{call['tool']} {'ok' if ok else 'error'}] {text}"})
+        state.finish_reason = "max_steps"
+        state.answer = next((m["content"] for m in reversed(state.messages) if m["role"] == "assistant"), "")
+
+    def _tools_for(self, family: Family, state: TraceState, choice: Any) -> tuple[list[ToolView], bool]:
+        tools = [t for t in family.tools.values() if t.name != SPAWN_SUBAGENTS or state.depth < family.limits.max_depth]
+        if isinstance(choice, NamedToolChoice):
+            return [family.tools[choice.function.name]], False
+        return tools, choice != "required" or not tools
+
+    async def _step(self, family: Family, state: TraceState, choice: Any, pin: bool) -> tuple[StepRecord, dict[str, Any]]:
+        tools, allow_final = self._tools_for(family, state, choice)
+        schema = step_schema(tools, allow_final, family.max_tokens)
+        for attempt in range(family.limits.max_step_retries + 1):
+            record = self.recorder.add(StepRecord(
+                trace_id=state.trace_id, step=state.steps, root_trace_id=family.root_id, parent_trace_id=state.parent_id,
+                custom_id=family.custom_id, attempt=attempt,
+            ))
+            family.records.append(record)
+            seed = None if family.seed is None else zlib.crc32(f"{family.seed}/{state.trace_id}/{state.steps}/{attempt}".encode())
+            step = StepRequest(
+                request_id=new_id("step"), messages=[ChatMessage(**m) for m in state.messages],
+                sampling=SamplingSpec(max_tokens=family.max_tokens, temperature=family.temperature, seed=seed, json_schema=schema),
+                trace_id=state.trace_id, affinity_key=family.root_id, kv_pin_ttl_s=family.limits.kv_pin_ttl_s if pin else 0.0,
+            )
+            try:
+                result = await asyncio.wait_for(self.router.generate(step), family.limits.step_timeout_s)
+            except StepRejected as exc:
+                record.error = f"rejected: {exc}"
+                if state.steps == 0:
+                    raise TraceFailed(ErrorCode.REQUEST_REJECTED, str(exc)) from exc
+                state.finish_reason = "context_length"
+                raise _ContextFull from exc
+            except (NoWorkerAvailable, asyncio.TimeoutError) as exc:
+                record.error = f"{type(exc).__name__}: {exc}"
+                continue
+            record.take(result)
+            state.last_result = result
+            call = parse_call(result.text, {t.name for t in tools}, allow_final)
+            if isinstance(call, str):
+                record.error = call
+                continue
+            state.messages.append({"role": "assistant", "content": result.text})
+            return record, call
+        code = ErrorCode.ENGINE_UNAVAILABLE if record.worker_id is None else ErrorCode.STEP_FAILED
+        raise TraceFailed(code, f"step {state.steps} failed {family.limits.max_step_retries + 1} times; last: {record.error}")
+
+    async def _call_tool(self, family: Family, state: TraceState, call: dict[str, Any]) -> tuple[str, bool, float]:
+        if call["tool"] == SPAWN_SUBAGENTS:
+            started = time.monotonic()
+            text = await self._fan_out(family, state, call["arguments"].get("tasks", []))
+            return text, True, time.monotonic() - started
+        view = family.tools[call["tool"]]
+        context = ToolContext(trace_id=state.trace_id, scratch_dir=family.scratch / _safe(state.trace_id))
+        outcome = await run_tool(view.tool, call["arguments"], context, family.limits.tool_timeout_s, TOOL_RESULT_CHARS)
+        return outcome.text, outcome.ok, outcome.seconds
+
+    async def _fan_out(self, family: Family, parent: TraceState, tasks: list[str]) -> str:
+        tasks = tasks[: family.limits.max_fan_out]
+        children = [
+            TraceState(
+                f"{parent.trace_id}.{parent.steps - 1}.{i}", parent.trace_id, parent.depth + 1,
+                parent.messages + [{"role": "user", "content": f"Sub-task {i + 1} of {len(tasks)}: {task}"}],
+            )
+            for i, task in enumerate(tasks)
+        ]
+
+        async def child_run(child: TraceState) -> dict[str, str]:
+            try:
+                await self._trace(family, child, "auto")
+            except _ContextFull:
+                pass
+            except TraceFailed as exc:
+                child.finish_reason, child.answer = "error", str(exc)
+            await self._release(family, child)
+            return {"trace_id": child.trace_id, "finish_reason": child.finish_reason, "answer": child.answer}
+
+        return json.dumps(await asyncio.gather(*(child_run(c) for c in children)))
+
+    def _outcome(self, request: ValidRequest, family: Family, root: TraceState, seconds: float) -> RequestOutcome:
+        summary = summarise(family.records)
+        last = root.last_result
+        request_id = new_id("chatcmpl")
+        aggregate = StepResult(
+            request_id=request_id, text=root.answer, token_ids=[], prompt_tokens=summary["prompt_tokens"],
+            cached_tokens=summary["cached_tokens"], completion_tokens=summary["output_tokens"], finish_reason=root.finish_reason,
+            model_version=last.model_version if last else "", worker_id=summary["workers"][0] if summary["workers"] else "",
+            queue_time_s=0.0, engine_time_s=summary["engine_time_s"],
+        )
+        body = {
+            "id": request_id, "object": "chat.completion", "created": int(time.time()), "model": self.job.served_model_name,
+            "system_fingerprint": aggregate.model_version,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": root.answer}, "finish_reason": root.finish_reason, "logprobs": None}],
+            "usage": {
+                "prompt_tokens": aggregate.prompt_tokens, "completion_tokens": aggregate.completion_tokens,
+                "total_tokens": aggregate.prompt_tokens + aggregate.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": aggregate.cached_tokens},
+            },
+            "pronk": {
+                "model_version": aggregate.model_version, "worker_id": aggregate.worker_id,
+                "trace": {"trace_id": root.trace_id, "finish_reason": root.finish_reason, "duration_s": round(seconds, 6), **summary},
+                "transcript": root.messages[1:],
+            },
+        }
+        response = ResponseEnvelope(status_code=200, request_id=request_id, body=body)
+        return RequestOutcome(request.line, OutputLine(custom_id=request.custom_id, response=response), aggregate)
+
+
+class _ContextFull(Exception):
+    """The trace's prompt outgrew the model's context: it ends with finish_reason `context_length`."""
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:80]

@@ -1,0 +1,145 @@
+"""Agent tools: a name, a description, a JSON schema for the arguments, and `run`.
+
+Built-ins are `python`, `sql` and `search`; `spawn_subagents` is handled by the harness itself (it
+starts child traces). A job adds its own tools by import path (`package.module:object`, a class
+built with the job's `HarnessConfig` or with no arguments, or a ready object). `run_tool` contains
+whatever a tool does: an exception or an overrun becomes that step's tool error, never a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from pronk.jobs import HarnessConfig
+from pronk.settings import PROJECT_ROOT
+
+SPAWN_SUBAGENTS = "spawn_subagents"
+
+
+class ToolError(Exception):
+    """A tool call that failed in an expected way; the message is what the model sees."""
+
+
+@dataclass(slots=True)
+class ToolContext:
+    trace_id: str
+    scratch_dir: Path
+
+
+class Tool(Protocol):
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+    async def run(self, arguments: dict[str, Any], context: ToolContext) -> str: ...
+
+
+@dataclass(slots=True)
+class ToolOutcome:
+    ok: bool
+    text: str
+    seconds: float
+
+
+class SpawnSubagents:
+    """Schema holder for the built-in fan-out tool; the harness runs it, never `run`."""
+
+    name = SPAWN_SUBAGENTS
+    description = "Start sub-agents, one per task, from the current conversation; returns each one's final answer."
+
+    def __init__(self, harness: HarnessConfig):
+        self.parameters = {
+            "type": "object",
+            "properties": {
+                "tasks": {"type": "array", "items": {"type": "string", "maxLength": 160}, "minItems": 1, "maxItems": max(harness.max_fan_out, 1)}
+            },
+            "required": ["tasks"],
+            "additionalProperties": False,
+        }
+
+    async def run(self, arguments: dict[str, Any], context: ToolContext) -> str:
+        raise ToolError("spawn_subagents runs inside the harness")
+
+
+def project_path(path: str) -> Path:
+    """A job-file path: absolute as given, else relative to the project root."""
+    candidate = Path(path)
+    return candidate if candidate.is_absolute() else PROJECT_ROOT / candidate
+
+
+def _builtin(name: str, harness: HarnessConfig) -> Tool | None:
+    if name == "python":
+        from pronk.agents.tools.python_exec import PythonTool
+
+        return PythonTool(harness.python)
+    if name == "sql":
+        from pronk.agents.tools.sql import SqlTool
+
+        return SqlTool(project_path(harness.tables_dir))
+    if name == "search":
+        from pronk.agents.tools.search import SearchTool
+
+        return SearchTool(project_path(harness.corpus_dir))
+    if name == SPAWN_SUBAGENTS:
+        return SpawnSubagents(harness)
+    return None
+
+
+def _imported(path: str, harness: HarnessConfig) -> Tool:
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"tool {path!r} is neither a built-in nor a 'package.module:object' import path")
+    obj = getattr(importlib.import_module(module_name), attribute)
+    if inspect.isclass(obj):
+        obj = obj(harness) if inspect.signature(obj).parameters else obj()
+    missing = [a for a in ("name", "description", "parameters", "run") if not hasattr(obj, a)]
+    if missing:
+        raise ValueError(f"tool {path!r} lacks {missing}")
+    return obj
+
+
+def load_tools(harness: HarnessConfig) -> dict[str, Tool]:
+    """The job's tools by name; a bad entry raises ValueError naming it."""
+    tools: dict[str, Tool] = {}
+    for entry in harness.tools:
+        tool = _builtin(entry, harness) or _imported(entry, harness)
+        if tool.name in tools:
+            raise ValueError(f"tool name {tool.name!r} given twice in the job's harness.tools")
+        tools[tool.name] = tool
+    return tools
+
+
+async def run_tool(tool: Tool, arguments: dict[str, Any], context: ToolContext, timeout_s: float, max_chars: int) -> ToolOutcome:
+    """Run one call; errors, exceptions and timeouts come back as `ok=False` with their text."""
+    started = time.monotonic()
+    try:
+        call = tool.run(arguments, context)
+        if not inspect.isawaitable(call):
+            raise ToolError(f"tool {tool.name!r}: run() must be async")
+        text, ok = str(await asyncio.wait_for(call, timeout_s)), True
+    except asyncio.TimeoutError:
+        text, ok = f"tool {tool.name!r} timed out after {timeout_s:g}s", False
+    except ToolError as exc:
+        text, ok = str(exc), False
+    except Exception as exc:  # noqa: BLE001 - a tool's bug must never end the trace or the worker
+        text, ok = f"tool {tool.name!r} raised {type(exc).__name__}: {exc}", False
+    if len(text) > max_chars:
+        text = text[:max_chars] + f"\n[... {len(text) - max_chars} more characters cut]"
+    return ToolOutcome(ok, text, time.monotonic() - started)
+
+
+_LOADED: dict[str, dict[str, Tool]] = {}
+
+
+def job_tools(harness: HarnessConfig) -> dict[str, Tool]:
+    """`load_tools`, once per distinct harness section in this process."""
+    key = harness.model_dump_json()
+    if key not in _LOADED:
+        _LOADED[key] = load_tools(harness)
+    return _LOADED[key]

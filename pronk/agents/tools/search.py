@@ -1,0 +1,84 @@
+"""The `search` tool: BM25-ranked text search over the documents a job ships (`*.md`, `*.txt`)."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pronk.agents.tools import ToolContext, ToolError
+
+WORD = re.compile(r"[a-z0-9]+")
+
+
+def words(text: str) -> list[str]:
+    return WORD.findall(text.lower())
+
+
+@dataclass(slots=True)
+class Document:
+    name: str
+    title: str
+    text: str
+    counts: Counter
+    length: int
+
+
+class SearchTool:
+    name = "search"
+    description = "Search the document corpus; returns the best-matching documents with a snippet, best first."
+    parameters = {
+        "type": "object",
+        "properties": {
+            "query": {"type": "string", "description": "Words to look for", "maxLength": 120},
+            "k": {"type": "integer", "minimum": 1, "maximum": 5, "description": "How many documents"},
+        },
+        "required": ["query"],
+        "additionalProperties": False,
+    }
+
+    def __init__(self, corpus_dir: Path, k1: float = 1.2, b: float = 0.75):
+        self.k1, self.b = k1, b
+        self.documents = []
+        for path in sorted(p for p in corpus_dir.rglob("*") if p.suffix in {".md", ".txt"}):
+            text = path.read_text(errors="replace")
+            tokens = words(text)
+            title = next((line.lstrip("# ").strip() for line in text.splitlines() if line.strip()), path.stem)
+            self.documents.append(Document(path.stem, title, text, Counter(tokens), len(tokens)))
+        self.average_length = sum(d.length for d in self.documents) / max(len(self.documents), 1)
+        frequency = Counter(term for d in self.documents for term in d.counts)
+        n = len(self.documents)
+        self.idf = {term: math.log(1 + (n - df + 0.5) / (df + 0.5)) for term, df in frequency.items()}
+
+    def score(self, document: Document, terms: list[str]) -> float:
+        total = 0.0
+        for term in terms:
+            tf = document.counts.get(term, 0)
+            if tf:
+                norm = tf + self.k1 * (1 - self.b + self.b * document.length / self.average_length)
+                total += self.idf[term] * tf * (self.k1 + 1) / norm
+        return total
+
+    def search(self, query: str, k: int) -> list[tuple[float, Document]]:
+        terms = words(query)
+        ranked = sorted(((self.score(d, terms), d) for d in self.documents), key=lambda pair: (-pair[0], pair[1].name))
+        return [(s, d) for s, d in ranked[:k] if s > 0]
+
+    async def run(self, arguments: dict[str, Any], context: ToolContext) -> str:
+        query = arguments.get("query")
+        if not isinstance(query, str):
+            raise ToolError(f"search: 'query' must be a string, got {query!r}")
+        k = arguments.get("k", 3)
+        if not isinstance(k, int) or not 1 <= k <= 5:
+            raise ToolError(f"search: 'k' must be an integer from 1 to 5, got {k!r}")
+        hits = self.search(query, k)
+        if not hits:
+            return f"no document matches {query!r}"
+        lines = []
+        for rank, (score, doc) in enumerate(hits, start=1):
+            snippet = " ".join(doc.text.split())[:200]
+            lines.append(f"{rank}. {doc.title} [{doc.name}] score={score:.2f}: {snippet}")
+        return "\n".join(lines)

@@ -1,0 +1,112 @@
+"""Command line of Leap: `pronk weights upload`, `pronk model finetune-tiny`, `pronk leap` and `pronk leap status`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Annotated, Optional
+
+import typer
+
+from pronk.settings import get_settings
+
+weights_app = typer.Typer(no_args_is_help=True, help="Register checkpoints as model versions.")
+leap_app = typer.Typer(help="Leap: swap a running job's weights to a model version in place.")
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"pronk: {message}", err=True)
+    raise typer.Exit(1)
+
+
+@weights_app.command("upload")
+def weights_upload(
+    src: Annotated[str, typer.Argument(help="Checkpoint directory (Hugging Face format): a local path or s3://…")],
+    model: Annotated[str, typer.Option("--model", help="Registered model name, e.g. pronk-tiny.")],
+    job: Annotated[Optional[str], typer.Option("--job", help="Validate against this job's current model (default: the settings' default job).")] = None,
+) -> None:
+    """Validate a checkpoint against the model's current version and register it as the next version."""
+    from pronk.jobs import get_job
+    from pronk.models.checkpoints import CheckpointMismatch
+    from pronk.models.versions import upload_checkpoint
+
+    settings = get_settings()
+    job_model = get_job(job or settings.default_job).model
+    try:
+        result = upload_checkpoint(src, model, job_model=job_model, settings=settings)
+    except (CheckpointMismatch, FileNotFoundError) as exc:
+        _fail(f"refused, nothing registered: {exc}")
+    typer.echo(f"registered {result.uri} (parent version {result.parent_version})", err=True)
+    typer.echo(result.model_dump_json())
+
+
+def finetune_tiny(
+    source: Annotated[str, typer.Option("--from", help="Version to start from.")] = "models:/pronk-tiny@live",
+    steps: Annotated[int, typer.Option(min=1, help="Optimizer steps.")] = 12,
+    learning_rate: Annotated[float, typer.Option("--lr", help="AdamW learning rate.")] = 3e-3,
+    seed: Annotated[int, typer.Option(help="Seed of data order and optimizer.")] = 0,
+) -> None:
+    """Train the tiny model a few seconds on CPU and register the result as the next version."""
+    from pronk.models.finetune import FinetuneConfig, finetune
+
+    result = finetune(FinetuneConfig(source=source, steps=steps, learning_rate=learning_rate, seed=seed), get_settings())
+    typer.echo(
+        f"loss {result.first_loss:.3f} → {result.last_loss:.3f} in {result.train_seconds:.1f}s; registered {result.uri}", err=True
+    )
+    typer.echo(result.model_dump_json())
+
+
+@leap_app.callback(invoke_without_command=True)
+def leap_run(
+    ctx: typer.Context,
+    job: Annotated[Optional[str], typer.Option("--job", help="Job id or name (default: the settings' default job).")] = None,
+    version: Annotated[Optional[int], typer.Option("--version", min=1, help="Model version to serve.")] = None,
+    alias: Annotated[Optional[str], typer.Option("--alias", help="Serve the version this alias names.")] = None,
+) -> None:
+    """Swap the job's running workers to a model version (`--version N` or `--alias A`); prints the Leap record."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from pronk.stack.prefect_env import configure_prefect
+
+    settings = get_settings()
+    configure_prefect(settings)
+    from flows.leap import LeapFailed, LeapRefused, leap
+    from pronk.jobs import get_job
+
+    job_id = get_job(job or settings.default_job).job_id
+    try:
+        record = asyncio.run(leap(job_id=job_id, version=version, alias=alias))
+    except (LeapRefused, LeapFailed) as exc:
+        _fail(str(exc))
+    typer.echo(f"{record['message']} (switch {record['switch_seconds'] or 0:.3f}s)", err=True)
+    typer.echo(json.dumps(record))
+
+
+@leap_app.command("status")
+def leap_status(
+    job: Annotated[Optional[str], typer.Option("--job", help="Job id or name (default: the settings' default job).")] = None,
+) -> None:
+    """Each live worker's version and Leap state, and the job's latest Leap."""
+    from engine.registry import Registry
+    from pronk.jobs import get_job
+    from pronk.models.leap_records import LeapStore
+
+    settings = get_settings()
+    job_id = get_job(job or settings.default_job).job_id
+    for entry in Registry.from_settings(settings).live(job_id):
+        staged = f"  staged {entry.stats.staged_version}" if entry.stats.staged_version else ""
+        typer.echo(f"{entry.worker_id:24} {entry.stats.leap_state:10} {entry.stats.model_version}{staged}")
+    record = LeapStore(settings).latest(job_id)
+    if record is None:
+        typer.echo(f"no Leap of {job_id} yet")
+        return
+    typer.echo(f"latest Leap {record.id}: {record.from_version} → {record.to_version} {record.status}: {record.message}")
+    for row in record.table():
+        typer.echo("  " + "  ".join(f"{k}={v}" for k, v in row.items() if v not in (None, "")))
+
+
+def register(app: typer.Typer, model_app: typer.Typer) -> None:
+    """Add Leap's commands to the `pronk` command line."""
+    app.add_typer(weights_app, name="weights")
+    app.add_typer(leap_app, name="leap")
+    model_app.command("finetune-tiny")(finetune_tiny)

@@ -1,0 +1,276 @@
+"""The `pronk` command line: the embedded stack, models, workers, batches, Leap, API keys and benchmarks."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from pronk.cli.leap import register as register_leap_commands
+from pronk.settings import get_settings
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+stack_app = typer.Typer(no_args_is_help=True, help="Start and stop the embedded stack.")
+model_app = typer.Typer(no_args_is_help=True, help="Make and register models.")
+worker_app = typer.Typer(no_args_is_help=True, help="Run engine workers.")
+batch_app = typer.Typer(no_args_is_help=True, help="Run batches.")
+job_app = typer.Typer(no_args_is_help=True, help="Inspect jobs.")
+keys_app = typer.Typer(no_args_is_help=True, help="Manage API keys (used when PRONK_API_AUTH=true).")
+for sub, name in (
+    (stack_app, "stack"), (model_app, "model"), (worker_app, "worker"), (batch_app, "batch"), (job_app, "job"), (keys_app, "keys")
+):
+    app.add_typer(sub, name=name)
+
+JobOption = Annotated[Optional[str], typer.Option("--job", help="Job id or name (default: the settings' default job).")]
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"pronk: {message}", err=True)
+    raise typer.Exit(1)
+
+
+register_leap_commands(app, model_app)
+
+
+@stack_app.command("up")
+def stack_up(
+    job: JobOption = None,
+    mlflow_ui: Annotated[bool, typer.Option(help="Also serve the MLflow UI.")] = True,
+    api: Annotated[bool, typer.Option(help="Also serve the OpenAI-compatible API (`pronk api`).")] = True,
+) -> None:
+    """Start Prefect, MLflow, the run-batch deployment and the job's workers in the background."""
+    from pronk.stack import embedded as stack
+
+    settings = get_settings()
+    state = stack.up(settings, job, mlflow_ui=mlflow_ui, api=api)
+    typer.echo(f"stack up under {settings.data_dir}: {', '.join(sorted(state))}")
+    typer.echo(f"Prefect UI: http://127.0.0.1:{settings.prefect_port}   MLflow UI: http://127.0.0.1:{settings.mlflow_port}")
+    if api:
+        typer.echo(f"OpenAI-compatible API: http://127.0.0.1:{settings.api_port}/v1 (auth {'on' if settings.api_auth else 'off'})")
+
+
+@stack_app.command("down")
+def stack_down() -> None:
+    """Stop everything `pronk stack up` started."""
+    from pronk.stack import embedded as stack
+
+    stopped = stack.down(get_settings())
+    typer.echo(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+
+
+@stack_app.command("status")
+def stack_status() -> None:
+    """Show the stack's processes and the live workers of each job."""
+    from engine.registry import Registry
+    from pronk.jobs import load_jobs
+    from pronk.stack import embedded as stack
+    from pronk.stack.processes import alive
+
+    settings = get_settings()
+    for name, pid in sorted(stack.read_state(settings).items()):
+        typer.echo(f"{name:24} pid {pid:<8} {'running' if alive(pid) else 'stopped'}")
+    registry = Registry.from_settings(settings)
+    for job_id in load_jobs():
+        for entry in registry.live(job_id):
+            typer.echo(f"{entry.worker_id:24} {entry.url}  {entry.stats.model_version}  in flight {entry.stats.in_flight}")
+
+
+@model_app.command("make-tiny")
+def model_make_tiny(
+    out: Annotated[Optional[Path], typer.Option(help="Also write the model directory here.")] = None,
+) -> None:
+    """Make the tiny model locally and register it in MLflow as `pronk-tiny@live` (if not there yet)."""
+    from pronk.models.registry import TINY_MODEL_NAME, ensure_tiny_model
+
+    version = ensure_tiny_model(get_settings())
+    if out is not None:
+        from pronk.models.tiny_model import make_tiny_model
+
+        make_tiny_model(out)
+        typer.echo(f"wrote {out}")
+    typer.echo(f"models:/{TINY_MODEL_NAME}@live is version {version}")
+
+
+@worker_app.command("start")
+def worker_start(
+    job: Annotated[str, typer.Option("--job", help="Job id or name.")],
+    index: Annotated[int, typer.Option(help="This worker's index within the job (picks its CPU cores).")] = 0,
+    port: Annotated[int, typer.Option(help="Port on 127.0.0.1; 0 picks a free one.")] = 0,
+) -> None:
+    """Run one engine worker in the foreground until SIGTERM."""
+    from pronk.stack.worker import main
+
+    main(["--job", job, "--index", str(index), "--port", str(port)])
+
+
+@job_app.command("list")
+def job_list() -> None:
+    """List the jobs in the catalog."""
+    from pronk.jobs import load_jobs
+
+    for job in load_jobs().values():
+        typer.echo(f"{job.job_id}  {job.name:16} {job.served_model_name:16} {job.model}  workers={job.workers}")
+
+
+def _watch_progress(batch_id: str, total_hint: str, stop: threading.Event) -> None:
+    """Draw a progress bar on stderr from the batch record's request counts."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    from pronk.batches.store import BatchStore
+
+    store = BatchStore()
+    with Progress(TextColumn(total_hint), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=True) as bar:
+        task = bar.add_task("batch", total=None)
+        while not stop.wait(0.5):
+            try:
+                batch = store.load(batch_id)
+            except (OSError, ValueError):
+                continue
+            counts = batch.request_counts
+            bar.update(task, total=counts.total or None, completed=counts.completed + counts.failed, description=batch.status)
+
+
+@batch_app.command("run")
+def batch_run(
+    input: Annotated[str, typer.Argument(help="Batch input JSONL: a local path or s3://…")],
+    out: Annotated[str, typer.Option("--out", help="Folder (or s3:// prefix) for the output and error files.")],
+    job: JobOption = None,
+    chunk_size: Annotated[int, typer.Option(min=1, help="Requests per Prefect task run.")] = 64,
+) -> None:
+    """Run a batch to completion; print the final batch object as one JSON line last on stdout."""
+    import asyncio
+
+    from pronk.stack.prefect_env import configure_prefect
+
+    settings = get_settings()
+    configure_prefect(settings)
+    from engine.registry import Registry
+    from flows.batch import BatchFailed, run_batch
+    from pronk.batches.schemas import new_id
+    from pronk.batches.store import BatchStore
+    from pronk.jobs import get_job
+
+    try:
+        job_config = get_job(job or settings.default_job)
+    except (KeyError, ValueError) as exc:
+        _fail(str(exc))
+    if not Registry.from_settings(settings).live(job_config.job_id):
+        _fail(f"no live workers for {job_config.job_id}; start them with `pronk stack up --job {job_config.name}`")
+    local_input = "://" not in input
+    if local_input and not Path(input).is_file():
+        _fail(f"input file {input} does not exist")
+    input_uri = str(Path(input).resolve()) if local_input else input
+    out_uri = str(Path(out).resolve()) if "://" not in out else out
+
+    batch_id = new_id("batch")
+    stop = threading.Event()
+    watcher = None
+    if sys.stderr.isatty():
+        watcher = threading.Thread(target=_watch_progress, args=(batch_id, job_config.name, stop), daemon=True)
+        watcher.start()
+    try:
+        asyncio.run(run_batch(input_uri=input_uri, job_id=job_config.job_id, output_dir=out_uri, batch_id=batch_id, chunk_size=chunk_size))
+    except BatchFailed as exc:
+        typer.echo(f"pronk: {exc}", err=True)
+    finally:
+        stop.set()
+        if watcher:
+            watcher.join()
+    batch = BatchStore(settings).load(batch_id)
+    counts = batch.request_counts
+    typer.echo(
+        f"batch {batch.id} {batch.status}: {counts.completed} completed, {counts.failed} failed of {counts.total}; "
+        f"output {batch.output_uri}, errors {batch.error_uri}",
+        err=True,
+    )
+    typer.echo(json.dumps(batch.model_dump(mode="json")))
+    raise typer.Exit(0 if batch.status == "completed" else 1)
+
+
+@app.command("api")
+def api(
+    port: Annotated[Optional[int], typer.Option(help="Port on 127.0.0.1 (default: PRONK_API_PORT, 8000).")] = None,
+    auth: Annotated[Optional[bool], typer.Option("--auth/--no-auth", help="Require API keys (default: PRONK_API_AUTH).")] = None,
+) -> None:
+    """Serve the OpenAI-compatible Files and Batches API in the foreground."""
+    import uvicorn
+
+    from pronk.api.app import create_app
+
+    settings = get_settings()
+    if auth is not None:
+        settings = settings.model_copy(update={"api_auth": auth})
+    uvicorn.run(create_app(settings), host="127.0.0.1", port=port or settings.api_port, log_level="warning")
+
+
+@app.command("bench")
+def bench(
+    job: JobOption = None,
+    profile: Annotated[str, typer.Option(help="Workload profile (bench/workload.py): cpu, smoke or reference.")] = "cpu",
+    traces: Annotated[Optional[int], typer.Option(min=1, help="Root traces per round (default: the profile's).")] = None,
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds (seed + round each); figures are medians over rounds.")] = 1,
+    seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
+    single_step_requests: Annotated[int, typer.Option(min=1, help="Lines of the single-step batch file.")] = 64,
+    work_dir: Annotated[Optional[Path], typer.Option(help="Scratch folder (default: <data dir>/bench).")] = None,
+    record: Annotated[bool, typer.Option(help="Write bench/RESULTS.md, bench/results.json and bench/completion_times.png.")] = False,
+) -> None:
+    """pronk against N stock vLLM servers on the same agent traces and single-step file; prints the table."""
+    from pronk.settings import PROJECT_ROOT
+    from pronk.stack.prefect_env import configure_prefect
+
+    settings = get_settings()
+    configure_prefect(settings)
+    sys.path.insert(0, str(PROJECT_ROOT))  # bench/ lives in the checkout, not in the installed package
+    from bench.suite import BenchConfig, run_bench
+
+    config = BenchConfig(
+        job=job or settings.default_job, profile=profile, traces=traces, rounds=rounds, seed=seed,
+        single_step_requests=single_step_requests, work_dir=work_dir or settings.data_dir / "bench", record=record,
+        command="pronk " + " ".join(sys.argv[1:]),
+    )
+    run_bench(config, settings, echo=typer.echo)
+
+
+@keys_app.command("create")
+def keys_create(
+    owner: Annotated[Optional[str], typer.Option(help="Share files and batches with the other keys of this owner (default: the key alone).")] = None,
+    name: Annotated[str, typer.Option(help="A note: what the key is for.")] = "",
+) -> None:
+    """Make an API key; prints it once (only its hash is stored)."""
+    from pronk.api.keys import ApiKeyStore
+
+    try:
+        key, record = ApiKeyStore(get_settings()).create(owner, name)
+    except ValueError as exc:
+        _fail(str(exc))
+    typer.echo(f"{record.key_id} owner {record.owner}", err=True)
+    typer.echo(key)
+
+
+@keys_app.command("list")
+def keys_list() -> None:
+    """List API keys (ids, owners, hints; never the keys)."""
+    from pronk.api.keys import ApiKeyStore
+
+    for record in ApiKeyStore(get_settings()).list():
+        typer.echo(f"{record.key_id}  owner {record.owner:24} {record.hint}  {record.name}")
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: Annotated[str, typer.Argument(help="The key's id (`key_…`, from `pronk keys list`).")]) -> None:
+    """Delete an API key; requests with it get 401 from then on."""
+    from pronk.api.keys import ApiKeyStore
+
+    if not ApiKeyStore(get_settings()).revoke(key_id):
+        _fail(f"no API key {key_id!r}")
+    typer.echo(f"revoked {key_id}")

@@ -1,0 +1,97 @@
+"""Leap records: what one Leap of a job's fleet did, worker by worker, kept under the store like batch records.
+
+The record is what `pronk leap status`, `GET /v1/weights/status` and the flow's artifacts show:
+the target version, each worker's state (`ready → uploading → reloading → ready`, or `failed`),
+its attempts and pause/resume times, and how the Leap ended.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from pronk import storage
+from pronk.batches.schemas import new_id
+from pronk.settings import Settings, get_settings
+
+LeapStatus = Literal["queued", "staging", "reloading", "completed", "rolled_back", "failed", "refused"]
+WorkerLeapState = Literal["ready", "uploading", "reloading", "failed", "rolled_back"]
+
+
+class WorkerLeap(BaseModel):
+    """One worker's part in a Leap."""
+
+    worker_id: str
+    url: str
+    state: WorkerLeapState = "ready"
+    version: str = Field(description="The version this worker serves now.")
+    attempts: int = Field(default=0, description="Stage and reload attempts made.")
+    stage_seconds: float | None = None
+    paused_at: float | None = Field(default=None, description="Unix time its in-flight generations had drained.")
+    resumed_at: float | None = Field(default=None, description="Unix time it served the new weights.")
+    error: str | None = None
+
+
+class LeapRecord(BaseModel):
+    """One Leap of a job's fleet to a model version."""
+
+    id: str = Field(default_factory=lambda: new_id("leap"))
+    job_id: str
+    model: str = Field(description="Registered model name.")
+    from_version: str | None = Field(default=None, description="Version label the fleet served before, e.g. `pronk-tiny/1`.")
+    to_version: str = Field(description="Target version label, e.g. `pronk-tiny/2`.")
+    status: LeapStatus = "queued"
+    message: str = ""
+    alias: str | None = Field(default=None, description="The job's alias, moved to the target when the whole fleet switched.")
+    alias_moved: bool = False
+    workers: dict[str, WorkerLeap] = Field(default_factory=dict)
+    created_at: float = Field(default_factory=time.time)
+    finished_at: float | None = None
+    switch_seconds: float | None = Field(default=None, description="First worker paused → last worker serving the new version.")
+    flow_run_id: str | None = None
+
+    def finish(self, status: LeapStatus, message: str) -> None:
+        self.status, self.message, self.finished_at = status, message, time.time()
+        paused = [w.paused_at for w in self.workers.values() if w.paused_at]
+        resumed = [w.resumed_at for w in self.workers.values() if w.resumed_at]
+        if status == "completed" and paused and resumed:
+            self.switch_seconds = max(resumed) - min(paused)
+
+    def table(self) -> list[dict[str, object]]:
+        """Rows for a Prefect table artifact and the CLI."""
+        return [
+            {
+                "worker": w.worker_id,
+                "state": w.state,
+                "version": w.version,
+                "attempts": w.attempts,
+                "stage s": None if w.stage_seconds is None else round(w.stage_seconds, 3),
+                "paused → resumed s": None if not (w.paused_at and w.resumed_at) else round(w.resumed_at - w.paused_at, 3),
+                "error": w.error or "",
+            }
+            for w in self.workers.values()
+        ]
+
+
+class LeapStore:
+    """`leaps/<id>.json` per Leap and `leaps/latest-<job>.json`, the newest Leap of each job."""
+
+    def __init__(self, settings: Settings | None = None):
+        self.settings = settings or get_settings()
+        self.root = storage.join(self.settings.store_uri, "leaps")
+
+    def save(self, record: LeapRecord) -> None:
+        data = record.model_dump_json().encode()
+        storage.write_bytes(storage.join(self.root, f"{record.id}.json"), data, self.settings)
+        storage.write_bytes(storage.join(self.root, f"latest-{record.job_id}.json"), data, self.settings)
+
+    def load(self, leap_id: str) -> LeapRecord:
+        return LeapRecord.model_validate_json(storage.read_bytes(storage.join(self.root, f"{leap_id}.json"), self.settings))
+
+    def latest(self, job_id: str) -> LeapRecord | None:
+        try:
+            return LeapRecord.model_validate_json(storage.read_bytes(storage.join(self.root, f"latest-{job_id}.json"), self.settings))
+        except FileNotFoundError:
+            return None

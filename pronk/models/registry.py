@@ -1,0 +1,157 @@
+"""Model versions in MLflow (SQLite tracking store, local or S3 artifacts) and model URIs resolved to local dirs."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from pronk.models.checkpoints import checkpoint_tags, read_spec
+from pronk.settings import Settings, get_settings
+
+MODELS_EXPERIMENT = "pronk-models"
+TINY_MODEL_NAME = "pronk-tiny"
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedModel:
+    """A model URI made local: the directory vLLM loads, and the version label every step carries."""
+
+    path: Path
+    version: str
+
+
+def _client(settings: Settings):
+    import mlflow
+    from mlflow import MlflowClient
+
+    mlflow.set_tracking_uri(settings.tracking_uri)
+    mlflow.set_registry_uri(settings.tracking_uri)
+    return MlflowClient(tracking_uri=settings.tracking_uri, registry_uri=settings.tracking_uri)
+
+
+def _experiment_id(client, settings: Settings) -> str:
+    experiment = client.get_experiment_by_name(MODELS_EXPERIMENT)
+    if experiment is not None:
+        return experiment.experiment_id
+    settings.artifact_root.mkdir(parents=True, exist_ok=True)
+    return client.create_experiment(MODELS_EXPERIMENT, artifact_location=settings.artifact_root.as_uri())
+
+
+def register_model_dir(
+    src: Path, name: str, tags: dict[str, str] | None = None, alias: str | None = None, settings: Settings | None = None
+) -> int:
+    """Log a Hugging Face model directory as run artifacts and register it as the next version of `name`."""
+    settings = settings or get_settings()
+    client = _client(settings)
+    run = client.create_run(_experiment_id(client, settings), run_name=f"register-{name}")
+    client.log_artifacts(run.info.run_id, str(src), artifact_path="model")
+    client.set_terminated(run.info.run_id)
+    try:
+        client.get_registered_model(name)
+    except Exception:
+        client.create_registered_model(name)
+    version = client.create_model_version(
+        name, source=f"{run.info.artifact_uri}/model", run_id=run.info.run_id, tags=tags or {}
+    )
+    if alias:
+        client.set_registered_model_alias(name, alias, version.version)
+    return int(version.version)
+
+
+def alias_version(name: str, alias: str, settings: Settings | None = None) -> int:
+    """The version number `models:/name@alias` points at."""
+    return int(_client(settings or get_settings()).get_model_version_by_alias(name, alias).version)
+
+
+def set_alias(name: str, alias: str, version: int, settings: Settings | None = None) -> None:
+    """Point `models:/name@alias` at `version`."""
+    _client(settings or get_settings()).set_registered_model_alias(name, alias, str(version))
+
+
+def latest_version(name: str, settings: Settings | None = None) -> int | None:
+    """The newest version number of `name`, or None when it has none."""
+    versions = _client(settings or get_settings()).search_model_versions(f"name='{name}'")
+    return max((int(v.version) for v in versions), default=None)
+
+
+def parse_models_uri(uri: str) -> tuple[str, str | None, str | None]:
+    """`models:/name@alias` or `models:/name/3` into (name, alias, version)."""
+    rest = uri.removeprefix("models:/")
+    if "@" in rest:
+        name, alias = rest.split("@", 1)
+        return name, alias, None
+    name, _, version = rest.rpartition("/")
+    if not name or not version.isdigit():
+        raise ValueError(f"model URI {uri!r}: expected models:/NAME@ALIAS or models:/NAME/VERSION")
+    return name, None, version
+
+
+def _publish(downloaded: Path, target: Path) -> None:
+    """Move a finished download into place atomically; if another process (a worker of the same job) won, keep theirs."""
+    try:
+        downloaded.rename(target)
+    except OSError:
+        if not (target / "config.json").exists():
+            raise
+
+
+def resolve_model(uri: str, settings: Settings | None = None) -> ResolvedModel:
+    """Make any supported model URI a local directory, downloading into the data dir's cache once."""
+    settings = settings or get_settings()
+    if uri.startswith("models:/"):
+        client = _client(settings)
+        name, alias, number = parse_models_uri(uri)
+        version = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, number)
+        target = settings.models_dir / name / f"v{version.version}"
+        if not (target / "config.json").exists():
+            import mlflow.artifacts
+
+            staging = target.with_name(f"{target.name}.partial-{os.getpid()}")
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+            mlflow.artifacts.download_artifacts(artifact_uri=version.source, dst_path=str(staging))
+            downloaded = staging / "model" if (staging / "model" / "config.json").exists() else staging
+            _publish(downloaded, target)
+            shutil.rmtree(staging, ignore_errors=True)
+        return ResolvedModel(target, f"{name}/{version.version}")
+    if uri.startswith("s3://"):
+        from pronk.storage import filesystem
+
+        fs = filesystem(uri, settings)
+        digest = hashlib.sha256(uri.encode()).hexdigest()[:12]
+        target = settings.models_dir / "s3" / digest
+        if not (target / "config.json").exists():
+            staging = target.with_name(f"{target.name}.partial-{os.getpid()}")
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.parent.mkdir(parents=True, exist_ok=True)
+            fs.get(uri.rstrip("/") + "/", str(staging), recursive=True)
+            _publish(staging, target)
+            shutil.rmtree(staging, ignore_errors=True)
+        return ResolvedModel(target, uri)
+    path = Path(uri.removeprefix("file://")).expanduser().resolve()
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"model {uri!r}: no config.json in {path}")
+    return ResolvedModel(path, f"local:{path.name}")
+
+
+def ensure_tiny_model(settings: Settings | None = None) -> int:
+    """Make and register the tiny model as `pronk-tiny@live` unless that alias already exists."""
+    settings = settings or get_settings()
+    client = _client(settings)
+    try:
+        return int(client.get_model_version_by_alias(TINY_MODEL_NAME, "live").version)
+    except Exception:
+        pass
+    from pronk.models.tiny_model import make_tiny_model
+
+    build_dir = settings.data_dir / "build" / TINY_MODEL_NAME
+    shutil.rmtree(build_dir, ignore_errors=True)
+    make_tiny_model(build_dir)
+    version = register_model_dir(
+        build_dir, TINY_MODEL_NAME, tags=checkpoint_tags(read_spec(build_dir)), alias="live", settings=settings
+    )
+    shutil.rmtree(build_dir, ignore_errors=True)
+    return version

@@ -1,0 +1,67 @@
+"""The engine worker's entry point: resolve a job and its model, then serve them with `engine.worker.serve`.
+
+Run as `python -m pronk.stack.worker --job JOB [--index N]` (or `pronk worker start`). `engine/` knows
+nothing of jobs, settings or MLflow: everything it needs from them is resolved here and passed in.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from engine.kv_retention import scheduler_class
+from engine.registry import Registry
+from engine.vllm_backend import VllmBackend
+from engine.weight_swap import IncompatibleWeights, StagedWeights
+from engine.worker import (
+    compact_json_outputs,
+    cores_for,
+    free_port,
+    pin_to_cores,
+    serve,
+)
+from pronk.jobs import get_job
+from pronk.models.checkpoints import CheckpointMismatch, check_compatible, read_spec
+from pronk.models.registry import resolve_model
+from pronk.settings import get_settings
+
+
+def stage_checkpoint(model_uri: str, current_path: str, current_version: str) -> StagedWeights:
+    """Bring `model_uri` onto local disk and check it has the served checkpoint's architecture, dtype and shapes."""
+    model = resolve_model(model_uri)
+    try:
+        check_compatible(read_spec(model.path), read_spec(Path(current_path)), model_uri, current_version)
+    except CheckpointMismatch as exc:
+        raise IncompatibleWeights(str(exc)) from exc
+    return StagedWeights(version=model.version, path=str(model.path))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--job", required=True, help="job id or name")
+    parser.add_argument("--index", type=int, default=0, help="this worker's index within the job")
+    parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0 picks a free one)")
+    args = parser.parse_args(argv)
+
+    settings = get_settings()
+    job = get_job(args.job)
+    if job.device == "cpu":
+        pin_to_cores(cores_for(args.index, job.cpu_cores_per_worker))
+    model = resolve_model(job.model, settings)
+    backend = VllmBackend(
+        model_path=str(model.path),
+        model_version=model.version,
+        worker_id=f"{job.job_id}-w{args.index}",
+        job_id=job.job_id,
+        engine_kwargs={
+            "served_model_name": job.served_model_name,
+            "scheduler_cls": scheduler_class(job.device),
+            "structured_outputs_config": compact_json_outputs(),
+            **job.engine.as_vllm_kwargs(),
+        },
+    )
+    serve(backend, Registry.from_settings(settings), stage_checkpoint, args.port or free_port(), settings.heartbeat_interval_s)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""Replay on a stand-in router: exact prompt lengths, generated tokens carried into the prefix, fan-out, pins."""
+
+from __future__ import annotations
+
+import asyncio
+
+from engine.protocol import StepRequest, StepResult
+from pronk.agents.replay import filler_tokens, run_shape
+from pronk.agents.trace_shape import TraceShape
+
+
+class EchoRouter:
+    """Generates `max_tokens` tokens (ids 9), and remembers every request."""
+
+    def __init__(self):
+        self.requests: list[StepRequest] = []
+
+    async def generate(self, request: StepRequest) -> StepResult:
+        self.requests.append(request)
+        n = request.sampling.max_tokens
+        return StepResult(
+            request_id=request.request_id, text="", token_ids=[9] * n, prompt_tokens=len(request.prompt_token_ids),
+            cached_tokens=0, completion_tokens=n, finish_reason="length", model_version="m/1", worker_id="w0",
+            queue_time_s=0.0, engine_time_s=0.001,
+        )
+
+
+SHAPE = TraceShape.model_validate({
+    "trace_id": "s", "system_prompt_tokens": 10,
+    "steps": [
+        {"new_prompt_tokens": 3, "output_tokens": 2, "tool_gap_s": 0.01,
+         "fan_out": [{"trace_id": "c", "system_prompt_tokens": 4, "steps": [{"new_prompt_tokens": 1, "output_tokens": 5}]}]},
+        {"new_prompt_tokens": 6, "output_tokens": 7},
+    ],
+})
+
+
+def test_replay_sends_exact_lengths_and_grows_the_prefix():
+    router = EchoRouter()
+    trace = asyncio.run(run_shape(router, SHAPE, kv_pin_ttl_s=3.0, custom_id="line-1"))
+    first, last = router.requests[0], router.requests[-1]
+    (child,) = [r for r in router.requests if r.trace_id == "s.0.0"]
+    assert child.affinity_key == first.affinity_key == "s"
+    assert len(first.prompt_token_ids) == 13 and first.sampling.ignore_eos and first.sampling.max_tokens == 2
+    assert child.prompt_token_ids[:15] == first.prompt_token_ids + [9, 9] and len(child.prompt_token_ids) == 20
+    assert last.trace_id == "s" and len(last.prompt_token_ids) == 13 + 2 + 6
+    assert first.kv_pin_ttl_s == 3.0 and last.kv_pin_ttl_s == 0.0 and child.kv_pin_ttl_s == 0.0
+    assert [(r.trace_id, r.step, r.prompt_tokens, r.output_tokens) for r in sorted(trace.records, key=lambda r: (r.trace_id, r.step))] == [
+        ("s", 0, 13, 2), ("s", 1, 21, 7), ("s.0.0", 0, 20, 5)]
+    assert trace.summary()["output_tokens"] == SHAPE.total_output_tokens() == 14
+    assert all(r.custom_id == "line-1" and r.kind == "replay" for r in trace.records)
+
+
+def test_filler_tokens_are_deterministic_and_ordinary():
+    assert filler_tokens("a", 50) == filler_tokens("a", 50) != filler_tokens("b", 50)
+    assert all(16 <= t < 4000 for t in filler_tokens("a", 500))

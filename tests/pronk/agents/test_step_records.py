@@ -1,0 +1,51 @@
+"""Step records: NDJSON that polars reads, per-trace summaries, MLflow traces with agent, LLM and tool spans."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from pronk.agents.step_records import (
+    StepRecord,
+    StepRecorder,
+    log_mlflow_traces,
+    summarise,
+)
+
+
+def records() -> list[StepRecord]:
+    common = {"root_trace_id": "t", "custom_id": "t", "worker_id": "w0", "model_version": "m/1", "started_at": 1000.0}
+    return [
+        StepRecord(trace_id="t", step=0, prompt_tokens=300, cached_tokens=0, output_tokens=20, engine_time_s=0.2, tool_name="sql", tool_ok=True, tool_time_s=0.1, **common),
+        StepRecord(trace_id="t", step=1, attempt=0, error="unparsable step output", prompt_tokens=340, cached_tokens=256, output_tokens=30, **common),
+        StepRecord(trace_id="t", step=1, attempt=1, prompt_tokens=340, cached_tokens=256, output_tokens=12, tool_name="spawn_subagents", tool_ok=True, **common),
+        StepRecord(trace_id="t.1.0", step=0, parent_trace_id="t", prompt_tokens=380, cached_tokens=256, output_tokens=9, tool_name="python", tool_ok=False, **common),
+    ]
+
+
+def test_ndjson_reads_into_polars_with_every_field(tmp_path):
+    recorder = StepRecorder()
+    for record in records():
+        recorder.add(record)
+    recorder.write(str(tmp_path / "b_steps.jsonl"))
+    frame = pl.read_ndjson(tmp_path / "b_steps.jsonl")
+    assert frame.height == 4 and frame["trace_id"].to_list() == ["t", "t", "t", "t.1.0"]
+    assert frame.filter(pl.col("error").is_not_null())["attempt"].to_list() == [0]
+
+
+def test_summary_counts_steps_attempts_tools_and_cache():
+    summary = summarise(records())
+    assert summary["steps"] == 3 and summary["failed_attempts"] == 1 and summary["traces"] == 2
+    assert summary["tool_calls"] == {"sql": 1, "spawn_subagents": 1, "python": 1} and summary["tool_errors"] == 1
+    assert summary["prompt_tokens"] == 1360 and summary["cached_tokens"] == 768
+    assert summary["cached_ratio"] == round(768 / 1360, 4) and summary["workers"] == ["w0"]
+
+
+def test_traces_land_in_mlflow_with_agent_llm_and_tool_spans(tmp_path):
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert log_mlflow_traces(records(), uri, "pronk-test", tmp_path / "artifacts") == 1
+    mlflow.set_tracking_uri(uri)
+    (trace,) = mlflow.search_traces(locations=[mlflow.get_experiment_by_name("pronk-test").experiment_id], return_type="list")
+    kinds = sorted(span.span_type for span in trace.data.spans)
+    assert kinds.count("AGENT") == 1 and kinds.count("LLM") == 4 and kinds.count("TOOL") == 3

@@ -1,0 +1,56 @@
+"""The batch flow's cancellation and expiry decisions, on a local store (no server)."""
+
+from __future__ import annotations
+
+import time
+
+from flows.batch import BatchRun, check_stop, final_status, unstarted_lines
+from pronk.batches.input import ValidRequest
+from pronk.batches.schemas import Batch, ChatCompletionBody
+from pronk.batches.store import BatchStore
+from pronk.jobs import get_job
+from pronk.settings import Settings
+
+
+def make_run(tmp_path, expires_at: int | None = None) -> tuple[BatchRun, BatchStore]:
+    store = BatchStore(Settings(data_dir=tmp_path, storage_uri=str(tmp_path / "store")))
+    batch = Batch(input_file_id="file-x", job_id="job-c0ffee01", model="pronk-tiny", completion_window="unlimited")
+    batch.expires_at = expires_at
+    batch.mark("in_progress")
+    store.save(batch)
+    body = ChatCompletionBody(model="pronk-tiny", messages=[{"role": "user", "content": "hi"}])
+    requests = [ValidRequest(line=i + 1, custom_id=f"r{i}", body=body) for i in range(3)]
+    return BatchRun(batch, get_job("job-c0ffee01"), harness=None, requests=requests), store
+
+
+def test_a_cancel_request_stops_the_run_and_the_record_cannot_lose_it(tmp_path):
+    run, store = make_run(tmp_path)
+    check_stop(run, store)
+    assert run.stop_reason is None
+    store.request_cancel(run.batch.id)
+    store.save(run.batch)  # the flow saving progress after the API's request keeps showing it
+    assert store.load(run.batch.id).status == "cancelling"
+    check_stop(run, store)
+    assert run.stop_reason == "cancelled" and run.batch.status == "cancelling" and run.batch.cancelling_at
+    run.unstarted = run.requests[1:]
+    lines = unstarted_lines(run)
+    assert [(line.custom_id, line.error.code, line.error.line) for line in lines] == [
+        ("r1", "batch_cancelled", 2), ("r2", "batch_cancelled", 3)
+    ]
+    assert run.batch.request_counts.failed == 2 and final_status(run) == "cancelled"
+
+
+def test_the_window_ending_stops_the_run_but_a_run_with_nothing_cut_off_completes(tmp_path):
+    run, store = make_run(tmp_path, expires_at=int(time.time()) - 1)
+    check_stop(run, store)
+    assert run.stop_reason == "expired" and final_status(run) == "completed"
+    run.unstarted = run.requests[2:]
+    assert [line.error.code for line in unstarted_lines(run)] == ["batch_expired"] and final_status(run) == "expired"
+
+
+def test_a_finished_batch_ignores_a_late_cancel_request(tmp_path):
+    run, store = make_run(tmp_path)
+    run.batch.mark("completed")
+    store.save(run.batch)
+    store.request_cancel(run.batch.id)
+    assert store.load(run.batch.id).status == "completed"

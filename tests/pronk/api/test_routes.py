@@ -1,0 +1,201 @@
+"""The API's routes in-process (TestClient) on a local store; the Prefect run starter is a recording double."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from pronk.api.app import create_app
+from pronk.api.keys import ApiKeyStore
+from pronk.batches.schemas import Batch
+from pronk.settings import Settings
+
+
+def line(i: int, model: str = "pronk-tiny", url: str = "/v1/chat/completions") -> str:
+    body = {"model": model, "messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 4}
+    return json.dumps({"custom_id": f"r{i}", "method": "POST", "url": url, "body": body})
+
+
+class RecordingRuns:
+    def __init__(self):
+        self.started: list[tuple[str, str]] = []
+        self.fail = False
+
+    async def start(self, batch: Batch, input_uri: str) -> str:
+        if self.fail:
+            raise ConnectionError("Prefect is down")
+        self.started.append((batch.id, input_uri))
+        return "flow-run-1"
+
+
+@pytest.fixture
+def api(tmp_path: Path):
+    settings = Settings(
+        data_dir=tmp_path, storage_uri=str(tmp_path / "store"), s3_endpoint_url=None,
+        api_auth=True, api_max_upload_bytes=4096, api_max_upload_lines=5,
+    )
+    app = create_app(settings)
+    app.state.runs = RecordingRuns()
+    keys = ApiKeyStore(settings)
+    alice, bob = keys.create()[0], keys.create()[0]
+    with TestClient(app) as client:
+        yield client, {"Authorization": f"Bearer {alice}"}, {"Authorization": f"Bearer {bob}"}, app.state.runs, tmp_path
+
+
+def upload(client, headers, text: str, purpose: str = "batch"):
+    return client.post("/v1/files", headers=headers, files={"file": ("in.jsonl", text.encode())}, data={"purpose": purpose})
+
+
+def stored_contents(root: Path) -> list[Path]:
+    return sorted((root / "store" / "files" / "content").glob("*")) if (root / "store" / "files" / "content").exists() else []
+
+
+def assert_error(response, status: int, param: str | None = None):
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    if param is not None:
+        assert error["param"] == param
+    return error
+
+
+def test_requests_without_a_valid_key_get_401_in_openai_shape(api):
+    client, *_ = api
+    assert assert_error(client.get("/v1/files"), 401)["code"] == "missing_api_key"
+    error = assert_error(client.get("/v1/files", headers={"Authorization": "Bearer pk-wrong"}), 401)
+    assert error["type"] == "authentication_error" and error["code"] == "invalid_api_key"
+    assert client.get("/health").json() == {"status": "ok"}
+
+
+def test_files_upload_list_read_download_delete_and_isolation(api):
+    client, alice, bob, _, _ = api
+    text = "\n".join(line(i) for i in range(3)) + "\n"
+    ids = [upload(client, alice, text).json()["id"] for _ in range(3)]
+    created = client.get(f"/v1/files/{ids[0]}", headers=alice).json()
+    assert created["object"] == "file" and created["bytes"] == len(text) and created["purpose"] == "batch"
+    assert "owner" not in created and "uri" not in created
+
+    page = client.get("/v1/files", params={"limit": 2}, headers=alice).json()
+    assert [f["id"] for f in page["data"]] == ids[::-1][:2] and page["has_more"] is True
+    rest = client.get("/v1/files", params={"limit": 2, "after": page["last_id"]}, headers=alice).json()
+    assert [f["id"] for f in rest["data"]] == [ids[0]] and rest["has_more"] is False
+    assert client.get(f"/v1/files/{ids[0]}/content", headers=alice).text == text
+    assert len(client.get("/v1/files", params={"purpose": "batch", "limit": 1}, headers=alice).json()["data"]) == 1
+    assert client.get("/v1/files", params={"purpose": "batch_output"}, headers=alice).json()["data"] == []
+
+    assert client.get("/v1/files", headers=bob).json()["data"] == []
+    for path in (f"/v1/files/{ids[0]}", f"/v1/files/{ids[0]}/content"):
+        assert_error(client.get(path, headers=bob), 404, "file_id")
+    assert_error(client.delete(f"/v1/files/{ids[0]}", headers=bob), 404)
+
+    assert client.delete(f"/v1/files/{ids[0]}", headers=alice).json() == {"id": ids[0], "object": "file", "deleted": True}
+    assert_error(client.get(f"/v1/files/{ids[0]}", headers=alice), 404)
+
+
+@pytest.mark.parametrize(
+    ("text", "status", "code"),
+    [
+        ("x" * 5000, 413, "file_too_large"),
+        ("x" * 200_000, 413, "file_too_large"),
+        ("\n".join(line(i) for i in range(6)), 400, "too_many_lines"),
+    ],
+    ids=["over-bytes", "over-bytes-by-declared-length", "over-lines"],
+)
+def test_uploads_over_a_limit_are_refused_and_nothing_is_stored(api, text, status, code):
+    client, alice, _, _, root = api
+    error = assert_error(upload(client, alice, text), status, "file")
+    assert error["code"] == code and ("limit" in error["message"] or "at most" in error["message"])
+    assert stored_contents(root) == [] and client.get("/v1/files", headers=alice).json()["data"] == []
+
+
+def test_upload_needs_purpose_batch(api):
+    client, alice, *_ = api
+    assert_error(upload(client, alice, line(0), purpose="fine-tune"), 400, "purpose")
+
+
+def create(client, headers, file_id, **extra):
+    body = {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h", **extra}
+    return client.post("/v1/batches", headers=headers, json=body)
+
+
+def test_batch_create_picks_the_job_serving_the_model_and_starts_a_run(api):
+    client, alice, bob, runs, _ = api
+    file_id = upload(client, alice, "\n".join(line(i) for i in range(3))).json()["id"]
+    batch = create(client, alice, file_id, metadata={"team": "x"}).json()
+    assert batch["object"] == "batch" and batch["status"] == "validating" and batch["job_id"] == "job-c0ffee01"
+    assert batch["model"] == "pronk-tiny" and batch["request_counts"]["total"] == 3 and batch["metadata"] == {"team": "x"}
+    assert batch["expires_at"] == batch["created_at"] + 24 * 3600 and batch["flow_run_id"] == "flow-run-1"
+    assert "owner" not in batch and runs.started[0][0] == batch["id"] and runs.started[0][1].endswith(f"{file_id}.jsonl")
+    assert client.get(f"/v1/batches/{batch['id']}", headers=alice).json()["id"] == batch["id"]
+    assert_error(client.get(f"/v1/batches/{batch['id']}", headers=bob), 404, "batch_id")
+    assert_error(client.post(f"/v1/batches/{batch['id']}/cancel", headers=bob), 404)
+    assert_error(create(client, bob, file_id), 404, "file_id")
+
+    unlimited = create(client, alice, file_id, completion_window="unlimited", job_id="job-c0ffee01").json()
+    assert unlimited["expires_at"] is None and unlimited["completion_window"] == "unlimited"
+
+
+@pytest.mark.parametrize(
+    ("lines", "extra", "param", "needle"),
+    [
+        ([line(0)], {"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata", "at most 16 pairs"),
+        ([line(0)], {"metadata": {"k" * 65: "v"}}, "metadata", "limit is 64"),
+        ([line(0)], {"metadata": {"k": "v" * 513}}, "metadata", "limit is 512"),
+        ([line(0), line(1, url="/v1/embeddings")], {}, "endpoint", "/v1/embeddings"),
+        ([line(0)], {"endpoint": "/v1/embeddings"}, "endpoint", "not served"),
+        ([line(0)], {"job_id": "job-00000000"}, "job_id", "No job 'job-00000000'"),
+        ([line(0, model="gpt-x")], {}, "job_id", "no job serves it"),
+        ([line(0), line(1, model="gpt-x")], {}, "job_id", "2 models"),
+        ([line(0, model="gpt-x")], {"job_id": "job-c0ffee01"}, "job_id", "serves model 'pronk-tiny'"),
+        ([line(0)], {"completion_window": "1h"}, "completion_window", "24h"),
+        ([line(0)], {"jobid": "job-c0ffee01"}, "jobid", "Extra inputs"),
+    ],
+    ids=["17-pairs", "long-key", "long-value", "line-url", "endpoint", "unknown-job", "no-job", "two-models",
+         "job-model", "window", "unknown-param"],
+)
+def test_batch_create_refuses_unclear_requests_with_a_400_naming_the_param(api, lines, extra, param, needle):
+    client, alice, _, runs, _ = api
+    file_id = upload(client, alice, "\n".join(lines)).json()["id"]
+    error = assert_error(create(client, alice, file_id, **extra), 400, param)
+    assert needle in error["message"] and runs.started == []
+
+
+def test_batches_list_newest_first_with_cursor_pagination(api):
+    client, alice, bob, _, _ = api
+    file_id = upload(client, alice, line(0)).json()["id"]
+    ids = [create(client, alice, file_id).json()["id"] for _ in range(3)]
+    first = client.get("/v1/batches", params={"limit": 2}, headers=alice).json()
+    assert first["object"] == "list" and [b["id"] for b in first["data"]] == ids[::-1][:2] and first["has_more"]
+    assert first["first_id"] == ids[2] and first["last_id"] == ids[1] and "owner" not in first["data"][0]
+    second = client.get("/v1/batches", params={"limit": 2, "after": first["last_id"]}, headers=alice).json()
+    assert [b["id"] for b in second["data"]] == [ids[0]] and second["has_more"] is False
+    assert client.get("/v1/batches", headers=bob).json()["data"] == []
+    assert_error(client.get("/v1/batches", params={"limit": 101}, headers=alice), 400, "limit")
+
+
+def test_cancel_shows_cancelling_at_once_and_refuses_a_finished_batch(api):
+    client, alice, _, _, _ = api
+    file_id = upload(client, alice, line(0)).json()["id"]
+    batch_id = create(client, alice, file_id).json()["id"]
+    cancelled = client.post(f"/v1/batches/{batch_id}/cancel", headers=alice).json()
+    assert cancelled["status"] == "cancelling" and cancelled["cancelling_at"]
+    assert client.get(f"/v1/batches/{batch_id}", headers=alice).json()["status"] == "cancelling"
+    assert client.post(f"/v1/batches/{batch_id}/cancel", headers=alice).json()["status"] == "cancelling"
+
+    store = client.app.state.batches
+    done = store.load(batch_id)
+    done.mark("completed")
+    store.save(done)
+    assert assert_error(client.post(f"/v1/batches/{batch_id}/cancel", headers=alice), 409)["code"] == "batch_not_cancellable"
+
+
+def test_a_run_that_cannot_start_fails_the_batch_with_a_503(api):
+    client, alice, _, runs, _ = api
+    runs.fail = True
+    file_id = upload(client, alice, line(0)).json()["id"]
+    assert assert_error(create(client, alice, file_id), 503)["code"] == "run_not_started"
+    (batch,) = client.get("/v1/batches", headers=alice).json()["data"]
+    assert batch["status"] == "failed" and "Prefect is down" in batch["errors"]["data"][0]["message"]

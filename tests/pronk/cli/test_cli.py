@@ -1,0 +1,53 @@
+"""`pronk keys` and `pronk api` as a user runs them (subprocesses on a local store)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from engine.worker import free_port
+from pronk.api.keys import ApiKeyStore
+from pronk.settings import Settings
+from pronk.stack.processes import spawn, stop, wait_healthy
+
+PRONK = str(Path(sys.executable).parent / "pronk")
+
+
+def local_env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "PRONK_DATA_DIR": str(tmp_path), "PRONK_STORAGE_URI": str(tmp_path / "store")}
+
+
+def pronk(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PRONK, *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_keys_create_list_revoke_store_only_a_hash(tmp_path):
+    env = local_env(tmp_path)
+    created = pronk(env, "keys", "create", "--owner", "team-a", "--name", "laptop")
+    assert created.returncode == 0, created.stderr
+    key = created.stdout.strip()
+    store = ApiKeyStore(Settings(data_dir=tmp_path, storage_uri=str(tmp_path / "store")))
+    record = store.lookup(key)
+    assert key.startswith("pk-") and record.owner == "team-a" and record.name == "laptop"
+    assert not any(key in p.read_text() for p in (tmp_path / "store").rglob("*") if p.is_file())
+
+    listed = pronk(env, "keys", "list").stdout
+    assert record.key_id in listed and "team-a" in listed and key not in listed
+    assert pronk(env, "keys", "revoke", record.key_id).returncode == 0 and store.lookup(key) is None
+    assert pronk(env, "keys", "revoke", record.key_id).returncode == 1
+    assert pronk(env, "keys", "create", "--owner", "../etc").returncode == 1
+
+
+def test_pronk_api_serves_with_auth_switched_on_the_command_line(tmp_path):
+    port = free_port()
+    pid = spawn([PRONK, "api", "--port", str(port), "--auth"], tmp_path / "api.log", env=local_env(tmp_path))
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}/health", "pronk api", pid, tmp_path / "api.log", timeout_s=60)
+        response = httpx.get(f"http://127.0.0.1:{port}/v1/batches")
+        assert response.status_code == 401 and response.json()["error"]["code"] == "missing_api_key"
+    finally:
+        stop(pid)
