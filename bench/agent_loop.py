@@ -30,14 +30,20 @@ class OpenAIServers:
         self.urls = urls
         self.model = model
         self._next = itertools.cycle(range(len(urls)))
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0), limits=httpx.Limits(max_connections=1024))
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(600.0, connect=5.0), limits=httpx.Limits(max_connections=1024)
+        )
 
     async def generate(self, request: StepRequest) -> StepResult:
         index = next(self._next)
         spec = request.sampling
         body = {
-            "model": self.model, "prompt": request.prompt_token_ids, "max_tokens": spec.max_tokens, "ignore_eos": spec.ignore_eos,
-            "temperature": spec.temperature, "return_token_ids": True,
+            "model": self.model,
+            "prompt": request.prompt_token_ids,
+            "max_tokens": spec.max_tokens,
+            "ignore_eos": spec.ignore_eos,
+            "temperature": spec.temperature,
+            "return_token_ids": True,
         }
         started = time.monotonic()
         response = await self._http.post(f"{self.urls[index]}/v1/completions", json=body)
@@ -45,10 +51,17 @@ class OpenAIServers:
         data = response.json()
         usage, choice = data["usage"], data["choices"][0]
         return StepResult(
-            request_id=request.request_id, text=choice["text"], token_ids=choice["token_ids"], prompt_tokens=usage["prompt_tokens"],
+            request_id=request.request_id,
+            text=choice["text"],
+            token_ids=choice["token_ids"],
+            prompt_tokens=usage["prompt_tokens"],
             cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
-            completion_tokens=usage["completion_tokens"], finish_reason=choice.get("finish_reason") or "stop",
-            model_version=self.model, worker_id=f"vllm-server-{index}", queue_time_s=0.0, engine_time_s=time.monotonic() - started,
+            completion_tokens=usage["completion_tokens"],
+            finish_reason=choice.get("finish_reason") or "stop",
+            model_version=self.model,
+            worker_id=f"vllm-server-{index}",
+            queue_time_s=0.0,
+            engine_time_s=time.monotonic() - started,
         )
 
     async def aclose(self) -> None:

@@ -57,8 +57,17 @@ class VllmServers:
         for index in range(self.count):
             port = free_port()
             argv = [
-                sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
-                "--host", "127.0.0.1", "--port", str(port), "--enable-prompt-tokens-details", *engine_flags(self.job),
+                sys.executable,
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                str(self.model_dir),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--enable-prompt-tokens-details",
+                *engine_flags(self.job),
             ]
             argv, env = pinned(argv, cores_for(index, self.job.cpu_cores_per_worker))
             self.pids.append(spawn(argv, self.logs_dir / f"vllm-server-{index}.log", env=env))
@@ -95,12 +104,22 @@ def processing_seconds(log_text: str) -> float | None:
     return int(done) / float(rate) if unit == "req/s" else int(done) * float(rate)
 
 
-def run_vllm_batch(job: JobConfig, model_dir: Path, input_path: Path, output_path: Path, log_path: Path, timeout_s: float = 900.0) -> tuple[float, float | None]:
+def run_vllm_batch(
+    job: JobConfig, model_dir: Path, input_path: Path, output_path: Path, log_path: Path, timeout_s: float = 900.0
+) -> tuple[float, float | None]:
     """vLLM's offline batch runner on the fleet's cores: (wall seconds with start-up, seconds on requests alone)."""
     cores = sorted({c for i in range(job.workers) for c in cores_for(i, job.cpu_cores_per_worker)})
     argv = [
-        sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(input_path), "-o", str(output_path),
-        "--model", str(model_dir), *engine_flags(job),
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.run_batch",
+        "-i",
+        str(input_path),
+        "-o",
+        str(output_path),
+        "--model",
+        str(model_dir),
+        *engine_flags(job),
     ]
     argv, env = pinned(argv, cores)
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -57,10 +57,17 @@ class AgentRun:
         steps = [r for trace in result.traces for r in trace.records if r.worker_id is not None]
         moves, transitions = worker_moves([(r.trace_id, r.step, r.worker_id) for r in steps])
         return cls(
-            name=name, wall_s=result.wall_s, workers=workers, traces=len(result.traces), steps=len(steps),
-            prompt_tokens=sum(s.prompt_tokens for s in steps), cached_tokens=sum(s.cached_tokens for s in steps),
-            output_tokens=sum(s.output_tokens for s in steps), trace_seconds=[t.duration_s for t in result.traces],
-            moved_steps=moves / transitions if transitions else math.nan, errors=list(result.errors),
+            name=name,
+            wall_s=result.wall_s,
+            workers=workers,
+            traces=len(result.traces),
+            steps=len(steps),
+            prompt_tokens=sum(s.prompt_tokens for s in steps),
+            cached_tokens=sum(s.cached_tokens for s in steps),
+            output_tokens=sum(s.output_tokens for s in steps),
+            trace_seconds=[t.duration_s for t in result.traces],
+            moved_steps=moves / transitions if transitions else math.nan,
+            errors=list(result.errors),
         )
 
     @property
@@ -121,7 +128,13 @@ class Comparison:
 
     @property
     def ratio(self) -> float | None:
-        if self.pronk is None or self.baseline is None or not self.baseline or math.isnan(self.baseline) or math.isnan(self.pronk):
+        if (
+            self.pronk is None
+            or self.baseline is None
+            or not self.baseline
+            or math.isnan(self.baseline)
+            or math.isnan(self.pronk)
+        ):
             return None
         return self.pronk / self.baseline
 
@@ -133,8 +146,13 @@ class Comparison:
     def as_json(self) -> dict:
         clean = lambda v: None if v is None or (isinstance(v, float) and math.isnan(v)) else round(v, 6)  # noqa: E731
         return {
-            "name": self.name, "pronk": clean(self.pronk), "baseline": clean(self.baseline), "ratio": clean(self.ratio),
-            "unit": self.unit, "pronk_bare_loop": clean(self.pronk_bare), "higher_is_better": self.higher_is_better,
+            "name": self.name,
+            "pronk": clean(self.pronk),
+            "baseline": clean(self.baseline),
+            "ratio": clean(self.ratio),
+            "unit": self.unit,
+            "pronk_bare_loop": clean(self.pronk_bare),
+            "higher_is_better": self.higher_is_better,
         }
 
 
@@ -149,19 +167,32 @@ def agent_comparisons(pronk: AgentRun, bare: AgentRun, baseline: AgentRun, price
         ("p90 trace completion time", "s", lambda r: percentile(r.trace_seconds, 90), False),
         ("steps moved off their trace's previous worker", "share of steps", lambda r: r.moved_steps, False),
     ]
-    out = [Comparison(f"agent: {name}", unit, get(pronk), get(baseline), better, get(bare)) for name, unit, get, better in rows]
-    out.append(Comparison("agent: orchestration overhead", "share of end-to-end", pronk.orchestration_overhead, None, False, 0.0))
+    out = [
+        Comparison(f"agent: {name}", unit, get(pronk), get(baseline), better, get(bare))
+        for name, unit, get, better in rows
+    ]
+    out.append(
+        Comparison(
+            "agent: orchestration overhead", "share of end-to-end", pronk.orchestration_overhead, None, False, 0.0
+        )
+    )
     out.append(Comparison("agent: Prefect server lag", "s", pronk.prefect_lag_s, None, False, None))
     return out
 
 
 def single_step_comparisons(pronk: SingleStepRun, baseline: SingleStepRun) -> list[Comparison]:
     return [
-        Comparison("single-step: requests per second (end to end)", "requests/s", pronk.requests_per_s, baseline.requests_per_s),
-        Comparison("single-step: output tokens per second", "tokens/s", pronk.output_tokens_per_s, baseline.output_tokens_per_s),
         Comparison(
-            "single-step: requests per second (vLLM without its start-up)", "requests/s",
-            pronk.requests_per_s_processing, baseline.requests_per_s_processing,
+            "single-step: requests per second (end to end)", "requests/s", pronk.requests_per_s, baseline.requests_per_s
+        ),
+        Comparison(
+            "single-step: output tokens per second", "tokens/s", pronk.output_tokens_per_s, baseline.output_tokens_per_s
+        ),
+        Comparison(
+            "single-step: requests per second (vLLM without its start-up)",
+            "requests/s",
+            pronk.requests_per_s_processing,
+            baseline.requests_per_s_processing,
         ),
         Comparison("single-step: wall time", "s", pronk.wall_s, baseline.wall_s, False),
     ]

@@ -28,33 +28,64 @@ JOB_ID = "job-9a9c0001"
 def bench_shape(index: int, round_tag: str, gap_s: float, system_tokens: int, output_tokens: int = 32):
     from pronk.agents.trace_shape import ShapeStep, TraceShape
 
-    steps = [ShapeStep(new_prompt_tokens=96 + 32 * (i % 3), output_tokens=output_tokens, tool_gap_s=gap_s * (0.5 + (index + i) % 3 / 2)) for i in range(5)]
+    steps = [
+        ShapeStep(
+            new_prompt_tokens=96 + 32 * (i % 3),
+            output_tokens=output_tokens,
+            tool_gap_s=gap_s * (0.5 + (index + i) % 3 / 2),
+        )
+        for i in range(5)
+    ]
     steps[-1].tool_gap_s = 0.0
     return TraceShape(trace_id=f"{round_tag}-t{index}", system_prompt_tokens=system_tokens, steps=steps)
 
 
-async def one_round(router, traces: int, ttl: float, tag: str, gap_s: float, system_tokens: int, output_tokens: int) -> dict:
+async def one_round(
+    router, traces: int, ttl: float, tag: str, gap_s: float, system_tokens: int, output_tokens: int
+) -> dict:
     from pronk.agents.replay import run_shape
 
     started = time.monotonic()
-    records = await asyncio.gather(*(run_shape(router, bench_shape(i, tag, gap_s, system_tokens, output_tokens), kv_pin_ttl_s=ttl) for i in range(traces)))
+    records = await asyncio.gather(
+        *(
+            run_shape(router, bench_shape(i, tag, gap_s, system_tokens, output_tokens), kv_pin_ttl_s=ttl)
+            for i in range(traces)
+        )
+    )
     elapsed = time.monotonic() - started
     rows = [r for rec in records for r in rec.records]
     later = [r for r in rows if r.step > 0]
     prompt, cached = sum(r.prompt_tokens for r in later), sum(r.cached_tokens for r in later)
     return {
-        "pin": ttl > 0, "traces": traces, "seconds": round(elapsed, 3), "traces_per_s": round(traces / elapsed, 4),
-        "cached_ratio_after_step1": round(cached / prompt, 4), "prompt_tokens_after_step1": prompt,
+        "pin": ttl > 0,
+        "traces": traces,
+        "seconds": round(elapsed, 3),
+        "traces_per_s": round(traces / elapsed, 4),
+        "cached_ratio_after_step1": round(cached / prompt, 4),
+        "prompt_tokens_after_step1": prompt,
         "recomputed_tokens": prompt - cached,
     }
 
 
 def write_job(folder: Path, kv_mib: int) -> None:
     job = {
-        "job_id": JOB_ID, "name": "gap-kv-bench", "model": "models:/pronk-tiny@live", "served_model_name": "pronk-tiny",
-        "device": "cpu", "workers": 1, "cpu_cores_per_worker": 1, "price_per_worker_hour": 0.05, "max_concurrency": 64,
-        "engine": {"max_model_len": 4096, "dtype": "float32", "max_num_seqs": 64, "kv_cache_memory_bytes": kv_mib << 20,
-                   "enable_prefix_caching": True, "enforce_eager": True},
+        "job_id": JOB_ID,
+        "name": "gap-kv-bench",
+        "model": "models:/pronk-tiny@live",
+        "served_model_name": "pronk-tiny",
+        "device": "cpu",
+        "workers": 1,
+        "cpu_cores_per_worker": 1,
+        "price_per_worker_hour": 0.05,
+        "max_concurrency": 64,
+        "engine": {
+            "max_model_len": 4096,
+            "dtype": "float32",
+            "max_num_seqs": 64,
+            "kv_cache_memory_bytes": kv_mib << 20,
+            "enable_prefix_caching": True,
+            "enforce_eager": True,
+        },
     }
     (folder / "gap-kv-bench.yaml").write_text(yaml.safe_dump(job))
 
@@ -69,7 +100,15 @@ async def measure(args, settings) -> list[dict]:
         await one_round(router, 4, 0.0, "warmup", 0.05, args.system_tokens, args.output_tokens)
         for n in range(args.rounds):
             for ttl in (0.0, args.ttl):
-                result = await one_round(router, args.traces, ttl, f"r{n}-{'on' if ttl else 'off'}", args.gap, args.system_tokens, args.output_tokens)
+                result = await one_round(
+                    router,
+                    args.traces,
+                    ttl,
+                    f"r{n}-{'on' if ttl else 'off'}",
+                    args.gap,
+                    args.system_tokens,
+                    args.output_tokens,
+                )
                 print(json.dumps(result), flush=True)
                 results.append(result)
     finally:
@@ -89,7 +128,9 @@ def summarise(results: list[dict]) -> dict:
     on, off = summary["on"], summary["off"]
     summary["ratio_on_over_off"] = {
         "traces_per_s": round(on["traces_per_s"] / off["traces_per_s"], 3),
-        "cached_ratio_after_step1": round(on["cached_ratio_after_step1"] / max(off["cached_ratio_after_step1"], 1e-9), 3),
+        "cached_ratio_after_step1": round(
+            on["cached_ratio_after_step1"] / max(off["cached_ratio_after_step1"], 1e-9), 3
+        ),
     }
     return summary
 

@@ -53,10 +53,18 @@ def make_large_model(out_dir: Path, hidden: int, seed: int) -> Path:
     train_tokenizer(out_dir)
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=VOCAB_SIZE, hidden_size=hidden, intermediate_size=int(hidden * 2.75), num_hidden_layers=6,
-        num_attention_heads=hidden // 64, num_key_value_heads=max(1, hidden // 256), max_position_embeddings=2048,
-        tie_word_embeddings=False, bos_token_id=SPECIAL_TOKENS.index("<|bos|>"), eos_token_id=SPECIAL_TOKENS.index("<|end|>"),
-        pad_token_id=SPECIAL_TOKENS.index("<|pad|>"), torch_dtype="float32",
+        vocab_size=VOCAB_SIZE,
+        hidden_size=hidden,
+        intermediate_size=int(hidden * 2.75),
+        num_hidden_layers=6,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=max(1, hidden // 256),
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        bos_token_id=SPECIAL_TOKENS.index("<|bos|>"),
+        eos_token_id=SPECIAL_TOKENS.index("<|end|>"),
+        pad_token_id=SPECIAL_TOKENS.index("<|pad|>"),
+        torch_dtype="float32",
     )
     LlamaForCausalLM(config).to(torch.float32).save_pretrained(out_dir, safe_serialization=True)
     return out_dir
@@ -75,7 +83,9 @@ def register_versions(settings, hidden: int) -> dict[str, tuple[int, int]]:
     build = settings.data_dir / "build"
     large_v1 = register_model_dir(make_large_model(build / "large-1", hidden, 0), "pronk-large", settings=settings)
     set_alias("pronk-large", "live", large_v1, settings)
-    large_v2 = upload_checkpoint(str(make_large_model(build / "large-2", hidden, 1)), "pronk-large", settings=settings).version
+    large_v2 = upload_checkpoint(
+        str(make_large_model(build / "large-2", hidden, 1)), "pronk-large", settings=settings
+    ).version
     shutil.rmtree(build, ignore_errors=True)
     return {"tiny": (tiny_v1, tiny_v2), "large": (large_v1, large_v2)}
 
@@ -107,8 +117,10 @@ def switch_times(job_id: str, versions: tuple[int, int], rounds: int) -> dict[st
             reloads += [w["resumed_at"] - w["paused_at"] for w in record["workers"].values()]
             stages += [w["stage_seconds"] for w in record["workers"].values()]
     return {
-        "switch_s": statistics.median(switches), "worker_reload_s": statistics.median(reloads),
-        "stage_s": statistics.median(stages), "flow_s": statistics.median(flows),
+        "switch_s": statistics.median(switches),
+        "worker_reload_s": statistics.median(reloads),
+        "stage_s": statistics.median(stages),
+        "flow_s": statistics.median(flows),
     }
 
 
@@ -128,7 +140,11 @@ async def _stream(job_id: str, settings, requests: int, leap_version: int | None
         async with slots:
             prompt = [100 + (i * 7 + j) % 3000 for j in range(64)]
             result = await router.generate(
-                StepRequest(request_id=f"dip-{leap_version}-{i}", prompt_token_ids=prompt, sampling=SamplingSpec(max_tokens=64, temperature=0, ignore_eos=True))
+                StepRequest(
+                    request_id=f"dip-{leap_version}-{i}",
+                    prompt_token_ids=prompt,
+                    sampling=SamplingSpec(max_tokens=64, temperature=0, ignore_eos=True),
+                )
             )
             done.append((time.monotonic() - started, result.completion_tokens))
 
@@ -145,7 +161,8 @@ async def _stream(job_id: str, settings, requests: int, leap_version: int | None
     times = sorted(t for t, _ in done)
     wall = times[-1]
     result = {
-        "wall_s": wall, "tokens_per_s": sum(n for _, n in done) / wall,
+        "wall_s": wall,
+        "tokens_per_s": sum(n for _, n in done) / wall,
         "max_gap_s": max(b - a for a, b in zip(times, times[1:])),
     }
     if leap_version:
@@ -153,14 +170,18 @@ async def _stream(job_id: str, settings, requests: int, leap_version: int | None
     return result
 
 
-def throughput_dip(job_id: str, settings, versions: tuple[int, int], requests: int, rounds: int) -> dict[str, dict[str, float]]:
+def throughput_dip(
+    job_id: str, settings, versions: tuple[int, int], requests: int, rounds: int
+) -> dict[str, dict[str, float]]:
     """Medians over `rounds` pairs of the same stream without and with a Leap (the fleet goes back to v1 after each)."""
     runs: dict[str, list[dict[str, float]]] = {"without": [], "with": []}
     for _ in range(rounds):
         runs["without"].append(asyncio.run(_stream(job_id, settings, requests, None)))
         runs["with"].append(asyncio.run(_stream(job_id, settings, requests, versions[1])))
         asyncio.run(_back_to(job_id, versions[0]))
-    return {kind: {key: statistics.median(r[key] for r in results) for key in results[0]} for kind, results in runs.items()}
+    return {
+        kind: {key: statistics.median(r[key] for r in results) for key in results[0]} for kind, results in runs.items()
+    }
 
 
 async def _back_to(job_id: str, version: int) -> None:
@@ -239,7 +260,9 @@ def record_section(section: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3, help="Leaps each way per model (medians).")
-    parser.add_argument("--large-hidden", type=int, default=1024, help="Hidden size of the large model (1024: ~300 MB).")
+    parser.add_argument(
+        "--large-hidden", type=int, default=1024, help="Hidden size of the large model (1024: ~300 MB)."
+    )
     parser.add_argument("--requests", type=int, default=192, help="Steps in the throughput-dip stream.")
     parser.add_argument("--record", action="store_true", help="Write the section into bench/RESULTS.md.")
     args = parser.parse_args(argv)
@@ -250,10 +273,14 @@ def main(argv: list[str] | None = None) -> None:
     (work / "jobs").mkdir()
     for kind in JOBS:
         _job_file(work / "jobs", kind)
-    os.environ.update({
-        "PRONK_DATA_DIR": str(work / "data"), "PRONK_JOBS_DIR": str(work / "jobs"), "PRONK_PREFECT_PORT": str(free_port()),
-        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
-    })
+    os.environ.update(
+        {
+            "PRONK_DATA_DIR": str(work / "data"),
+            "PRONK_JOBS_DIR": str(work / "jobs"),
+            "PRONK_PREFECT_PORT": str(free_port()),
+            "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+        }
+    )
     from pronk.settings import get_settings
     from pronk.stack.prefect_env import configure_prefect
 
@@ -283,7 +310,9 @@ def main(argv: list[str] | None = None) -> None:
             stop(state.pop(name))
         stack.down(settings)
     for kind, (v1, v2) in versions.items():
-        rows[kind]["bytes"], rows[kind]["read_s"] = disk_read_seconds(resolve_model(f"models:/{JOBS[kind][1]}/{v2}", settings).path)
+        rows[kind]["bytes"], rows[kind]["read_s"] = disk_read_seconds(
+            resolve_model(f"models:/{JOBS[kind][1]}/{v2}", settings).path
+        )
     section = markdown(rows, dip, redeploy, args.rounds)
     print(section)
     if args.record:

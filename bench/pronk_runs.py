@@ -43,7 +43,9 @@ async def prefect_lag_s(flow_run_id: str, timeout_s: float = 120.0) -> float:
     async with get_client() as client:
         while time.monotonic() - started < timeout_s:
             flow_run = await client.read_flow_run(UUID(flow_run_id))
-            tasks = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)])))
+            tasks = await client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)]))
+            )
             states = [flow_run.state] + [t.state for t in tasks]
             if all(s is not None and s.is_final() for s in states):
                 return time.monotonic() - started
@@ -64,12 +66,22 @@ async def run_batch_file(input_path: Path, job: JobConfig, out_dir: Path) -> tup
 
 def replay_lines(shapes: list[TraceShape], model: str) -> list[dict]:
     """One replay line per root shape; its custom_id is the trace id."""
-    return [{"custom_id": s.trace_id, "method": "POST", "url": REPLAY_URL, "body": {"model": model, "shape": s.model_dump()}} for s in shapes]
+    return [
+        {
+            "custom_id": s.trace_id,
+            "method": "POST",
+            "url": REPLAY_URL,
+            "body": {"model": model, "shape": s.model_dump()},
+        }
+        for s in shapes
+    ]
 
 
 def _read_jsonl(uri: str | None) -> list[dict]:
     path = Path(uri) if uri else None
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path and path.exists() else []
+    return (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path and path.exists() else []
+    )
 
 
 async def trace_batch(shapes: list[TraceShape], job: JobConfig, work_dir: Path) -> AgentRun:
@@ -81,10 +93,21 @@ async def trace_batch(shapes: list[TraceShape], job: JobConfig, work_dir: Path) 
     traces = [line["response"]["body"]["pronk"]["trace"] for line in _read_jsonl(batch["output_uri"])]
     steps = _read_jsonl(batch["output_uri"].removesuffix("_output.jsonl") + "_steps.jsonl")
     moves, transitions = worker_moves([(r["trace_id"], r["step"], r["worker_id"]) for r in steps if r.get("worker_id")])
-    errors = [f"{line['custom_id']}: {line['error']['code']}: {line['error']['message']}"[:300] for line in _read_jsonl(batch["error_uri"])]
+    errors = [
+        f"{line['custom_id']}: {line['error']['code']}: {line['error']['message']}"[:300]
+        for line in _read_jsonl(batch["error_uri"])
+    ]
     return AgentRun(
-        name="pronk batch (Prefect)", wall_s=wall, workers=job.workers, traces=len(traces), steps=sum(t["steps"] for t in traces),
-        prompt_tokens=sum(t["prompt_tokens"] for t in traces), cached_tokens=sum(t["cached_tokens"] for t in traces),
-        output_tokens=sum(t["output_tokens"] for t in traces), trace_seconds=[t["duration_s"] for t in traces],
-        moved_steps=moves / transitions if transitions else float("nan"), errors=errors, prefect_lag_s=lag,
+        name="pronk batch (Prefect)",
+        wall_s=wall,
+        workers=job.workers,
+        traces=len(traces),
+        steps=sum(t["steps"] for t in traces),
+        prompt_tokens=sum(t["prompt_tokens"] for t in traces),
+        cached_tokens=sum(t["cached_tokens"] for t in traces),
+        output_tokens=sum(t["output_tokens"] for t in traces),
+        trace_seconds=[t["duration_s"] for t in traces],
+        moved_steps=moves / transitions if transitions else float("nan"),
+        errors=errors,
+        prefect_lag_s=lag,
     )

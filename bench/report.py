@@ -31,7 +31,17 @@ def table_rows(comparisons: list[Comparison]) -> list[list[str]]:
     for c in comparisons:
         ratio = c.ratio
         verdict = "" if ratio is None else ("pronk loses" if c.pronk_loses else "pronk wins")
-        rows.append([c.name, c.unit, _fmt(c.pronk), _fmt(c.pronk_bare), _fmt(c.baseline), _fmt(ratio) + ("×" if ratio else ""), verdict])
+        rows.append(
+            [
+                c.name,
+                c.unit,
+                _fmt(c.pronk),
+                _fmt(c.pronk_bare),
+                _fmt(c.baseline),
+                _fmt(ratio) + ("×" if ratio else ""),
+                verdict,
+            ]
+        )
     return rows
 
 
@@ -68,8 +78,12 @@ def plot_completion_times(path: Path, runs: list[AgentRun]) -> Path:
         values = sorted(run.trace_seconds)
         if not values:
             continue
-        ax.step(values, [(i + 1) / len(values) for i in range(len(values))], where="post",
-                label=f"{run.name} (p50 {percentile(values, 50):.1f}s, p90 {percentile(values, 90):.1f}s)")
+        ax.step(
+            values,
+            [(i + 1) / len(values) for i in range(len(values))],
+            where="post",
+            label=f"{run.name} (p50 {percentile(values, 50):.1f}s, p90 {percentile(values, 90):.1f}s)",
+        )
     ax.set_xlabel("trace completion time (s), from the trace's start to its last step")
     ax.set_ylabel("share of traces done")
     ax.set_title("Agent traces: completion-time distribution")

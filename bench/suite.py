@@ -16,7 +16,7 @@ import os
 import platform
 import statistics
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -49,7 +49,9 @@ CPU_BLOCK_SIZE = 128  # vLLM's default KV block size on CPU (the job leaves bloc
 class BenchConfig(BaseModel):
     """What `pronk bench` runs."""
 
-    job: str = Field(default="job-c0ffee01", description="Job whose model, engine args, workers and price both sides use.")
+    job: str = Field(
+        default="job-c0ffee01", description="Job whose model, engine args, workers and price both sides use."
+    )
     profile: str = Field(default="cpu", description=f"Workload profile: one of {sorted(PROFILES)}.")
     traces: int | None = Field(default=None, ge=1, description="Root traces per round (default: the profile's).")
     seed: int = Field(default=0, description="Workload seed; round r uses seed + r.")
@@ -81,12 +83,18 @@ def _median_run(runs: list[AgentRun]) -> AgentRun:
     overheads = [r.orchestration_overhead for r in runs if r.orchestration_overhead is not None]
     lags = [r.prefect_lag_s for r in runs if r.prefect_lag_s is not None]
     return AgentRun(
-        name=first.name, wall_s=med(lambda r: r.wall_s), workers=first.workers,
-        traces=round(med(lambda r: r.traces)), steps=round(med(lambda r: r.steps)),
-        prompt_tokens=round(total(lambda r: r.prompt_tokens) * scale), cached_tokens=round(total(lambda r: r.cached_tokens) * scale),
-        output_tokens=round(med(lambda r: r.output_tokens)), trace_seconds=[s for r in runs for s in r.trace_seconds],
+        name=first.name,
+        wall_s=med(lambda r: r.wall_s),
+        workers=first.workers,
+        traces=round(med(lambda r: r.traces)),
+        steps=round(med(lambda r: r.steps)),
+        prompt_tokens=round(total(lambda r: r.prompt_tokens) * scale),
+        cached_tokens=round(total(lambda r: r.cached_tokens) * scale),
+        output_tokens=round(med(lambda r: r.output_tokens)),
+        trace_seconds=[s for r in runs for s in r.trace_seconds],
         moved_steps=med(lambda r: r.moved_steps),
-        errors=[e for r in runs for e in r.errors], orchestration_overhead=statistics.median(overheads) if overheads else None,
+        errors=[e for r in runs for e in r.errors],
+        orchestration_overhead=statistics.median(overheads) if overheads else None,
         prefect_lag_s=statistics.median(lags) if lags else None,
     )
 
@@ -110,30 +118,53 @@ class Bench:
         job, n = self.job, self.job.workers
 
         def baseline() -> AgentRun:
-            result = asyncio.run(replay(relabel(workload.shapes, "base"), OpenAIServers(servers.urls, job.served_model_name), self.concurrency))
+            result = asyncio.run(
+                replay(
+                    relabel(workload.shapes, "base"),
+                    OpenAIServers(servers.urls, job.served_model_name),
+                    self.concurrency,
+                )
+            )
             return AgentRun.from_replay("baseline: vLLM servers, round-robin", result, n)
 
         def bare() -> AgentRun:
-            result = asyncio.run(pronk_runs.bare_loop(relabel(workload.shapes, "bare"), job, self.settings, self.concurrency))
+            result = asyncio.run(
+                pronk_runs.bare_loop(relabel(workload.shapes, "bare"), job, self.settings, self.concurrency)
+            )
             return AgentRun.from_replay("pronk bare loop", result, n)
 
         def batch() -> AgentRun:
-            return asyncio.run(pronk_runs.trace_batch(relabel(workload.shapes, "batch"), job, self.work / f"agent-{workload.seed}"))
+            return asyncio.run(
+                pronk_runs.trace_batch(relabel(workload.shapes, "batch"), job, self.work / f"agent-{workload.seed}")
+            )
 
         setups = [baseline, bare, batch]
-        runs = {f.__name__: f() for f in setups[turn % 3:] + setups[: turn % 3]}
+        runs = {f.__name__: f() for f in setups[turn % 3 :] + setups[: turn % 3]}
         runs["batch"].orchestration_overhead = (runs["batch"].wall_s - runs["bare"].wall_s) / runs["batch"].wall_s
         return runs["batch"], runs["bare"], runs["baseline"]
 
     def single_step(self, model_dir: Path) -> tuple[SingleStepRun, SingleStepRun]:
-        path = write_single_step_file(self.work / "single_step.jsonl", self.config.single_step_requests, self.job.served_model_name, self.config.seed)
+        path = write_single_step_file(
+            self.work / "single_step.jsonl",
+            self.config.single_step_requests,
+            self.job.served_model_name,
+            self.config.seed,
+        )
         batch, wall, _ = asyncio.run(pronk_runs.run_batch_file(path, self.job, self.work / "single-pronk"))
-        pronk = SingleStepRun("pronk run_batch", wall, batch["request_counts"]["total"], batch["request_counts"]["completed"], batch["usage"]["output_tokens"])
+        pronk = SingleStepRun(
+            "pronk run_batch",
+            wall,
+            batch["request_counts"]["total"],
+            batch["request_counts"]["completed"],
+            batch["usage"]["output_tokens"],
+        )
         out = self.work / "single-vllm" / "output.jsonl"
         out.parent.mkdir(parents=True, exist_ok=True)
         wall, processing = run_vllm_batch(self.job, model_dir, path, out, self.work / "logs" / "vllm-run-batch.log")
         lines = [json.loads(line) for line in out.read_text().splitlines()]
-        ok = [line for line in lines if not line.get("error") and (line.get("response") or {}).get("status_code") == 200]
+        ok = [
+            line for line in lines if not line.get("error") and (line.get("response") or {}).get("status_code") == 200
+        ]
         tokens = sum(line["response"]["body"]["usage"]["completion_tokens"] for line in ok)
         return pronk, SingleStepRun("vLLM run_batch", wall, len(lines), len(ok), tokens, processing_s=processing)
 
@@ -151,22 +182,34 @@ class Bench:
         comparisons = agent_comparisons(pronk, bare, baseline, self.job.price_per_worker_hour)
         comparisons += single_step_comparisons(single_pronk, single_vllm)
         return {
-            "comparisons": comparisons, "runs": [pronk, bare, baseline], "single": [single_pronk, single_vllm],
-            "workloads": workloads, "startup_s": startup_s,
+            "comparisons": comparisons,
+            "runs": [pronk, bare, baseline],
+            "single": [single_pronk, single_vllm],
+            "workloads": workloads,
+            "startup_s": startup_s,
         }
 
 
 def meta(config: BenchConfig, job: JobConfig, outcome: dict) -> dict:
     workload: Workload = outcome["workloads"][0]
     return {
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.node()}: {platform.machine()}, {len(os.sched_getaffinity(0))} cores, {platform.platform()}",
         "command": config.command,
-        "job": job.job_id, "workers": job.workers, "price_per_worker_hour": job.price_per_worker_hour,
-        "kv_cache_memory_bytes": job.engine.kv_cache_memory_bytes, "max_model_len": job.engine.max_model_len,
-        "profile": config.profile, "traces_per_round": len(workload.shapes), "rounds": config.rounds, "seed": config.seed,
-        "concurrency": job.max_concurrency, "steps_per_round": workload.total_steps(), "steps_cut_by_context_cap": workload.steps_cut_by_cap,
-        "single_step_requests": config.single_step_requests, "vllm_server_startup_s": round(outcome["startup_s"], 1),
+        "job": job.job_id,
+        "workers": job.workers,
+        "price_per_worker_hour": job.price_per_worker_hour,
+        "kv_cache_memory_bytes": job.engine.kv_cache_memory_bytes,
+        "max_model_len": job.engine.max_model_len,
+        "profile": config.profile,
+        "traces_per_round": len(workload.shapes),
+        "rounds": config.rounds,
+        "seed": config.seed,
+        "concurrency": job.max_concurrency,
+        "steps_per_round": workload.total_steps(),
+        "steps_cut_by_context_cap": workload.steps_cut_by_cap,
+        "single_step_requests": config.single_step_requests,
+        "vllm_server_startup_s": round(outcome["startup_s"], 1),
         "errors": {run.name: run.errors[:5] for run in outcome["runs"] if run.errors},
     }
 
@@ -221,8 +264,10 @@ def run_bench(config: BenchConfig, settings: Settings, echo=print) -> dict:
     info["kv"] = kv_summary(bench.job, bench.model_dir(), outcome["workloads"][0], bench.concurrency)
     info["bench_wall_s"] = round(time.monotonic() - started, 1)
     echo(report.text_table(outcome["comparisons"]))
-    echo(f"KV per process {info['kv']['tokens_per_worker']:,} tokens, working set ~{info['kv']['working_set_tokens_per_worker']:,}; "
-         f"cached ratio with no eviction {info['kv']['ideal_cached_ratio']:.3f}; bench took {info['bench_wall_s']} s")
+    echo(
+        f"KV per process {info['kv']['tokens_per_worker']:,} tokens, working set ~{info['kv']['working_set_tokens_per_worker']:,}; "
+        f"cached ratio with no eviction {info['kv']['ideal_cached_ratio']:.3f}; bench took {info['bench_wall_s']} s"
+    )
     if info["errors"]:
         echo(f"errors: {info['errors']}")
     if config.record:

@@ -24,9 +24,24 @@ JOB = "job-c0ffee01"
 def write_batch(path: Path, traces: int) -> None:
     lines = []
     for i in range(traces):
-        shape = {"trace_id": f"g{i}", "system_prompt_tokens": 64, "steps": [
-            {"new_prompt_tokens": 16, "output_tokens": 4, "tool_gap_s": 0.05}, {"new_prompt_tokens": 16, "output_tokens": 4}]}
-        lines.append(json.dumps({"custom_id": f"g{i}", "method": "POST", "url": "/v1/pronk/replay", "body": {"model": "pronk-tiny", "shape": shape}}))
+        shape = {
+            "trace_id": f"g{i}",
+            "system_prompt_tokens": 64,
+            "steps": [
+                {"new_prompt_tokens": 16, "output_tokens": 4, "tool_gap_s": 0.05},
+                {"new_prompt_tokens": 16, "output_tokens": 4},
+            ],
+        }
+        lines.append(
+            json.dumps(
+                {
+                    "custom_id": f"g{i}",
+                    "method": "POST",
+                    "url": "/v1/pronk/replay",
+                    "body": {"model": "pronk-tiny", "shape": shape},
+                }
+            )
+        )
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -42,7 +57,10 @@ async def task_run_states(flow_run_id: str) -> dict[str, int]:
     async with get_client() as client:
         while True:
             page = await client.read_task_runs(
-                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])), task_run_filter=TaskRunFilter(), limit=200, offset=len(runs)
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])),
+                task_run_filter=TaskRunFilter(),
+                limit=200,
+                offset=len(runs),
             )
             runs += page
             if len(page) < 200:
@@ -65,8 +83,11 @@ async def one(input_path: Path, out: Path, chunk_size: int) -> dict:
     settled = await task_run_states(batch["flow_run_id"])
     total = sum(settled.values())
     return {
-        "chunk_size": chunk_size, "traces": batch["request_counts"]["completed"], "seconds": round(elapsed, 3),
-        "task_runs": total, "task_runs_per_s": round(total / elapsed, 2),
+        "chunk_size": chunk_size,
+        "traces": batch["request_counts"]["completed"],
+        "seconds": round(elapsed, 3),
+        "task_runs": total,
+        "task_runs_per_s": round(total / elapsed, 2),
         "unfinished_at_return": sum(v for k, v in states.items() if k not in {"Completed"}),
         "unfinished_after_5s": sum(v for k, v in settled.items() if k not in {"Completed"}),
     }

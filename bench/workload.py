@@ -56,19 +56,46 @@ class WorkloadProfile(BaseModel):
 
 PROFILES: dict[str, WorkloadProfile] = {
     "reference": WorkloadProfile(
-        name="reference", traces=200, steps=(8, 30), system_prompt_tokens=(1000, 4000), new_prompt_tokens=(100, 1500),
-        output_tokens=(20, 300), tool_gap_s=(0.05, 2.0), fan_out_share=0.15, children=(2, 4), child_steps=(2, 6),
-        child_prompt_tokens=(50, 300), max_context_tokens=128_000,
+        name="reference",
+        traces=200,
+        steps=(8, 30),
+        system_prompt_tokens=(1000, 4000),
+        new_prompt_tokens=(100, 1500),
+        output_tokens=(20, 300),
+        tool_gap_s=(0.05, 2.0),
+        fan_out_share=0.15,
+        children=(2, 4),
+        child_steps=(2, 6),
+        child_prompt_tokens=(50, 300),
+        max_context_tokens=128_000,
     ),
     "cpu": WorkloadProfile(
-        name="cpu", traces=48, steps=(8, 20), system_prompt_tokens=(200, 600), new_prompt_tokens=(30, 300),
-        output_tokens=(16, 128), tool_gap_s=(0.05, 2.0), fan_out_share=0.15, children=(2, 4), child_steps=(2, 4),
-        child_prompt_tokens=(20, 100), max_context_tokens=3840,
+        name="cpu",
+        traces=48,
+        steps=(8, 20),
+        system_prompt_tokens=(200, 600),
+        new_prompt_tokens=(30, 300),
+        output_tokens=(16, 128),
+        tool_gap_s=(0.05, 2.0),
+        fan_out_share=0.15,
+        children=(2, 4),
+        child_steps=(2, 4),
+        child_prompt_tokens=(20, 100),
+        max_context_tokens=3840,
     ),
     "smoke": WorkloadProfile(
-        name="smoke", traces=4, steps=(2, 3), system_prompt_tokens=(64, 128), new_prompt_tokens=(16, 64),
-        output_tokens=(8, 16), tool_gap_s=(0.05, 0.2), fan_out_share=0.5, children=(2, 2), child_steps=(1, 2),
-        child_prompt_tokens=(8, 16), max_context_tokens=1024,
+        name="smoke",
+        traces=4,
+        steps=(2, 3),
+        system_prompt_tokens=(64, 128),
+        new_prompt_tokens=(16, 64),
+        output_tokens=(8, 16),
+        tool_gap_s=(0.05, 0.2),
+        fan_out_share=0.5,
+        children=(2, 2),
+        child_steps=(1, 2),
+        child_prompt_tokens=(8, 16),
+        max_context_tokens=1024,
     ),
 }
 
@@ -103,7 +130,9 @@ class Workload(BaseModel):
         return sum(shape.total_output_tokens() for shape in self.shapes)
 
 
-def _steps(draw: _Draw, profile: WorkloadProfile, count: int, context: int, budget: int, fan_out_at: int | None, prefix: str) -> tuple[list[ShapeStep], int, int]:
+def _steps(
+    draw: _Draw, profile: WorkloadProfile, count: int, context: int, budget: int, fan_out_at: int | None, prefix: str
+) -> tuple[list[ShapeStep], int, int]:
     """Up to `count` steps that keep the context under `budget`; returns (steps, context, steps cut)."""
     steps: list[ShapeStep] = []
     for index in range(count):
@@ -115,10 +144,25 @@ def _steps(draw: _Draw, profile: WorkloadProfile, count: int, context: int, budg
         if index == fan_out_at:
             for c in range(draw.uniform_int(profile.children)):
                 own = draw.uniform_int(profile.child_prompt_tokens)
-                child_steps, _, _ = _steps(draw, profile, draw.uniform_int(profile.child_steps), context + own, profile.max_context_tokens, None, "")
+                child_steps, _, _ = _steps(
+                    draw,
+                    profile,
+                    draw.uniform_int(profile.child_steps),
+                    context + own,
+                    profile.max_context_tokens,
+                    None,
+                    "",
+                )
                 if child_steps:
                     children.append(TraceShape(trace_id=f"{prefix}.c{c}", system_prompt_tokens=own, steps=child_steps))
-        steps.append(ShapeStep(new_prompt_tokens=new, output_tokens=out, tool_gap_s=draw.log_float(profile.tool_gap_s), fan_out=children))
+        steps.append(
+            ShapeStep(
+                new_prompt_tokens=new,
+                output_tokens=out,
+                tool_gap_s=draw.log_float(profile.tool_gap_s),
+                fan_out=children,
+            )
+        )
     return steps, context, 0
 
 
@@ -146,10 +190,16 @@ def write_shapes(workload: Workload, path: Path) -> Path:
     return path
 
 
-def single_step_lines(count: int, model: str, seed: int = 0, prompt_words: tuple[int, int] = (40, 400), max_tokens: tuple[int, int] = (16, 128)) -> list[dict]:
+def single_step_lines(
+    count: int,
+    model: str,
+    seed: int = 0,
+    prompt_words: tuple[int, int] = (40, 400),
+    max_tokens: tuple[int, int] = (16, 128),
+) -> list[dict]:
     """OpenAI batch lines of one chat completion each (greedy, so both runners generate the same text)."""
     rng = random.Random(seed)
-    words = "agent tool trace step prefix cache worker batch router engine model token query table result".split()
+    words = ["agent", "tool", "trace", "step", "prefix", "cache", "worker", "batch", "router", "engine", "model", "token", "query", "table", "result"]
     lines = []
     for i in range(count):
         text = " ".join(rng.choice(words) for _ in range(rng.randint(*prompt_words)))
@@ -159,7 +209,9 @@ def single_step_lines(count: int, model: str, seed: int = 0, prompt_words: tuple
             "max_tokens": rng.randint(*max_tokens),
             "temperature": 0.0,
         }
-        lines.append({"custom_id": f"single-{seed}-{i:05d}", "method": "POST", "url": "/v1/chat/completions", "body": body})
+        lines.append(
+            {"custom_id": f"single-{seed}-{i:05d}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+        )
     return lines
 
 

@@ -4,24 +4,31 @@ from __future__ import annotations
 
 import httpx
 
+from engine.errors import EngineError
 from engine.protocol import StepRequest, StepResult, WorkerStats
 
 
-class StepRejected(Exception):
+class StepRejected(EngineError):
     """The worker refused the step itself (bad request): retrying elsewhere will not help."""
 
 
-class WorkerUnavailable(Exception):
+class WorkerUnavailable(EngineError):
     """The worker died or could not serve: the step can go to another worker."""
 
 
 class WorkerClient:
     def __init__(self, timeout_s: float = 600.0):
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0), limits=httpx.Limits(max_connections=1024))
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout_s, connect=5.0), limits=httpx.Limits(max_connections=1024)
+        )
 
     async def generate(self, url: str, request: StepRequest) -> StepResult:
         try:
-            response = await self._http.post(f"{url}/generate", content=request.model_dump_json(exclude_none=True), headers={"content-type": "application/json"})
+            response = await self._http.post(
+                f"{url}/generate",
+                content=request.model_dump_json(exclude_none=True),
+                headers={"content-type": "application/json"},
+            )
         except httpx.TransportError as exc:
             raise WorkerUnavailable(f"{url}: {type(exc).__name__}: {exc}") from exc
         if response.status_code >= 500:

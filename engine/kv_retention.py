@@ -106,7 +106,9 @@ def _retention_mixin(base: type) -> type:
             super().__init__(*args, **kwargs)
             pool = self.kv_cache_manager.block_pool
             fraction = float(os.environ.get(MAX_FRACTION_ENV, "0.5"))
-            self.pin_table = PinTable(int(pool.num_gpu_blocks * fraction), lambda blocks: pool.free_blocks(reversed(blocks)))
+            self.pin_table = PinTable(
+                int(pool.num_gpu_blocks * fraction), lambda blocks: pool.free_blocks(reversed(blocks))
+            )
             self.awaiting_release: dict[str, Any] = {}
 
         def add_request(self, request) -> None:

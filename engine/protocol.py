@@ -44,10 +44,13 @@ class StepRequest(BaseModel):
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     trace_id: str | None = Field(default=None, description="The trace this step belongs to, for affinity.")
     affinity_key: str | None = Field(
-        default=None, description="Steps sharing this key share a prefix (a trace and its fan-out children); defaults to trace_id."
+        default=None,
+        description="Steps sharing this key share a prefix (a trace and its fan-out children); defaults to trace_id.",
     )
     kv_pin_ttl_s: float = Field(
-        default=0.0, ge=0, description="Keep this trace's prefix pinned in the KV cache this long after the step (a tool-call gap follows)."
+        default=0.0,
+        ge=0,
+        description="Keep this trace's prefix pinned in the KV cache this long after the step (a tool-call gap follows).",
     )
 
     @model_validator(mode="after")
@@ -92,5 +95,9 @@ class WorkerStats(BaseModel):
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     requests_served: int = 0
-    leap_state: str = Field(default="ready", description="Leap: ready, uploading (staging new weights), reloading or failed.")
-    staged_version: str | None = Field(default=None, description="Leap: the weight version staged on disk, ready to reload.")
+    leap_state: str = Field(
+        default="ready", description="Leap: ready, uploading (staging new weights), reloading or failed."
+    )
+    staged_version: str | None = Field(
+        default=None, description="Leap: the weight version staged on disk, ready to reload."
+    )

@@ -7,12 +7,13 @@ import time
 from collections import defaultdict
 
 from engine.client import WorkerClient, WorkerUnavailable
+from engine.errors import EngineError
 from engine.protocol import StepRequest, StepResult
 from engine.registry import Registry, WorkerEntry
 from engine.routing import RoutingPolicy, make_policy
 
 
-class NoWorkerAvailable(Exception):
+class NoWorkerAvailable(EngineError):
     """No live worker of the job could take the step."""
 
 
@@ -67,7 +68,11 @@ class Router:
         for attempt in range(self.max_attempts):
             worker = await self._pick(tried, request)
             tried.add(worker.worker_id)
-            sent = request if attempt == 0 else request.model_copy(update={"request_id": f"{request.request_id}-r{attempt}"})
+            sent = (
+                request
+                if attempt == 0
+                else request.model_copy(update={"request_id": f"{request.request_id}-r{attempt}"})
+            )
             self.in_flight[worker.worker_id] += 1
             try:
                 result = await self.client.generate(worker.url, sent)

@@ -11,7 +11,9 @@ from engine.registry import WorkerEntry
 
 
 class RoutingPolicy(Protocol):
-    def choose(self, candidates: list[WorkerEntry], in_flight: Mapping[str, int], request: StepRequest) -> WorkerEntry: ...
+    def choose(
+        self, candidates: list[WorkerEntry], in_flight: Mapping[str, int], request: StepRequest
+    ) -> WorkerEntry: ...
 
 
 def load_of(worker: WorkerEntry, in_flight: Mapping[str, int]) -> int:
@@ -48,7 +50,9 @@ class TraceAffinity:
     prefix away. Dead workers never reach `choose`: the router passes live candidates only.
     """
 
-    def __init__(self, slack: int = 8, full_kv_usage: float = 0.97, kv_margin: float = 0.15, max_families: int = 100_000) -> None:
+    def __init__(
+        self, slack: int = 8, full_kv_usage: float = 0.97, kv_margin: float = 0.15, max_families: int = 100_000
+    ) -> None:
         self.slack = slack
         self.full_kv_usage = full_kv_usage
         self.kv_margin = kv_margin
@@ -66,7 +70,11 @@ class TraceAffinity:
         if key is None:
             return best
         home = next((w for w in candidates if w.worker_id == self.homes.get(key)), None)
-        if home is not None and load_of(home, in_flight) <= load_of(best, in_flight) + self.slack and not self._crowded(home, best):
+        if (
+            home is not None
+            and load_of(home, in_flight) <= load_of(best, in_flight) + self.slack
+            and not self._crowded(home, best)
+        ):
             return home
         if len(self.homes) >= self.max_families:
             self.homes.pop(next(iter(self.homes)))

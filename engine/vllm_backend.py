@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.errors import EngineError
 from engine.kv_retention import release_request_id, retention_hints
 from engine.protocol import SamplingSpec, StepRequest, StepResult, WorkerStats
 
@@ -47,7 +48,7 @@ def _stat_logger_factory(snapshot: SchedulerSnapshot):
     return SnapshotLogger
 
 
-class MixedWeightVersions(RuntimeError):
+class MixedWeightVersions(EngineError, RuntimeError):
     """A generation whose tokens came from two weight versions; never returned as a result."""
 
 

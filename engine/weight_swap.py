@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, Field
 
+from engine.errors import EngineError
 from engine.vllm_backend import VllmBackend
 
 
-class IncompatibleWeights(ValueError):
+class IncompatibleWeights(EngineError, ValueError):
     """The staged checkpoint does not fit the weights being served (architecture, dtype or a parameter shape)."""
 
 
@@ -46,7 +47,9 @@ class StageResult(BaseModel):
 
 
 class ReloadRequest(BaseModel):
-    version: str = Field(min_length=1, description="A version staged on this worker (or the one it serves, to re-load it).")
+    version: str = Field(
+        min_length=1, description="A version staged on this worker (or the one it serves, to re-load it)."
+    )
 
 
 class ReloadResult(BaseModel):
@@ -77,18 +80,27 @@ class WeightSwapper:
         async with self.lock:
             self._set_state("uploading")
             try:
-                staged = await asyncio.to_thread(self.stager, model_uri, self.backend.model_path, self.backend.model_version)
+                staged = await asyncio.to_thread(
+                    self.stager, model_uri, self.backend.model_path, self.backend.model_version
+                )
             except Exception:
                 self._set_state("ready")
                 raise
             self.staged[staged.version] = staged.path
             self.backend.staged_version = staged.version
             self._set_state("ready")
-        return StageResult(worker_id=self.backend.worker_id, version=staged.version, path=staged.path, seconds=time.monotonic() - started)
+        return StageResult(
+            worker_id=self.backend.worker_id,
+            version=staged.version,
+            path=staged.path,
+            seconds=time.monotonic() - started,
+        )
 
     async def reload(self, version: str) -> ReloadResult:
         if version not in self.staged:
-            raise LookupError(f"{self.backend.worker_id}: version {version!r} is not staged (staged: {sorted(self.staged)})")
+            raise LookupError(
+                f"{self.backend.worker_id}: version {version!r} is not staged (staged: {sorted(self.staged)})"
+            )
         async with self.lock:
             self._set_state("reloading")
             try:
@@ -99,12 +111,18 @@ class WeightSwapper:
             self.backend.staged_version = None
             self._set_state("ready")
         return ReloadResult(
-            worker_id=self.backend.worker_id, from_version=swap.from_version, to_version=swap.to_version,
-            pause_requested_at=swap.pause_requested_at, paused_at=swap.paused_at, resumed_at=swap.resumed_at,
+            worker_id=self.backend.worker_id,
+            from_version=swap.from_version,
+            to_version=swap.to_version,
+            pause_requested_at=swap.pause_requested_at,
+            paused_at=swap.paused_at,
+            resumed_at=swap.resumed_at,
         )
 
 
-def add_weight_routes(app: FastAPI, backend: VllmBackend, stage: Stager, on_change: Callable[[], None] = lambda: None) -> WeightSwapper:
+def add_weight_routes(
+    app: FastAPI, backend: VllmBackend, stage: Stager, on_change: Callable[[], None] = lambda: None
+) -> WeightSwapper:
     """Mount `/weights/stage`, `/weights/reload` and `GET /weights` on a worker's app; `on_change` announces a new state at once."""
     swapper = WeightSwapper(backend, stage, on_change)
 

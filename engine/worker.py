@@ -43,7 +43,9 @@ def pin_to_cores(cores: list[int]) -> None:
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in cores)
 
 
-def create_app(backend: VllmBackend, registry: Registry, url: str, heartbeat_interval_s: float, stage: Stager) -> FastAPI:
+def create_app(
+    backend: VllmBackend, registry: Registry, url: str, heartbeat_interval_s: float, stage: Stager
+) -> FastAPI:
     started_at = time.time()
 
     def announce() -> None:
@@ -109,7 +111,14 @@ def compact_json_outputs():
     return StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True)
 
 
-def serve(backend: VllmBackend, registry: Registry, stage: Stager, port: int, heartbeat_interval_s: float, host: str = "127.0.0.1") -> None:
+def serve(
+    backend: VllmBackend,
+    registry: Registry,
+    stage: Stager,
+    port: int,
+    heartbeat_interval_s: float,
+    host: str = "127.0.0.1",
+) -> None:
     """Serve `backend` over HTTP until SIGTERM; the caller (pronk's worker entry point) built it from a job."""
     import uvicorn
 

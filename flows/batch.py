@@ -31,13 +31,14 @@ from pronk.batches.schemas import (
     new_id,
 )
 from pronk.batches.store import BatchStore
+from pronk.errors import PronkError
 from pronk.jobs import JobConfig, get_job
 from pronk.settings import get_settings
 from tasks.files import read_input_file, validate_lines, write_result_files
 from tasks.traces import scratch_dir, write_trace_outputs
 
 
-class BatchFailed(RuntimeError):
+class BatchFailed(PronkError, RuntimeError):
     """The batch ended `failed`; its record says why."""
 
 
@@ -177,8 +178,12 @@ async def run_batch(
         batch = store.load(batch_id)
     else:
         batch = Batch(
-            id=batch_id or new_id("batch"), input_file_id=input_uri, job_id=job.job_id, model=job.served_model_name,
-            completion_window=completion_window, metadata=metadata,
+            id=batch_id or new_id("batch"),
+            input_file_id=input_uri,
+            job_id=job.job_id,
+            model=job.served_model_name,
+            completion_window=completion_window,
+            metadata=metadata,
         )
     batch.price_per_worker_hour = job.price_per_worker_hour
     batch.flow_run_id = str(runtime.flow_run.id) if runtime.flow_run.id else None
@@ -190,7 +195,9 @@ async def run_batch(
     try:
         validated = validate_lines(read_input_file(input_uri), job)
     except BatchInputError as exc:
-        batch.errors = BatchErrors(data=[BatchErrorData(code="invalid_input_file", message=str(exc), param="input_file_id")])
+        batch.errors = BatchErrors(
+            data=[BatchErrorData(code="invalid_input_file", message=str(exc), param="input_file_id")]
+        )
         batch.mark("failed")
         store.save(batch)
         raise BatchFailed(f"batch {batch.id} failed: {exc}") from exc
@@ -202,13 +209,18 @@ async def run_batch(
     logger.info("batch %s: %d lines, %d invalid, job %s", batch.id, validated.total, len(validated.errors), job.job_id)
 
     router = Router(job.job_id, Registry.from_settings(settings), policy=job.harness.routing)
-    run = BatchRun(batch, job, Harness(router, job, StepRecorder(), scratch_dir(settings, batch.id)), validated.requests)
+    run = BatchRun(
+        batch, job, Harness(router, job, StepRecorder(), scratch_dir(settings, batch.id)), validated.requests
+    )
     check_stop(run, store)
     reporter = asyncio.create_task(report_progress(run, store))
     started = time.monotonic()
     try:
         await asyncio.gather(
-            *(run_chunk(run, start, min(start + chunk_size, len(run.requests))) for start in range(0, len(run.requests), chunk_size))
+            *(
+                run_chunk(run, start, min(start + chunk_size, len(run.requests)))
+                for start in range(0, len(run.requests), chunk_size)
+            )
         )
     finally:
         reporter.cancel()

@@ -15,6 +15,7 @@ from prefect import flow, get_run_logger, runtime
 from prefect.artifacts import acreate_table_artifact
 
 from engine.registry import Registry
+from pronk.errors import PronkError
 from pronk.jobs import get_job
 from pronk.models.checkpoints import CheckpointMismatch
 from pronk.models.leap_records import LeapRecord, LeapStore, WorkerLeap
@@ -24,11 +25,11 @@ from pronk.settings import Settings, get_settings
 from tasks.leap import LeapRun, reload_weights, stage_weights
 
 
-class LeapRefused(ValueError):
+class LeapRefused(PronkError, ValueError):
     """The Leap did not start: no such version, no live worker, or a checkpoint that does not fit. Nothing changed."""
 
 
-class LeapFailed(RuntimeError):
+class LeapFailed(PronkError, RuntimeError):
     """The fleet could not all switch; the record says which workers went back."""
 
 
@@ -53,7 +54,8 @@ def _check_fits(target_uri: str, current_version: str, settings: Settings) -> No
 
 async def _publish(record: LeapRecord) -> None:
     await acreate_table_artifact(
-        table=record.table(), key=f"leap-{record.job_id}",
+        table=record.table(),
+        key=f"leap-{record.job_id}",
         description=f"Leap {record.id} of {record.job_id} to {record.to_version}: {record.status}. {record.message}",
     )
 
@@ -70,7 +72,9 @@ async def _switch(run: LeapRun, original: dict[str, str]) -> list[str]:
         return not_staged
     record.status = "reloading"
     await run.save()
-    swapped = await asyncio.gather(*(reload_weights(run, w, record.to_version) for w in original), return_exceptions=True)
+    swapped = await asyncio.gather(
+        *(reload_weights(run, w, record.to_version) for w in original), return_exceptions=True
+    )
     return [w for w, result in zip(original, swapped) if isinstance(result, BaseException)]
 
 
@@ -102,10 +106,15 @@ async def leap(job_id: str, version: int | None = None, alias: str | None = None
     workers = Registry.from_settings(settings).live(job.job_id)
     original = {w.worker_id: w.stats.model_version for w in workers}
     record = LeapRecord(
-        job_id=job.job_id, model=name, to_version=f"{name}/{target}", alias=job_alias,
+        job_id=job.job_id,
+        model=name,
+        to_version=f"{name}/{target}",
+        alias=job_alias,
         from_version=", ".join(sorted(set(original.values()))) or None,
         flow_run_id=str(runtime.flow_run.id) if runtime.flow_run.id else None,
-        workers={w.worker_id: WorkerLeap(worker_id=w.worker_id, url=w.url, version=w.stats.model_version) for w in workers},
+        workers={
+            w.worker_id: WorkerLeap(worker_id=w.worker_id, url=w.url, version=w.stats.model_version) for w in workers
+        },
     )
     if leap_id:
         record.id = leap_id
@@ -130,14 +139,22 @@ async def leap(job_id: str, version: int | None = None, alias: str | None = None
                 record.finish("failed", message)
             else:
                 stuck = await _roll_back(run, original)
-                message += f"the others went back to {record.from_version}" if not stuck else f"{stuck} could not go back either"
+                message += (
+                    f"the others went back to {record.from_version}"
+                    if not stuck
+                    else f"{stuck} could not go back either"
+                )
                 record.finish("rolled_back" if not stuck else "failed", message)
             logger.error("leap %s: %s", record.id, message)
             raise LeapFailed(message)
         if job_alias:
             await asyncio.to_thread(set_alias, name, job_alias, target, settings)
             record.alias_moved = True
-        record.finish("completed", f"{len(original)} workers serve {record.to_version}" + (f"; {name}@{job_alias} → {target}" if job_alias else ""))
+        record.finish(
+            "completed",
+            f"{len(original)} workers serve {record.to_version}"
+            + (f"; {name}@{job_alias} → {target}" if job_alias else ""),
+        )
         logger.info("leap %s: %s in %.3fs", record.id, record.message, record.switch_seconds or 0.0)
         return record.model_dump(mode="json")
     finally:

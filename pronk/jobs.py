@@ -8,10 +8,11 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from pronk.errors import PronkError
 from pronk.settings import get_settings
 
 
-class JobFileError(ValueError):
+class JobFileError(PronkError, ValueError):
     """A job file that cannot be used; the message names the file, the key and the value."""
 
 
@@ -45,8 +46,12 @@ class PythonToolLimits(BaseModel):
 
     cpu_s: int = Field(default=5, ge=1, le=3600, description="CPU seconds (RLIMIT_CPU).")
     memory_mb: int = Field(default=512, ge=64, le=65536, description="Address space in MiB (RLIMIT_AS).")
-    wall_s: float = Field(default=10.0, gt=0, le=3600, description="Wall-clock seconds before the process group is killed.")
-    output_bytes: int = Field(default=8192, ge=256, le=1 << 24, description="Most bytes of stdout+stderr kept (and file size cap).")
+    wall_s: float = Field(
+        default=10.0, gt=0, le=3600, description="Wall-clock seconds before the process group is killed."
+    )
+    output_bytes: int = Field(
+        default=8192, ge=256, le=1 << 24, description="Most bytes of stdout+stderr kept (and file size cap)."
+    )
 
 
 class HarnessConfig(BaseModel):
@@ -54,26 +59,46 @@ class HarnessConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_steps: int = Field(default=8, ge=1, le=256, description="Most model steps per trace (children count their own).")
+    max_steps: int = Field(
+        default=8, ge=1, le=256, description="Most model steps per trace (children count their own)."
+    )
     tools: list[str] = Field(
         default_factory=lambda: ["python", "sql", "search", "spawn_subagents"],
         description="Tools agent lines may use: built-in names or `package.module:object` import paths.",
     )
     step_max_tokens: int = Field(default=256, ge=1, description="Cap on tokens one step may generate.")
     step_timeout_s: float = Field(default=120.0, gt=0, description="Seconds one model step may take.")
-    tool_timeout_s: float = Field(default=15.0, gt=0, description="Seconds one tool call may take (python has its own wall limit too).")
-    trace_timeout_s: float = Field(default=900.0, gt=0, description="Seconds a whole trace (with its children) may take.")
-    max_fan_out: int = Field(default=4, ge=0, le=64, description="Most child traces one spawn_subagents call may start.")
-    max_depth: int = Field(default=1, ge=0, le=4, description="Nesting levels of subagents (0 forbids fan-out).")
-    max_step_retries: int = Field(default=2, ge=0, le=10, description="Retries of a failed step (engine trouble, unparsable call).")
-    kv_pin_ttl_s: float = Field(
-        default=30.0, ge=0, description="Keep a trace's prefix pinned in its worker's KV cache this long across a tool-call gap (0 = off)."
+    tool_timeout_s: float = Field(
+        default=15.0, gt=0, description="Seconds one tool call may take (python has its own wall limit too)."
     )
-    routing: str = Field(default="trace_affinity", description="Routing policy for this job's steps (engine.routing.POLICIES).")
-    tables_dir: str = Field(default="data/tables", description="Tables the `sql` tool sees (csv/parquet; relative to the project root).")
-    corpus_dir: str = Field(default="data/corpus", description="Documents the `search` tool ranks (relative to the project root).")
+    trace_timeout_s: float = Field(
+        default=900.0, gt=0, description="Seconds a whole trace (with its children) may take."
+    )
+    max_fan_out: int = Field(
+        default=4, ge=0, le=64, description="Most child traces one spawn_subagents call may start."
+    )
+    max_depth: int = Field(default=1, ge=0, le=4, description="Nesting levels of subagents (0 forbids fan-out).")
+    max_step_retries: int = Field(
+        default=2, ge=0, le=10, description="Retries of a failed step (engine trouble, unparsable call)."
+    )
+    kv_pin_ttl_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="Keep a trace's prefix pinned in its worker's KV cache this long across a tool-call gap (0 = off).",
+    )
+    routing: str = Field(
+        default="trace_affinity", description="Routing policy for this job's steps (engine.routing.POLICIES)."
+    )
+    tables_dir: str = Field(
+        default="data/tables", description="Tables the `sql` tool sees (csv/parquet; relative to the project root)."
+    )
+    corpus_dir: str = Field(
+        default="data/corpus", description="Documents the `search` tool ranks (relative to the project root)."
+    )
     python: PythonToolLimits = Field(default_factory=PythonToolLimits)
-    mlflow_traces: int = Field(default=0, ge=0, description="Log up to this many root traces per run to MLflow as traces (0 = off).")
+    mlflow_traces: int = Field(
+        default=0, ge=0, description="Log up to this many root traces per run to MLflow as traces (0 = off)."
+    )
 
 
 class JobConfig(BaseModel):
@@ -94,7 +119,9 @@ class JobConfig(BaseModel):
     price_per_worker_hour: float = Field(ge=0, description="USD per worker-hour, for processing cost.")
     max_concurrency: int = Field(default=32, ge=1, le=4096, description="Requests in flight per batch run.")
     default_max_tokens: int = Field(default=256, ge=1, description="`max_tokens` when a request sets none.")
-    harness: HarnessConfig = Field(default_factory=HarnessConfig, description="The agent harness: steps, tools, limits.")
+    harness: HarnessConfig = Field(
+        default_factory=HarnessConfig, description="The agent harness: steps, tools, limits."
+    )
 
 
 def _describe(exc: ValidationError, path: Path, raw: dict[str, Any]) -> str:
@@ -129,7 +156,9 @@ def load_jobs(jobs_dir: Path | None = None) -> dict[str, JobConfig]:
     for path in sorted(folder.glob("*.yaml")):
         job = load_job_file(path)
         if job.job_id in jobs:
-            raise JobFileError(f"{path}: key 'job_id' value {job.job_id!r}: already used by job '{jobs[job.job_id].name}'")
+            raise JobFileError(
+                f"{path}: key 'job_id' value {job.job_id!r}: already used by job '{jobs[job.job_id].name}'"
+            )
         jobs[job.job_id] = job
     return jobs
 

@@ -31,21 +31,27 @@ class Settings(BaseSettings):
         default=None, description="MLflow tracking URI; defaults to SQLite under data_dir."
     )
     worker_base_port: int = Field(default=8100, ge=1, le=65535, description="First port engine workers listen on.")
-    heartbeat_interval_s: float = Field(default=1.0, gt=0, description="How often a worker refreshes its registry entry.")
+    heartbeat_interval_s: float = Field(
+        default=1.0, gt=0, description="How often a worker refreshes its registry entry."
+    )
     heartbeat_timeout_s: float = Field(
         default=5.0, gt=0, description="A worker whose heartbeat is older than this is dropped by the router."
     )
     storage_uri: str | None = Field(
-        default=None, description="Where files and batch records live: a folder or `s3://bucket/prefix`; defaults to data_dir/store."
+        default=None,
+        description="Where files and batch records live: a folder or `s3://bucket/prefix`; defaults to data_dir/store.",
     )
     s3_endpoint_url: str | None = Field(
         default=None, description="S3 endpoint for s3:// paths (a moto server or MinIO); None means AWS."
     )
     api_port: int = Field(default=8000, ge=1, le=65535, description="Port of `pronk api` on 127.0.0.1.")
     api_auth: bool = Field(
-        default=False, description="Require a bearer API key (`pronk keys create`); off, every caller is the owner `local`."
+        default=False,
+        description="Require a bearer API key (`pronk keys create`); off, every caller is the owner `local`.",
     )
-    api_max_upload_bytes: int = Field(default=200 * 1024 * 1024, ge=1, description="Largest file `POST /v1/files` accepts.")
+    api_max_upload_bytes: int = Field(
+        default=200 * 1024 * 1024, ge=1, description="Largest file `POST /v1/files` accepts."
+    )
     api_max_upload_lines: int = Field(default=50_000, ge=1, description="Most request lines in one batch input file.")
 
     @property

@@ -13,12 +13,13 @@ import httpx
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from pronk.errors import PronkError
 from pronk.models.leap_records import LeapRecord, LeapStore
 
 ATTEMPTS = 3
 
 
-class WeightsRefused(RuntimeError):
+class WeightsRefused(PronkError, RuntimeError):
     """A worker refused the checkpoint (it does not fit the served model): never retried."""
 
 
@@ -68,7 +69,13 @@ def _retriable(task, task_run, state) -> bool:
     return not isinstance(state.data, WeightsRefused)
 
 
-@task(cache_policy=NO_CACHE, retries=ATTEMPTS - 1, retry_delay_seconds=1, retry_condition_fn=_retriable, task_run_name="stage-{worker_id}")
+@task(
+    cache_policy=NO_CACHE,
+    retries=ATTEMPTS - 1,
+    retry_delay_seconds=1,
+    retry_condition_fn=_retriable,
+    task_run_name="stage-{worker_id}",
+)
 async def stage_weights(run: LeapRun, worker_id: str, model_uri: str) -> None:
     """Download and validate `model_uri` on one worker while it keeps serving."""
     staged = await _attempt(run, worker_id, "uploading", "/weights/stage", {"model_uri": model_uri})

@@ -38,29 +38,39 @@ def trace_rows(outcomes: list[RequestOutcome]) -> list[dict[str, object]]:
             continue
         body = line.response.body
         trace = body.get("pronk", {}).get("trace", {})
-        rows.append({
-            "custom_id": line.custom_id,
-            "state": "completed",
-            "finish_reason": body["choices"][0]["finish_reason"] if "choices" in body else "replayed",
-            "steps": trace.get("steps", 1),
-            "traces": trace.get("traces", 1),
-            "tool_calls": sum(trace.get("tool_calls", {}).values()),
-            "workers": ",".join(trace.get("workers", [body.get("pronk", {}).get("worker_id", "")])),
-            "cached_ratio": trace.get("cached_ratio"),
-        })
+        rows.append(
+            {
+                "custom_id": line.custom_id,
+                "state": "completed",
+                "finish_reason": body["choices"][0]["finish_reason"] if "choices" in body else "replayed",
+                "steps": trace.get("steps", 1),
+                "traces": trace.get("traces", 1),
+                "tool_calls": sum(trace.get("tool_calls", {}).values()),
+                "workers": ",".join(trace.get("workers", [body.get("pronk", {}).get("worker_id", "")])),
+                "cached_ratio": trace.get("cached_ratio"),
+            }
+        )
     return rows
 
 
 @task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
-async def write_trace_outputs(recorder: StepRecorder, outcomes: list[RequestOutcome], batch: Batch, job: JobConfig, settings: Settings) -> None:
+async def write_trace_outputs(
+    recorder: StepRecorder, outcomes: list[RequestOutcome], batch: Batch, job: JobConfig, settings: Settings
+) -> None:
     """Write `<batch>_steps.jsonl`, drop the tools' scratch folder, publish the per-trace table, log MLflow traces if asked."""
     batch.steps_uri = steps_uri(batch)
     await asyncio.to_thread(recorder.write, batch.steps_uri)
     await asyncio.to_thread(shutil.rmtree, scratch_dir(settings, batch.id), True)
-    await acreate_table_artifact(table=trace_rows(outcomes), key=None, description=f"batch {batch.id}: traces (first {TABLE_ROWS})")
+    await acreate_table_artifact(
+        table=trace_rows(outcomes), key=None, description=f"batch {batch.id}: traces (first {TABLE_ROWS})"
+    )
     if job.harness.mlflow_traces:
         logged = await asyncio.to_thread(
-            log_mlflow_traces, recorder.records, settings.tracking_uri, f"pronk-{job.job_id}", settings.artifact_root,
+            log_mlflow_traces,
+            recorder.records,
+            settings.tracking_uri,
+            f"pronk-{job.job_id}",
+            settings.artifact_root,
             job.harness.mlflow_traces,
         )
         get_run_logger().info("logged %d traces to MLflow", logged)

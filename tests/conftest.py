@@ -52,8 +52,11 @@ def object_store():
     endpoint = f"http://{host}:{port}"
     os.environ.update(
         {
-            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-            "PRONK_S3_ENDPOINT_URL": endpoint, "PRONK_STORAGE_URI": "s3://pronk-test/store",
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "PRONK_S3_ENDPOINT_URL": endpoint,
+            "PRONK_STORAGE_URI": "s3://pronk-test/store",
         }
     )
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="pronk-test")

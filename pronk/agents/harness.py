@@ -40,12 +40,13 @@ from pronk.batches.schemas import (
     ResponseEnvelope,
     new_id,
 )
+from pronk.errors import PronkError
 from pronk.jobs import HarnessConfig, JobConfig
 
 TOOL_RESULT_CHARS = 1200
 
 
-class TraceFailed(Exception):
+class TraceFailed(PronkError):
     def __init__(self, code: str, message: str):
         super().__init__(message)
         self.code = code
@@ -125,7 +126,13 @@ class Harness:
         if request.body.tools is not None and request.body.tool_choice != "none":
             return await self.run_agent(request)
         outcome = await run_request(self.router, request, self.job)
-        record = StepRecord(trace_id=request.custom_id, step=0, root_trace_id=request.custom_id, custom_id=request.custom_id, kind="chat")
+        record = StepRecord(
+            trace_id=request.custom_id,
+            step=0,
+            root_trace_id=request.custom_id,
+            custom_id=request.custom_id,
+            kind="chat",
+        )
         if outcome.result is not None:
             record.take(outcome.result)
         else:
@@ -137,21 +144,40 @@ class Harness:
         body: ReplayBody = request.body
         ttl = self.job.harness.kv_pin_ttl_s if body.kv_pin_ttl_s is None else body.kv_pin_ttl_s
         try:
-            trace = await run_shape(self.router, body.shape, kv_pin_ttl_s=ttl, recorder=self.recorder, custom_id=request.custom_id, trace_id=request.custom_id)
+            trace = await run_shape(
+                self.router,
+                body.shape,
+                kv_pin_ttl_s=ttl,
+                recorder=self.recorder,
+                custom_id=request.custom_id,
+                trace_id=request.custom_id,
+            )
         except (StepRejected, NoWorkerAvailable) as exc:
             return failed_outcome(request, engine_error_code(exc), exc)
         summary = trace.summary()
         first = trace.records[0]
         request_id = new_id("replay")
         aggregate = StepResult(
-            request_id=request_id, text="", token_ids=[], prompt_tokens=summary["prompt_tokens"], cached_tokens=summary["cached_tokens"],
-            completion_tokens=summary["output_tokens"], finish_reason="stop", model_version=first.model_version or "",
-            worker_id=first.worker_id or "", queue_time_s=0.0, engine_time_s=summary["engine_time_s"],
+            request_id=request_id,
+            text="",
+            token_ids=[],
+            prompt_tokens=summary["prompt_tokens"],
+            cached_tokens=summary["cached_tokens"],
+            completion_tokens=summary["output_tokens"],
+            finish_reason="stop",
+            model_version=first.model_version or "",
+            worker_id=first.worker_id or "",
+            queue_time_s=0.0,
+            engine_time_s=summary["engine_time_s"],
         )
         body_out = {
-            "id": request_id, "object": "pronk.replay", "created": int(time.time()), "model": self.job.served_model_name,
+            "id": request_id,
+            "object": "pronk.replay",
+            "created": int(time.time()),
+            "model": self.job.served_model_name,
             "usage": {
-                "prompt_tokens": aggregate.prompt_tokens, "completion_tokens": aggregate.completion_tokens,
+                "prompt_tokens": aggregate.prompt_tokens,
+                "completion_tokens": aggregate.completion_tokens,
                 "total_tokens": aggregate.prompt_tokens + aggregate.completion_tokens,
                 "prompt_tokens_details": {"cached_tokens": aggregate.cached_tokens},
             },
@@ -165,17 +191,24 @@ class Harness:
         limits = body.harness.applied_to(self.job.harness) if body.harness else self.job.harness
         views = tool_views(body, self.tools)
         family = Family(
-            root_id=request.custom_id, custom_id=request.custom_id, limits=limits, tools=views,
+            root_id=request.custom_id,
+            custom_id=request.custom_id,
+            limits=limits,
+            tools=views,
             system_prompt=system_prompt(list(views.values())),
             max_tokens=min(body.output_limit(limits.step_max_tokens), limits.step_max_tokens),
-            temperature=body.temperature, seed=body.seed, scratch=self.scratch_root / _safe(request.custom_id),
+            temperature=body.temperature,
+            seed=body.seed,
+            scratch=self.scratch_root / _safe(request.custom_id),
         )
-        messages = [{"role": "system", "content": family.system_prompt}] + [{"role": m.role, "content": m.text()} for m in body.messages]
+        messages = [{"role": "system", "content": family.system_prompt}] + [
+            {"role": m.role, "content": m.text()} for m in body.messages
+        ]
         root = TraceState(request.custom_id, None, 0, messages)
         started = time.monotonic()
         try:
             await asyncio.wait_for(self._trace(family, root, body.tool_choice), limits.trace_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             root.finish_reason = "timeout"
         except _ContextFull:
             pass
@@ -215,20 +248,37 @@ class Harness:
             return [family.tools[choice.function.name]], False
         return tools, choice != "required" or not tools
 
-    async def _step(self, family: Family, state: TraceState, choice: Any, pin: bool) -> tuple[StepRecord, dict[str, Any]]:
+    async def _step(
+        self, family: Family, state: TraceState, choice: Any, pin: bool
+    ) -> tuple[StepRecord, dict[str, Any]]:
         tools, allow_final = self._tools_for(family, state, choice)
         schema = step_schema(tools, allow_final, family.max_tokens)
         for attempt in range(family.limits.max_step_retries + 1):
-            record = self.recorder.add(StepRecord(
-                trace_id=state.trace_id, step=state.steps, root_trace_id=family.root_id, parent_trace_id=state.parent_id,
-                custom_id=family.custom_id, attempt=attempt,
-            ))
+            record = self.recorder.add(
+                StepRecord(
+                    trace_id=state.trace_id,
+                    step=state.steps,
+                    root_trace_id=family.root_id,
+                    parent_trace_id=state.parent_id,
+                    custom_id=family.custom_id,
+                    attempt=attempt,
+                )
+            )
             family.records.append(record)
-            seed = None if family.seed is None else zlib.crc32(f"{family.seed}/{state.trace_id}/{state.steps}/{attempt}".encode())
+            seed = (
+                None
+                if family.seed is None
+                else zlib.crc32(f"{family.seed}/{state.trace_id}/{state.steps}/{attempt}".encode())
+            )
             step = StepRequest(
-                request_id=new_id("step"), messages=[ChatMessage(**m) for m in state.messages],
-                sampling=SamplingSpec(max_tokens=family.max_tokens, temperature=family.temperature, seed=seed, json_schema=schema),
-                trace_id=state.trace_id, affinity_key=family.root_id, kv_pin_ttl_s=family.limits.kv_pin_ttl_s if pin else 0.0,
+                request_id=new_id("step"),
+                messages=[ChatMessage(**m) for m in state.messages],
+                sampling=SamplingSpec(
+                    max_tokens=family.max_tokens, temperature=family.temperature, seed=seed, json_schema=schema
+                ),
+                trace_id=state.trace_id,
+                affinity_key=family.root_id,
+                kv_pin_ttl_s=family.limits.kv_pin_ttl_s if pin else 0.0,
             )
             try:
                 result = await asyncio.wait_for(self.router.generate(step), family.limits.step_timeout_s)
@@ -238,7 +288,7 @@ class Harness:
                     raise TraceFailed(ErrorCode.REQUEST_REJECTED, str(exc)) from exc
                 state.finish_reason = "context_length"
                 raise _ContextFull from exc
-            except (NoWorkerAvailable, asyncio.TimeoutError) as exc:
+            except (TimeoutError, NoWorkerAvailable) as exc:
                 record.error = f"{type(exc).__name__}: {exc}"
                 continue
             record.take(result)
@@ -250,7 +300,9 @@ class Harness:
             state.messages.append({"role": "assistant", "content": result.text})
             return record, call
         code = ErrorCode.ENGINE_UNAVAILABLE if record.worker_id is None else ErrorCode.STEP_FAILED
-        raise TraceFailed(code, f"step {state.steps} failed {family.limits.max_step_retries + 1} times; last: {record.error}")
+        raise TraceFailed(
+            code, f"step {state.steps} failed {family.limits.max_step_retries + 1} times; last: {record.error}"
+        )
 
     async def _call_tool(self, family: Family, state: TraceState, call: dict[str, Any]) -> tuple[str, bool, float]:
         if call["tool"] == SPAWN_SUBAGENTS:
@@ -266,7 +318,9 @@ class Harness:
         tasks = tasks[: family.limits.max_fan_out]
         children = [
             TraceState(
-                f"{parent.trace_id}.{parent.steps - 1}.{i}", parent.trace_id, parent.depth + 1,
+                f"{parent.trace_id}.{parent.steps - 1}.{i}",
+                parent.trace_id,
+                parent.depth + 1,
                 parent.messages + [{"role": "user", "content": f"Sub-task {i + 1} of {len(tasks)}: {task}"}],
             )
             for i, task in enumerate(tasks)
@@ -289,23 +343,47 @@ class Harness:
         last = root.last_result
         request_id = new_id("chatcmpl")
         aggregate = StepResult(
-            request_id=request_id, text=root.answer, token_ids=[], prompt_tokens=summary["prompt_tokens"],
-            cached_tokens=summary["cached_tokens"], completion_tokens=summary["output_tokens"], finish_reason=root.finish_reason,
-            model_version=last.model_version if last else "", worker_id=summary["workers"][0] if summary["workers"] else "",
-            queue_time_s=0.0, engine_time_s=summary["engine_time_s"],
+            request_id=request_id,
+            text=root.answer,
+            token_ids=[],
+            prompt_tokens=summary["prompt_tokens"],
+            cached_tokens=summary["cached_tokens"],
+            completion_tokens=summary["output_tokens"],
+            finish_reason=root.finish_reason,
+            model_version=last.model_version if last else "",
+            worker_id=summary["workers"][0] if summary["workers"] else "",
+            queue_time_s=0.0,
+            engine_time_s=summary["engine_time_s"],
         )
         body = {
-            "id": request_id, "object": "chat.completion", "created": int(time.time()), "model": self.job.served_model_name,
+            "id": request_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.job.served_model_name,
             "system_fingerprint": aggregate.model_version,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": root.answer}, "finish_reason": root.finish_reason, "logprobs": None}],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": root.answer},
+                    "finish_reason": root.finish_reason,
+                    "logprobs": None,
+                }
+            ],
             "usage": {
-                "prompt_tokens": aggregate.prompt_tokens, "completion_tokens": aggregate.completion_tokens,
+                "prompt_tokens": aggregate.prompt_tokens,
+                "completion_tokens": aggregate.completion_tokens,
                 "total_tokens": aggregate.prompt_tokens + aggregate.completion_tokens,
                 "prompt_tokens_details": {"cached_tokens": aggregate.cached_tokens},
             },
             "pronk": {
-                "model_version": aggregate.model_version, "worker_id": aggregate.worker_id,
-                "trace": {"trace_id": root.trace_id, "finish_reason": root.finish_reason, "duration_s": round(seconds, 6), **summary},
+                "model_version": aggregate.model_version,
+                "worker_id": aggregate.worker_id,
+                "trace": {
+                    "trace_id": root.trace_id,
+                    "finish_reason": root.finish_reason,
+                    "duration_s": round(seconds, 6),
+                    **summary,
+                },
                 "transcript": root.messages[1:],
             },
         }
@@ -313,7 +391,7 @@ class Harness:
         return RequestOutcome(request.line, OutputLine(custom_id=request.custom_id, response=response), aggregate)
 
 
-class _ContextFull(Exception):
+class _ContextFull(PronkError):
     """The trace's prompt outgrew the model's context: it ends with finish_reason `context_length`."""
 
 

@@ -59,7 +59,9 @@ async def run_shape(
     """Replay `shape` (and its fan-out) on `router`; `time_scale` multiplies its tool gaps."""
     record = TraceRecord(trace_id or shape.trace_id)
     started = time.monotonic()
-    await _replay(router, shape, record.trace_id, record.trace_id, None, [], record, recorder, custom_id, kv_pin_ttl_s, time_scale)
+    await _replay(
+        router, shape, record.trace_id, record.trace_id, None, [], record, recorder, custom_id, kv_pin_ttl_s, time_scale
+    )
     record.duration_s = time.monotonic() - started
     return record
 
@@ -69,11 +71,21 @@ async def _replay(router, shape, trace_id, root_id, parent_id, prefix, record, r
     for index, step in enumerate(shape.steps):
         tokens = tokens + filler_tokens(f"{trace_id}/{index}", step.new_prompt_tokens)
         more = index < len(shape.steps) - 1
-        row = StepRecord(trace_id=trace_id, step=index, root_trace_id=root_id, parent_trace_id=parent_id, custom_id=custom_id, kind="replay")
+        row = StepRecord(
+            trace_id=trace_id,
+            step=index,
+            root_trace_id=root_id,
+            parent_trace_id=parent_id,
+            custom_id=custom_id,
+            kind="replay",
+        )
         request = StepRequest(
-            request_id=new_id("replay"), prompt_token_ids=tokens,
+            request_id=new_id("replay"),
+            prompt_token_ids=tokens,
             sampling=SamplingSpec(max_tokens=step.output_tokens, ignore_eos=True, temperature=0.0),
-            trace_id=trace_id, affinity_key=root_id, kv_pin_ttl_s=ttl if more else 0.0,
+            trace_id=trace_id,
+            affinity_key=root_id,
+            kv_pin_ttl_s=ttl if more else 0.0,
         )
         try:
             result = await router.generate(request)
@@ -90,7 +102,19 @@ async def _replay(router, shape, trace_id, root_id, parent_id, prefix, record, r
         tokens = tokens + result.token_ids
         waits = [asyncio.sleep(step.tool_gap_s * scale)] if step.tool_gap_s else []
         waits += [
-            _replay(router, child, f"{trace_id}.{index}.{i}", root_id, trace_id, tokens, record, recorder, custom_id, ttl, scale)
+            _replay(
+                router,
+                child,
+                f"{trace_id}.{index}.{i}",
+                root_id,
+                trace_id,
+                tokens,
+                record,
+                recorder,
+                custom_id,
+                ttl,
+                scale,
+            )
             for i, child in enumerate(step.fan_out)
         ]
         if waits:

@@ -23,10 +23,13 @@ REPLAY_URL = "/v1/pronk/replay"
 class ToolFunction(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$", description="A tool of the job's harness.")
+    name: str = Field(
+        min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$", description="A tool of the job's harness."
+    )
     description: str | None = Field(default=None, description="Overrides the tool's own description in the prompt.")
     parameters: dict[str, Any] | None = Field(
-        default=None, description="JSON schema of the arguments; narrows the tool's own schema for this line. Omit to use the tool's."
+        default=None,
+        description="JSON schema of the arguments; narrows the tool's own schema for this line. Omit to use the tool's.",
     )
 
 
@@ -78,10 +81,14 @@ class ReplayBody(BaseModel):
 
     model: str = Field(min_length=1)
     shape: TraceShape
-    kv_pin_ttl_s: float | None = Field(default=None, ge=0, description="Pin TTL across tool gaps; the job's when omitted.")
+    kv_pin_ttl_s: float | None = Field(
+        default=None, ge=0, description="Pin TTL across tool gaps; the job's when omitted."
+    )
 
 
-def check_tools(tools: list[ToolSpec], tool_choice: ToolChoice, request: HarnessRequest | None, job: JobConfig, known: set[str]) -> tuple[str, str] | None:
+def check_tools(
+    tools: list[ToolSpec], tool_choice: ToolChoice, request: HarnessRequest | None, job: JobConfig, known: set[str]
+) -> tuple[str, str] | None:
     """`(error code, message)` for the first problem of an agent line, or None."""
     names = [t.function.name for t in tools]
     unknown = [n for n in names if n not in known]
@@ -96,11 +103,20 @@ def check_tools(tools: list[ToolSpec], tool_choice: ToolChoice, request: Harness
         try:
             Draft202012Validator.check_schema(schema)
         except SchemaError as exc:
-            return "invalid_tool_schema", f"tool {tool.function.name!r}: parameters is not a valid JSON schema: {exc.message}"
+            return (
+                "invalid_tool_schema",
+                f"tool {tool.function.name!r}: parameters is not a valid JSON schema: {exc.message}",
+            )
         if schema.get("type") != "object":
-            return "invalid_tool_schema", f"tool {tool.function.name!r}: parameters must have type 'object', got {json.dumps(schema.get('type'))}"
+            return (
+                "invalid_tool_schema",
+                f"tool {tool.function.name!r}: parameters must have type 'object', got {json.dumps(schema.get('type'))}",
+            )
     if isinstance(tool_choice, NamedToolChoice) and tool_choice.function.name not in names:
-        return "unknown_tool", f"tool_choice names {tool_choice.function.name!r}, which is not in this line's tools {names}"
+        return (
+            "unknown_tool",
+            f"tool_choice names {tool_choice.function.name!r}, which is not in this line's tools {names}",
+        )
     if request is not None:
         problems = request.over_caps(job.harness)
         if problems:

@@ -95,7 +95,9 @@ def summarise(records: list[StepRecord]) -> dict:
     }
 
 
-def log_mlflow_traces(records: list[StepRecord], tracking_uri: str, experiment: str, artifact_root: Path, limit: int = 200) -> int:
+def log_mlflow_traces(
+    records: list[StepRecord], tracking_uri: str, experiment: str, artifact_root: Path, limit: int = 200
+) -> int:
     """One MLflow trace per root trace (agent span → LLM and tool spans per step); returns how many were logged.
 
     A new experiment keeps its trace data under `artifact_root` (MLflow's default is `./mlruns` of the cwd).
@@ -115,20 +117,28 @@ def log_mlflow_traces(records: list[StepRecord], tracking_uri: str, experiment: 
         start = min(r.started_at for r in rows)
         end = max(r.started_at + r.engine_time_s + r.tool_time_s for r in rows)
         root = mlflow.start_span_no_context(
-            name=f"trace {root_id}", span_type="AGENT", inputs={"custom_id": rows[0].custom_id},
+            name=f"trace {root_id}",
+            span_type="AGENT",
+            inputs={"custom_id": rows[0].custom_id},
             attributes={"pronk.root_trace_id": root_id, **{f"pronk.{k}": str(v) for k, v in summarise(rows).items()}},
             start_time_ns=int(start * 1e9),
         )
         for r in rows:
             llm = mlflow.start_span_no_context(
-                name=f"{r.trace_id} step {r.step}", span_type="LLM", parent_span=root, start_time_ns=int(r.started_at * 1e9),
+                name=f"{r.trace_id} step {r.step}",
+                span_type="LLM",
+                parent_span=root,
+                start_time_ns=int(r.started_at * 1e9),
                 attributes={k: v for k, v in asdict(r).items() if v is not None and not isinstance(v, (list, dict))},
             )
             llm.end(end_time_ns=int((r.started_at + r.engine_time_s) * 1e9))
             if r.tool_name:
                 tool_start = r.started_at + r.engine_time_s
                 span = mlflow.start_span_no_context(
-                    name=r.tool_name, span_type="TOOL", parent_span=root, start_time_ns=int(tool_start * 1e9),
+                    name=r.tool_name,
+                    span_type="TOOL",
+                    parent_span=root,
+                    start_time_ns=int(tool_start * 1e9),
                     attributes={"ok": bool(r.tool_ok), "trace_id": r.trace_id, "step": r.step},
                 )
                 span.end(end_time_ns=int((tool_start + r.tool_time_s) * 1e9))

@@ -59,7 +59,14 @@ def step_schema(tools: list[Any], allow_final: bool, max_tokens: int) -> dict[st
         for t in tools
     ]
     if allow_final:
-        branches.append({"type": "object", "properties": {"final": {"type": "string"}}, "required": ["final"], "additionalProperties": False})
+        branches.append(
+            {
+                "type": "object",
+                "properties": {"final": {"type": "string"}},
+                "required": ["final"],
+                "additionalProperties": False,
+            }
+        )
     schema = branches[0] if len(branches) == 1 else {"anyOf": branches}
     chars = max(8, (max_tokens - 24) // max(_string_slots(schema), 1) - 8)
     return _cap_strings(schema, chars)

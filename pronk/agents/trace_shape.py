@@ -14,7 +14,9 @@ class ShapeStep(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    new_prompt_tokens: int = Field(ge=1, description="Tokens appended to the prefix before this generation (tool result, user turn).")
+    new_prompt_tokens: int = Field(
+        ge=1, description="Tokens appended to the prefix before this generation (tool result, user turn)."
+    )
     output_tokens: int = Field(ge=1, description="Tokens this step generates (exactly, in replay).")
     tool_gap_s: float = Field(default=0.0, ge=0, description="Seconds the tool call after this step takes.")
     fan_out: list[TraceShape] = Field(

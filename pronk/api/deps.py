@@ -59,8 +59,10 @@ def current_owner(
         return LOCAL_OWNER
     if credentials is None:
         raise ApiError(
-            401, "You didn't provide an API key: send 'Authorization: Bearer <key>' (make one with `pronk keys create`).",
-            code="missing_api_key", type="invalid_request_error",
+            401,
+            "You didn't provide an API key: send 'Authorization: Bearer <key>' (make one with `pronk keys create`).",
+            code="missing_api_key",
+            type="invalid_request_error",
         )
     key = keys.lookup(credentials.credentials)
     if key is None:

@@ -9,16 +9,29 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-logger = logging.getLogger("pronk.api")
+from pronk.errors import PronkError
 
-_TYPES = {401: "authentication_error", 403: "permission_error", 404: "invalid_request_error", 409: "invalid_request_error"}
+logger = logging.getLogger(__name__)
+
+_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    409: "invalid_request_error",
+}
 
 
-class ApiError(Exception):
+class ApiError(PronkError):
     """An error answered to the client; `code` is a stable string clients may match on."""
 
     def __init__(
-        self, status_code: int, message: str, *, param: str | None = None, code: str | None = None, type: str | None = None
+        self,
+        status_code: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        type: str | None = None,
     ):
         super().__init__(message)
         self.status_code = status_code
@@ -65,7 +78,9 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     logger.exception("unhandled error on %s %s", request.method, request.url.path)
-    return error_response(500, f"The server had an error processing the request: {type(exc).__name__}", "server_error", None, None)
+    return error_response(
+        500, f"The server had an error processing the request: {type(exc).__name__}", "server_error", None, None
+    )
 
 
 def install_error_handlers(app: FastAPI) -> None:

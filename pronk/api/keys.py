@@ -61,7 +61,8 @@ class ApiKeyStore:
         uris = [storage.join(self.root, name) for name in names if name.endswith(".json")]
         return {
             uri: ApiKey.model_validate_json(data)
-            for uri, data in zip(uris, storage.read_many(uris, self.settings)) if data is not None
+            for uri, data in zip(uris, storage.read_many(uris, self.settings))
+            if data is not None
         }
 
     def list(self) -> list[ApiKey]:

@@ -19,17 +19,20 @@ from pydantic import Field
 from pronk import storage
 from pronk.batches.owner_index import OwnerIndex, Page
 from pronk.batches.schemas import Batch, FileObject, FilePurpose
+from pronk.errors import PronkError
 from pronk.settings import Settings, get_settings
 
 
-class UploadRejected(ValueError):
+class UploadRejected(PronkError, ValueError):
     """An upload over a limit; nothing of it was stored."""
 
 
 class FileRecord(FileObject):
     """The stored form of a File: the public object plus its owner, its bytes' URI and a summary of its lines."""
 
-    owner: str | None = Field(default=None, description="Owner of the API key that uploaded it (None: made outside the API).")
+    owner: str | None = Field(
+        default=None, description="Owner of the API key that uploaded it (None: made outside the API)."
+    )
     uri: str = Field(description="Where the content lives (local path or s3://).")
     lines: int = Field(default=0, ge=0, description="Non-blank lines of a batch input file.")
     urls: list[str] = Field(default_factory=list, description="Distinct `url` values of its lines.")
@@ -89,8 +92,14 @@ class FileStore:
         """Store an uploaded batch input file: check its lines first, then copy its bytes; raises UploadRejected."""
         summary = summarize_input(source, max_lines)
         record = FileRecord(
-            owner=owner, filename=filename, purpose=purpose, bytes=0, uri="",
-            lines=summary.lines, urls=sorted(summary.urls), models=sorted(summary.models),
+            owner=owner,
+            filename=filename,
+            purpose=purpose,
+            bytes=0,
+            uri="",
+            lines=summary.lines,
+            urls=sorted(summary.urls),
+            models=sorted(summary.models),
         )
         record.uri = storage.join(self.root, "content", f"{record.id}.jsonl")
         if "://" not in record.uri:
@@ -105,8 +114,12 @@ class FileStore:
     def register(self, owner: str | None, uri: str, purpose: FilePurpose, filename: str | None = None) -> FileRecord:
         """Make an existing object (a batch's output or error file) a File."""
         record = FileRecord(
-            owner=owner, uri=uri, purpose=purpose, bytes=storage.size(uri, self.settings),
-            filename=filename or uri.rsplit("/", 1)[-1], created_at=int(time.time()),
+            owner=owner,
+            uri=uri,
+            purpose=purpose,
+            bytes=storage.size(uri, self.settings),
+            filename=filename or uri.rsplit("/", 1)[-1],
+            created_at=int(time.time()),
         )
         self._save(record)
         self._index(record)

@@ -15,10 +15,11 @@ from pronk.batches.schemas import (
     LineError,
     OutputLine,
 )
+from pronk.errors import PronkError
 from pronk.jobs import JobConfig
 
 
-class BatchInputError(ValueError):
+class BatchInputError(PronkError, ValueError):
     """The input file as a whole cannot be used (unreadable or empty): the batch fails."""
 
 
@@ -53,27 +54,42 @@ def _check_line(number: int, text: str, job: JobConfig, seen: set[str]) -> Valid
     except json.JSONDecodeError as exc:
         return error_line(number, None, ErrorCode.INVALID_JSON, f"not valid JSON: {exc.msg} at column {exc.colno}")
     if not isinstance(raw, dict):
-        return error_line(number, None, ErrorCode.INVALID_LINE, f"a line must be a JSON object, got {type(raw).__name__}")
+        return error_line(
+            number, None, ErrorCode.INVALID_LINE, f"a line must be a JSON object, got {type(raw).__name__}"
+        )
     custom_id = raw.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         return error_line(number, None, ErrorCode.MISSING_CUSTOM_ID, f"missing or empty custom_id (got {custom_id!r})")
     if custom_id in seen:
-        return error_line(number, custom_id, ErrorCode.DUPLICATE_CUSTOM_ID, f"custom_id {custom_id!r} appears on an earlier line")
+        return error_line(
+            number, custom_id, ErrorCode.DUPLICATE_CUSTOM_ID, f"custom_id {custom_id!r} appears on an earlier line"
+        )
     seen.add(custom_id)
     if raw.get("method") != "POST":
-        return error_line(number, custom_id, ErrorCode.INVALID_METHOD, f"method must be 'POST', got {raw.get('method')!r}")
+        return error_line(
+            number, custom_id, ErrorCode.INVALID_METHOD, f"method must be 'POST', got {raw.get('method')!r}"
+        )
     if raw.get("url") not in SERVED_URLS:
-        return error_line(number, custom_id, ErrorCode.UNSUPPORTED_URL, f"url {raw.get('url')!r} is not served; use one of {list(SERVED_URLS)}")
+        return error_line(
+            number,
+            custom_id,
+            ErrorCode.UNSUPPORTED_URL,
+            f"url {raw.get('url')!r} is not served; use one of {list(SERVED_URLS)}",
+        )
     body = raw.get("body")
     if not isinstance(body, dict):
-        return error_line(number, custom_id, ErrorCode.INVALID_BODY, f"body must be a JSON object, got {type(body).__name__}")
+        return error_line(
+            number, custom_id, ErrorCode.INVALID_BODY, f"body must be a JSON object, got {type(body).__name__}"
+        )
     try:
         parsed = (ReplayBody if raw["url"] == REPLAY_URL else ChatCompletionBody).model_validate(body)
     except ValidationError as exc:
         return error_line(number, custom_id, ErrorCode.INVALID_BODY, _validation_message(exc))
     if parsed.model != job.served_model_name:
         return error_line(
-            number, custom_id, ErrorCode.MODEL_MISMATCH,
+            number,
+            custom_id,
+            ErrorCode.MODEL_MISMATCH,
             f"body.model {parsed.model!r} is not served by job {job.job_id} (which serves {job.served_model_name!r})",
         )
     problem = _agent_problem(parsed, job)

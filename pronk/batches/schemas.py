@@ -59,8 +59,12 @@ class ChatCompletionBody(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     n: Literal[1] = 1
-    tools: list[ToolSpec] | None = Field(default=None, description="Tools the job's harness may call: makes the line an agent task.")
-    tool_choice: ToolChoice = Field(default="auto", description="auto, required, none, or a named function (forced on the first step).")
+    tools: list[ToolSpec] | None = Field(
+        default=None, description="Tools the job's harness may call: makes the line an agent task."
+    )
+    tool_choice: ToolChoice = Field(
+        default="auto", description="auto, required, none, or a named function (forced on the first step)."
+    )
     harness: HarnessRequest | None = Field(default=None, description="Per-line harness limits, within the job's caps.")
 
     @field_validator("stop")
@@ -184,9 +188,13 @@ class Batch(BaseModel):
     tasks_per_dollar: float | None = None
     output_uri: str | None = None
     error_uri: str | None = None
-    steps_uri: str | None = Field(default=None, description="NDJSON step records of the run's traces, beside the output file.")
+    steps_uri: str | None = Field(
+        default=None, description="NDJSON step records of the run's traces, beside the output file."
+    )
     flow_run_id: str | None = None
-    owner: str | None = Field(default=None, description="Who made it through the API (an API key's owner); never shown by the API.")
+    owner: str | None = Field(
+        default=None, description="Who made it through the API (an API key's owner); never shown by the API."
+    )
 
     def model_post_init(self, context: Any) -> None:
         if self.expires_at is None and self.completion_window == "24h":

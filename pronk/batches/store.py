@@ -40,7 +40,11 @@ class BatchStore:
     def list(self, owner: str, after: str | None, limit: int) -> tuple[list[Batch], bool]:
         """A page of the owner's batches, newest first, and whether more follow."""
         page = self.owners.page(owner, after, limit)
-        batches = [Batch.model_validate_json(d) for d in storage.read_many([self._uri(i) for i in page.ids], self.settings) if d]
+        batches = [
+            Batch.model_validate_json(d)
+            for d in storage.read_many([self._uri(i) for i in page.ids], self.settings)
+            if d
+        ]
         pending = [b for b in batches if self._cancellable(b)]
         requests = storage.read_many([self._cancel_uri(b.id) for b in pending], self.settings)
         for batch, request in zip(pending, requests):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -23,7 +23,10 @@ def _fail(message: str) -> None:
 def weights_upload(
     src: Annotated[str, typer.Argument(help="Checkpoint directory (Hugging Face format): a local path or s3://…")],
     model: Annotated[str, typer.Option("--model", help="Registered model name, e.g. pronk-tiny.")],
-    job: Annotated[Optional[str], typer.Option("--job", help="Validate against this job's current model (default: the settings' default job).")] = None,
+    job: Annotated[
+        str | None,
+        typer.Option("--job", help="Validate against this job's current model (default: the settings' default job)."),
+    ] = None,
 ) -> None:
     """Validate a checkpoint against the model's current version and register it as the next version."""
     from pronk.jobs import get_job
@@ -49,9 +52,12 @@ def finetune_tiny(
     """Train the tiny model a few seconds on CPU and register the result as the next version."""
     from pronk.models.finetune import FinetuneConfig, finetune
 
-    result = finetune(FinetuneConfig(source=source, steps=steps, learning_rate=learning_rate, seed=seed), get_settings())
+    result = finetune(
+        FinetuneConfig(source=source, steps=steps, learning_rate=learning_rate, seed=seed), get_settings()
+    )
     typer.echo(
-        f"loss {result.first_loss:.3f} → {result.last_loss:.3f} in {result.train_seconds:.1f}s; registered {result.uri}", err=True
+        f"loss {result.first_loss:.3f} → {result.last_loss:.3f} in {result.train_seconds:.1f}s; registered {result.uri}",
+        err=True,
     )
     typer.echo(result.model_dump_json())
 
@@ -59,9 +65,11 @@ def finetune_tiny(
 @leap_app.callback(invoke_without_command=True)
 def leap_run(
     ctx: typer.Context,
-    job: Annotated[Optional[str], typer.Option("--job", help="Job id or name (default: the settings' default job).")] = None,
-    version: Annotated[Optional[int], typer.Option("--version", min=1, help="Model version to serve.")] = None,
-    alias: Annotated[Optional[str], typer.Option("--alias", help="Serve the version this alias names.")] = None,
+    job: Annotated[
+        str | None, typer.Option("--job", help="Job id or name (default: the settings' default job).")
+    ] = None,
+    version: Annotated[int | None, typer.Option("--version", min=1, help="Model version to serve.")] = None,
+    alias: Annotated[str | None, typer.Option("--alias", help="Serve the version this alias names.")] = None,
 ) -> None:
     """Swap the job's running workers to a model version (`--version N` or `--alias A`); prints the Leap record."""
     if ctx.invoked_subcommand is not None:
@@ -84,7 +92,9 @@ def leap_run(
 
 @leap_app.command("status")
 def leap_status(
-    job: Annotated[Optional[str], typer.Option("--job", help="Job id or name (default: the settings' default job).")] = None,
+    job: Annotated[
+        str | None, typer.Option("--job", help="Job id or name (default: the settings' default job).")
+    ] = None,
 ) -> None:
     """Each live worker's version and Leap state, and the job's latest Leap."""
     from engine.registry import Registry
@@ -100,7 +110,9 @@ def leap_status(
     if record is None:
         typer.echo(f"no Leap of {job_id} yet")
         return
-    typer.echo(f"latest Leap {record.id}: {record.from_version} → {record.to_version} {record.status}: {record.message}")
+    typer.echo(
+        f"latest Leap {record.id}: {record.from_version} → {record.to_version} {record.status}: {record.message}"
+    )
     for row in record.table():
         typer.echo("  " + "  ".join(f"{k}={v}" for k, v in row.items() if v not in (None, "")))
 

@@ -6,7 +6,7 @@ import json
 import sys
 import threading
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -21,11 +21,16 @@ batch_app = typer.Typer(no_args_is_help=True, help="Run batches.")
 job_app = typer.Typer(no_args_is_help=True, help="Inspect jobs.")
 keys_app = typer.Typer(no_args_is_help=True, help="Manage API keys (used when PRONK_API_AUTH=true).")
 for sub, name in (
-    (stack_app, "stack"), (model_app, "model"), (worker_app, "worker"), (batch_app, "batch"), (job_app, "job"), (keys_app, "keys")
+    (stack_app, "stack"),
+    (model_app, "model"),
+    (worker_app, "worker"),
+    (batch_app, "batch"),
+    (job_app, "job"),
+    (keys_app, "keys"),
 ):
     app.add_typer(sub, name=name)
 
-JobOption = Annotated[Optional[str], typer.Option("--job", help="Job id or name (default: the settings' default job).")]
+JobOption = Annotated[str | None, typer.Option("--job", help="Job id or name (default: the settings' default job).")]
 
 
 def _fail(message: str) -> None:
@@ -48,9 +53,13 @@ def stack_up(
     settings = get_settings()
     state = stack.up(settings, job, mlflow_ui=mlflow_ui, api=api)
     typer.echo(f"stack up under {settings.data_dir}: {', '.join(sorted(state))}")
-    typer.echo(f"Prefect UI: http://127.0.0.1:{settings.prefect_port}   MLflow UI: http://127.0.0.1:{settings.mlflow_port}")
+    typer.echo(
+        f"Prefect UI: http://127.0.0.1:{settings.prefect_port}   MLflow UI: http://127.0.0.1:{settings.mlflow_port}"
+    )
     if api:
-        typer.echo(f"OpenAI-compatible API: http://127.0.0.1:{settings.api_port}/v1 (auth {'on' if settings.api_auth else 'off'})")
+        typer.echo(
+            f"OpenAI-compatible API: http://127.0.0.1:{settings.api_port}/v1 (auth {'on' if settings.api_auth else 'off'})"
+        )
 
 
 @stack_app.command("down")
@@ -76,12 +85,14 @@ def stack_status() -> None:
     registry = Registry.from_settings(settings)
     for job_id in load_jobs():
         for entry in registry.live(job_id):
-            typer.echo(f"{entry.worker_id:24} {entry.url}  {entry.stats.model_version}  in flight {entry.stats.in_flight}")
+            typer.echo(
+                f"{entry.worker_id:24} {entry.url}  {entry.stats.model_version}  in flight {entry.stats.in_flight}"
+            )
 
 
 @model_app.command("make-tiny")
 def model_make_tiny(
-    out: Annotated[Optional[Path], typer.Option(help="Also write the model directory here.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Also write the model directory here.")] = None,
 ) -> None:
     """Make the tiny model locally and register it in MLflow as `pronk-tiny@live` (if not there yet)."""
     from pronk.models.registry import TINY_MODEL_NAME, ensure_tiny_model
@@ -129,7 +140,9 @@ def _watch_progress(batch_id: str, total_hint: str, stop: threading.Event) -> No
     from pronk.batches.store import BatchStore
 
     store = BatchStore()
-    with Progress(TextColumn(total_hint), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=True) as bar:
+    with Progress(
+        TextColumn(total_hint), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=True
+    ) as bar:
         task = bar.add_task("batch", total=None)
         while not stop.wait(0.5):
             try:
@@ -137,7 +150,9 @@ def _watch_progress(batch_id: str, total_hint: str, stop: threading.Event) -> No
             except (OSError, ValueError):
                 continue
             counts = batch.request_counts
-            bar.update(task, total=counts.total or None, completed=counts.completed + counts.failed, description=batch.status)
+            bar.update(
+                task, total=counts.total or None, completed=counts.completed + counts.failed, description=batch.status
+            )
 
 
 @batch_app.command("run")
@@ -179,7 +194,15 @@ def batch_run(
         watcher = threading.Thread(target=_watch_progress, args=(batch_id, job_config.name, stop), daemon=True)
         watcher.start()
     try:
-        asyncio.run(run_batch(input_uri=input_uri, job_id=job_config.job_id, output_dir=out_uri, batch_id=batch_id, chunk_size=chunk_size))
+        asyncio.run(
+            run_batch(
+                input_uri=input_uri,
+                job_id=job_config.job_id,
+                output_dir=out_uri,
+                batch_id=batch_id,
+                chunk_size=chunk_size,
+            )
+        )
     except BatchFailed as exc:
         typer.echo(f"pronk: {exc}", err=True)
     finally:
@@ -199,8 +222,10 @@ def batch_run(
 
 @app.command("api")
 def api(
-    port: Annotated[Optional[int], typer.Option(help="Port on 127.0.0.1 (default: PRONK_API_PORT, 8000).")] = None,
-    auth: Annotated[Optional[bool], typer.Option("--auth/--no-auth", help="Require API keys (default: PRONK_API_AUTH).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port on 127.0.0.1 (default: PRONK_API_PORT, 8000).")] = None,
+    auth: Annotated[
+        bool | None, typer.Option("--auth/--no-auth", help="Require API keys (default: PRONK_API_AUTH).")
+    ] = None,
 ) -> None:
     """Serve the OpenAI-compatible Files and Batches API in the foreground."""
     import uvicorn
@@ -216,13 +241,21 @@ def api(
 @app.command("bench")
 def bench(
     job: JobOption = None,
-    profile: Annotated[str, typer.Option(help="Workload profile (bench/workload.py): cpu, smoke or reference.")] = "cpu",
-    traces: Annotated[Optional[int], typer.Option(min=1, help="Root traces per round (default: the profile's).")] = None,
-    rounds: Annotated[int, typer.Option(min=1, help="Rounds (seed + round each); figures are medians over rounds.")] = 1,
+    profile: Annotated[
+        str, typer.Option(help="Workload profile (bench/workload.py): cpu, smoke or reference.")
+    ] = "cpu",
+    traces: Annotated[
+        int | None, typer.Option(min=1, help="Root traces per round (default: the profile's).")
+    ] = None,
+    rounds: Annotated[
+        int, typer.Option(min=1, help="Rounds (seed + round each); figures are medians over rounds.")
+    ] = 1,
     seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
     single_step_requests: Annotated[int, typer.Option(min=1, help="Lines of the single-step batch file.")] = 64,
-    work_dir: Annotated[Optional[Path], typer.Option(help="Scratch folder (default: <data dir>/bench).")] = None,
-    record: Annotated[bool, typer.Option(help="Write bench/RESULTS.md, bench/results.json and bench/completion_times.png.")] = False,
+    work_dir: Annotated[Path | None, typer.Option(help="Scratch folder (default: <data dir>/bench).")] = None,
+    record: Annotated[
+        bool, typer.Option(help="Write bench/RESULTS.md, bench/results.json and bench/completion_times.png.")
+    ] = False,
 ) -> None:
     """pronk against N stock vLLM servers on the same agent traces and single-step file; prints the table."""
     from pronk.settings import PROJECT_ROOT
@@ -234,8 +267,14 @@ def bench(
     from bench.suite import BenchConfig, run_bench
 
     config = BenchConfig(
-        job=job or settings.default_job, profile=profile, traces=traces, rounds=rounds, seed=seed,
-        single_step_requests=single_step_requests, work_dir=work_dir or settings.data_dir / "bench", record=record,
+        job=job or settings.default_job,
+        profile=profile,
+        traces=traces,
+        rounds=rounds,
+        seed=seed,
+        single_step_requests=single_step_requests,
+        work_dir=work_dir or settings.data_dir / "bench",
+        record=record,
         command="pronk " + " ".join(sys.argv[1:]),
     )
     run_bench(config, settings, echo=typer.echo)
@@ -243,7 +282,10 @@ def bench(
 
 @keys_app.command("create")
 def keys_create(
-    owner: Annotated[Optional[str], typer.Option(help="Share files and batches with the other keys of this owner (default: the key alone).")] = None,
+    owner: Annotated[
+        str | None,
+        typer.Option(help="Share files and batches with the other keys of this owner (default: the key alone)."),
+    ] = None,
     name: Annotated[str, typer.Option(help="A note: what the key is for.")] = "",
 ) -> None:
     """Make an API key; prints it once (only its hash is stored)."""

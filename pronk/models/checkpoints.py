@@ -15,10 +15,19 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64", "I64": "int64", "I32": "int32"}
+from pronk.errors import PronkError
+
+SAFETENSORS_DTYPES = {
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F64": "float64",
+    "I64": "int64",
+    "I32": "int32",
+}
 
 
-class CheckpointMismatch(ValueError):
+class CheckpointMismatch(PronkError, ValueError):
     """A checkpoint that cannot replace the model's weights; the message names the first difference."""
 
     def __init__(self, what: str, expected: object, got: object, src: str, reference: str):
@@ -88,13 +97,19 @@ def check_compatible(candidate: CheckpointSpec, reference: CheckpointSpec, src: 
         if name not in candidate.parameters:
             raise CheckpointMismatch(f"parameter {name!r}", f"shape {list(shape)}", "missing", src, reference_name)
         if candidate.parameters[name] != shape:
-            raise CheckpointMismatch(f"parameter {name!r} shape", list(shape), list(candidate.parameters[name]), src, reference_name)
+            raise CheckpointMismatch(
+                f"parameter {name!r} shape", list(shape), list(candidate.parameters[name]), src, reference_name
+            )
     extra = sorted(set(candidate.parameters) - set(reference.parameters))
     if extra:
-        raise CheckpointMismatch(f"parameter {extra[0]!r}", "absent", f"shape {list(candidate.parameters[extra[0]])}", src, reference_name)
+        raise CheckpointMismatch(
+            f"parameter {extra[0]!r}", "absent", f"shape {list(candidate.parameters[extra[0]])}", src, reference_name
+        )
 
 
-def checkpoint_tags(spec: CheckpointSpec, parent_version: int | None = None, source: str | None = None) -> dict[str, str]:
+def checkpoint_tags(
+    spec: CheckpointSpec, parent_version: int | None = None, source: str | None = None
+) -> dict[str, str]:
     """The MLflow model version tags pronk writes for a checkpoint."""
     tags = {
         "architecture": spec.architecture,

@@ -20,7 +20,10 @@ from pronk.settings import Settings, get_settings
 class FinetuneConfig(BaseModel):
     """How long and how hard to train."""
 
-    source: str = Field(default="models:/pronk-tiny@live", description="Model URI to start from: `models:/NAME@ALIAS` or `models:/NAME/N`.")
+    source: str = Field(
+        default="models:/pronk-tiny@live",
+        description="Model URI to start from: `models:/NAME@ALIAS` or `models:/NAME/N`.",
+    )
     steps: int = Field(default=12, ge=1, le=10_000, description="Optimizer steps.")
     learning_rate: float = Field(default=3e-3, gt=0, le=1, description="AdamW learning rate.")
     batch_size: int = Field(default=4, ge=1, description="Sequences per step.")
@@ -84,7 +87,9 @@ def finetune(config: FinetuneConfig, settings: Settings | None = None) -> Finetu
         first, last = _train(work, config)
         seconds = time.monotonic() - started
         parent_uri = f"models:/{parent.version}"
-        upload = upload_checkpoint(str(work), name, job_model=parent_uri, settings=settings, source_tag=f"finetune of {parent_uri}")
+        upload = upload_checkpoint(
+            str(work), name, job_model=parent_uri, settings=settings, source_tag=f"finetune of {parent_uri}"
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return FinetuneResult(**upload.model_dump(), first_loss=first, last_loss=last, train_seconds=seconds)

@@ -40,16 +40,22 @@ class LeapRecord(BaseModel):
     id: str = Field(default_factory=lambda: new_id("leap"))
     job_id: str
     model: str = Field(description="Registered model name.")
-    from_version: str | None = Field(default=None, description="Version label the fleet served before, e.g. `pronk-tiny/1`.")
+    from_version: str | None = Field(
+        default=None, description="Version label the fleet served before, e.g. `pronk-tiny/1`."
+    )
     to_version: str = Field(description="Target version label, e.g. `pronk-tiny/2`.")
     status: LeapStatus = "queued"
     message: str = ""
-    alias: str | None = Field(default=None, description="The job's alias, moved to the target when the whole fleet switched.")
+    alias: str | None = Field(
+        default=None, description="The job's alias, moved to the target when the whole fleet switched."
+    )
     alias_moved: bool = False
     workers: dict[str, WorkerLeap] = Field(default_factory=dict)
     created_at: float = Field(default_factory=time.time)
     finished_at: float | None = None
-    switch_seconds: float | None = Field(default=None, description="First worker paused → last worker serving the new version.")
+    switch_seconds: float | None = Field(
+        default=None, description="First worker paused → last worker serving the new version."
+    )
     flow_run_id: str | None = None
 
     def finish(self, status: LeapStatus, message: str) -> None:
@@ -68,7 +74,9 @@ class LeapRecord(BaseModel):
                 "version": w.version,
                 "attempts": w.attempts,
                 "stage s": None if w.stage_seconds is None else round(w.stage_seconds, 3),
-                "paused → resumed s": None if not (w.paused_at and w.resumed_at) else round(w.resumed_at - w.paused_at, 3),
+                "paused → resumed s": None
+                if not (w.paused_at and w.resumed_at)
+                else round(w.resumed_at - w.paused_at, 3),
                 "error": w.error or "",
             }
             for w in self.workers.values()
@@ -88,10 +96,14 @@ class LeapStore:
         storage.write_bytes(storage.join(self.root, f"latest-{record.job_id}.json"), data, self.settings)
 
     def load(self, leap_id: str) -> LeapRecord:
-        return LeapRecord.model_validate_json(storage.read_bytes(storage.join(self.root, f"{leap_id}.json"), self.settings))
+        return LeapRecord.model_validate_json(
+            storage.read_bytes(storage.join(self.root, f"{leap_id}.json"), self.settings)
+        )
 
     def latest(self, job_id: str) -> LeapRecord | None:
         try:
-            return LeapRecord.model_validate_json(storage.read_bytes(storage.join(self.root, f"latest-{job_id}.json"), self.settings))
+            return LeapRecord.model_validate_json(
+                storage.read_bytes(storage.join(self.root, f"latest-{job_id}.json"), self.settings)
+            )
         except FileNotFoundError:
             return None

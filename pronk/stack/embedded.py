@@ -37,8 +37,12 @@ def _write_state(settings: Settings, state: dict[str, int]) -> None:
 
 def _prefect(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "prefect", *args], env={**os.environ, **env},
-        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "prefect", *args],
+        env={**os.environ, **env},
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -46,7 +50,17 @@ def start_prefect_server(settings: Settings, state: dict[str, int]) -> None:
     env = prefect_environment(settings)
     if "prefect-server" not in state or not alive(state["prefect-server"]):
         log = settings.logs_dir / "prefect-server.log"
-        argv = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(settings.prefect_port)]
+        argv = [
+            sys.executable,
+            "-m",
+            "prefect",
+            "server",
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(settings.prefect_port),
+        ]
         state["prefect-server"] = spawn(argv, log, env=env)
         wait_healthy(env["PREFECT_API_URL"] + "/health", "Prefect server", state["prefect-server"], log)
 
@@ -54,7 +68,9 @@ def start_prefect_server(settings: Settings, state: dict[str, int]) -> None:
 def deploy_flows(settings: Settings, state: dict[str, int]) -> None:
     """Create the process work pool, deploy `deployments/prefect.yaml`, and start a worker for the pool."""
     env = {
-        **prefect_environment(settings), "PRONK_PROJECT_ROOT": str(PROJECT_ROOT), "PRONK_DATA_DIR": str(settings.data_dir),
+        **prefect_environment(settings),
+        "PRONK_PROJECT_ROOT": str(PROJECT_ROOT),
+        "PRONK_DATA_DIR": str(settings.data_dir),
         # A batch made through the API starts when the worker next polls (Prefect's default: every 10 s).
         "PREFECT_WORKER_QUERY_SECONDS": os.environ.get("PREFECT_WORKER_QUERY_SECONDS", "2"),
     }
@@ -72,9 +88,20 @@ def start_mlflow_ui(settings: Settings, state: dict[str, int]) -> None:
         return
     log = settings.logs_dir / "mlflow-server.log"
     argv = [
-        sys.executable, "-m", "mlflow", "server", "--backend-store-uri", settings.tracking_uri,
-        "--default-artifact-root", settings.artifact_root.as_uri(), "--host", "127.0.0.1", "--port", str(settings.mlflow_port),
-        "--workers", "1",
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        settings.tracking_uri,
+        "--default-artifact-root",
+        settings.artifact_root.as_uri(),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(settings.mlflow_port),
+        "--workers",
+        "1",
     ]
     state["mlflow-server"] = spawn(argv, log)
 
@@ -85,8 +112,17 @@ def start_api(settings: Settings, state: dict[str, int]) -> None:
         return
     log = settings.logs_dir / "api.log"
     argv = [
-        sys.executable, "-m", "uvicorn", "pronk.api.app:create_app", "--factory",
-        "--host", "127.0.0.1", "--port", str(settings.api_port), "--log-level", "warning",
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "pronk.api.app:create_app",
+        "--factory",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(settings.api_port),
+        "--log-level",
+        "warning",
     ]
     env = {**prefect_environment(settings), "PRONK_DATA_DIR": str(settings.data_dir)}
     state["api"] = spawn(argv, log, env=env, cwd=PROJECT_ROOT)

@@ -7,12 +7,13 @@ import time
 from collections.abc import Sequence
 
 from engine.registry import Registry
+from pronk.errors import PronkError
 from pronk.jobs import JobConfig
 from pronk.settings import Settings
 from pronk.stack.processes import alive, spawn
 
 
-class FleetStartError(RuntimeError):
+class FleetStartError(PronkError, RuntimeError):
     pass
 
 
@@ -22,7 +23,9 @@ def start_workers(job: JobConfig, settings: Settings, indices: Sequence[int] | N
     for index in indices or range(job.workers):
         worker_id = f"{job.job_id}-w{index}"
         argv = [sys.executable, "-m", "pronk.stack.worker", "--job", job.job_id, "--index", str(index)]
-        pids[worker_id] = spawn(argv, settings.logs_dir / f"{worker_id}.log", env={"PRONK_DATA_DIR": str(settings.data_dir)})
+        pids[worker_id] = spawn(
+            argv, settings.logs_dir / f"{worker_id}.log", env={"PRONK_DATA_DIR": str(settings.data_dir)}
+        )
     return pids
 
 

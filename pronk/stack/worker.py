@@ -60,7 +60,13 @@ def main(argv: list[str] | None = None) -> None:
             **job.engine.as_vllm_kwargs(),
         },
     )
-    serve(backend, Registry.from_settings(settings), stage_checkpoint, args.port or free_port(), settings.heartbeat_interval_s)
+    serve(
+        backend,
+        Registry.from_settings(settings),
+        stage_checkpoint,
+        args.port or free_port(),
+        settings.heartbeat_interval_s,
+    )
 
 
 if __name__ == "__main__":

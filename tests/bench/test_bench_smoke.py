@@ -17,7 +17,9 @@ pytestmark = pytest.mark.e2e
 
 
 def test_smoke_bench_runs_every_setup_and_reports_every_figure(stack, tmp_path):
-    config = BenchConfig(profile="smoke", traces=4, single_step_requests=6, work_dir=tmp_path / "work", command="pytest smoke")
+    config = BenchConfig(
+        profile="smoke", traces=4, single_step_requests=6, work_dir=tmp_path / "work", command="pytest smoke"
+    )
     outcome = run_bench(config, stack, echo=lambda _line: None)
 
     pronk, bare, baseline = outcome["runs"]
@@ -31,8 +33,17 @@ def test_smoke_bench_runs_every_setup_and_reports_every_figure(stack, tmp_path):
 
     comparisons: list[Comparison] = outcome["comparisons"]
     names = {c.name for c in comparisons}
-    for figure in ("traces per second", "tasks per worker-hour", "tasks per dollar", "output tokens per second", "cached-token ratio",
-                   "p50 trace completion time", "p90 trace completion time", "orchestration overhead", "Prefect server lag"):
+    for figure in (
+        "traces per second",
+        "tasks per worker-hour",
+        "tasks per dollar",
+        "output tokens per second",
+        "cached-token ratio",
+        "p50 trace completion time",
+        "p90 trace completion time",
+        "orchestration overhead",
+        "Prefect server lag",
+    ):
         assert any(figure in name for name in names), figure
     assert any(name.startswith("single-step") for name in names)
     for c in comparisons:
@@ -43,4 +54,6 @@ def test_smoke_bench_runs_every_setup_and_reports_every_figure(stack, tmp_path):
     md, data, plot = record(config, outcome, outcome["meta"], tmp_path)
     assert "pronk / baseline" in md.read_text() and plot.stat().st_size > 0
     rows = json.loads(data.read_text())["comparisons"]
-    assert len(rows) == len(comparisons) and all({"name", "pronk", "baseline", "ratio", "unit"} <= row.keys() for row in rows)
+    assert len(rows) == len(comparisons) and all(
+        {"name", "pronk", "baseline", "ratio", "unit"} <= row.keys() for row in rows
+    )

@@ -40,7 +40,17 @@ def test_relabel_gives_each_setup_its_own_trace_ids():
 
 
 def test_figures_and_ratios():
-    run = AgentRun("x", wall_s=10.0, workers=2, traces=5, steps=20, prompt_tokens=1000, cached_tokens=600, output_tokens=400, trace_seconds=[1, 2, 3, 4])
+    run = AgentRun(
+        "x",
+        wall_s=10.0,
+        workers=2,
+        traces=5,
+        steps=20,
+        prompt_tokens=1000,
+        cached_tokens=600,
+        output_tokens=400,
+        trace_seconds=[1, 2, 3, 4],
+    )
     assert run.traces_per_s == 0.5 and run.tasks_per_worker_hour == 900.0 and run.tasks_per_dollar(0.05) == 18000.0
     assert run.cached_ratio == 0.6 and percentile([1, 2, 3, 4], 50) == 2.5
     faster = Comparison("t", "s", pronk=2.0, baseline=4.0, higher_is_better=False)

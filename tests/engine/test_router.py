@@ -17,7 +17,11 @@ JOB = "job-0000beef"
 def announce(registry: Registry, worker_id: str, waiting: int = 0, heartbeat_at: float | None = None) -> None:
     registry.announce(
         WorkerEntry(
-            worker_id=worker_id, job_id=JOB, url=f"http://{worker_id}", pid=1, started_at=0.0,
+            worker_id=worker_id,
+            job_id=JOB,
+            url=f"http://{worker_id}",
+            pid=1,
+            started_at=0.0,
             heartbeat_at=time.time() if heartbeat_at is None else heartbeat_at,
             stats=WorkerStats(worker_id=worker_id, job_id=JOB, model_version="m/1", waiting=waiting),
         )
@@ -38,9 +42,17 @@ class StandInClient:
         if url in self.dead:
             raise WorkerUnavailable(f"{url}: connection reset")
         return StepResult(
-            request_id=request.request_id, text="x", token_ids=[1], prompt_tokens=3, cached_tokens=0,
-            completion_tokens=1, finish_reason="stop", model_version="m/1", worker_id=url.removeprefix("http://"),
-            queue_time_s=0.0, engine_time_s=0.0,
+            request_id=request.request_id,
+            text="x",
+            token_ids=[1],
+            prompt_tokens=3,
+            cached_tokens=0,
+            completion_tokens=1,
+            finish_reason="stop",
+            model_version="m/1",
+            worker_id=url.removeprefix("http://"),
+            queue_time_s=0.0,
+            engine_time_s=0.0,
         )
 
     async def aclose(self):

@@ -11,8 +11,18 @@ from engine.routing import POLICIES, make_policy
 
 
 def worker(worker_id: str, waiting: int = 0, kv: float = 0.0) -> WorkerEntry:
-    stats = WorkerStats(worker_id=worker_id, job_id="job-0000beef", model_version="m/1", waiting=waiting, kv_cache_usage=kv)
-    return WorkerEntry(worker_id=worker_id, job_id="job-0000beef", url=f"http://{worker_id}", pid=1, started_at=0, heartbeat_at=time.time(), stats=stats)
+    stats = WorkerStats(
+        worker_id=worker_id, job_id="job-0000beef", model_version="m/1", waiting=waiting, kv_cache_usage=kv
+    )
+    return WorkerEntry(
+        worker_id=worker_id,
+        job_id="job-0000beef",
+        url=f"http://{worker_id}",
+        pid=1,
+        started_at=0,
+        heartbeat_at=time.time(),
+        stats=stats,
+    )
 
 
 def step(trace_id: str, key: str | None = None) -> StepRequest:

@@ -54,8 +54,21 @@ def test_agent_batch_completes_with_all_tools_and_a_fan_out(agent_run):
 def test_step_records_show_one_worker_per_trace_and_cached_prefixes(agent_run):
     steps = pl.read_ndjson(agent_run["steps_uri"])
     assert Path(agent_run["steps_uri"]).parent == Path(agent_run["output_uri"]).parent
-    assert {"trace_id", "step", "parent_trace_id", "worker_id", "model_version", "prompt_tokens", "cached_tokens", "output_tokens",
-            "queue_time_s", "engine_time_s", "tool_name", "tool_time_s", "error"} <= set(steps.columns)
+    assert {
+        "trace_id",
+        "step",
+        "parent_trace_id",
+        "worker_id",
+        "model_version",
+        "prompt_tokens",
+        "cached_tokens",
+        "output_tokens",
+        "queue_time_s",
+        "engine_time_s",
+        "tool_name",
+        "tool_time_s",
+        "error",
+    } <= set(steps.columns)
     served = steps.filter(pl.col("worker_id").is_not_null())
     per_family = served.group_by("root_trace_id").agg(pl.col("worker_id").n_unique().alias("workers"))
     assert per_family["workers"].max() == 1
@@ -76,20 +89,41 @@ def test_a_raising_tool_a_runaway_python_call_and_a_stuck_tool_are_contained(sta
     from pronk.jobs import get_job
 
     base = get_job(JOB)
-    harness = base.harness.model_copy(update={
-        "tools": ["python", "tests.pronk.agents.tool_fixtures:ExplodingTool", "tests.pronk.agents.tool_fixtures:StuckTool"],
-        "tool_timeout_s": 30.0, "python": base.harness.python.model_copy(update={"cpu_s": 1, "wall_s": 25.0}),
-    })
+    harness = base.harness.model_copy(
+        update={
+            "tools": [
+                "python",
+                "tests.pronk.agents.tool_fixtures:ExplodingTool",
+                "tests.pronk.agents.tool_fixtures:StuckTool",
+            ],
+            "tool_timeout_s": 30.0,
+            "python": base.harness.python.model_copy(update={"cpu_s": 1, "wall_s": 25.0}),
+        }
+    )
     job = base.model_copy(update={"harness": harness})
-    runaway = {"type": "object", "properties": {"code": {"type": "string", "enum": ["while True:\n    pass"]}}, "required": ["code"], "additionalProperties": False}
+    runaway = {
+        "type": "object",
+        "properties": {"code": {"type": "string", "enum": ["while True:\n    pass"]}},
+        "required": ["code"],
+        "additionalProperties": False,
+    }
 
     def agent(cid: str, name: str, parameters=None, **limits) -> str:
         function = {"name": name, **({"parameters": parameters} if parameters else {})}
-        body = {"model": "pronk-tiny", "messages": [{"role": "user", "content": "go"}], "tools": [{"type": "function", "function": function}],
-                "tool_choice": "required", "max_tokens": 48, "seed": 3, "harness": {"max_steps": 2, **limits}}
+        body = {
+            "model": "pronk-tiny",
+            "messages": [{"role": "user", "content": "go"}],
+            "tools": [{"type": "function", "function": function}],
+            "tool_choice": "required",
+            "max_tokens": 48,
+            "seed": 3,
+            "harness": {"max_steps": 2, **limits},
+        }
         return json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/chat/completions", "body": body})
 
-    lines = "\n".join([agent("runaway", "python", runaway), agent("raises", "explode"), agent("stuck", "stuck", tool_timeout_s=2.0)])
+    lines = "\n".join(
+        [agent("runaway", "python", runaway), agent("raises", "explode"), agent("stuck", "stuck", tool_timeout_s=2.0)]
+    )
     validated = validate_input(lines.encode(), job)
     assert validated.errors == []
     router = Router(job.job_id, Registry(stack.registry_dir, stack.heartbeat_timeout_s), policy="trace_affinity")
@@ -97,17 +131,25 @@ def test_a_raising_tool_a_runaway_python_call_and_a_stuck_tool_are_contained(sta
 
     async def run_all():
         try:
-            return await asyncio.gather(*(Harness(router, job, recorder, tmp_path).run_line(r) for r in validated.requests))
+            return await asyncio.gather(
+                *(Harness(router, job, recorder, tmp_path).run_line(r) for r in validated.requests)
+            )
         finally:
             await router.aclose()
 
     outcomes = {o.output.custom_id: o for o in asyncio.run(run_all())}
-    expected = {"runaway": "CPU time limit of 1s exceeded", "raises": "RuntimeError: kaboom", "stuck": "timed out after 2s"}
+    expected = {
+        "runaway": "CPU time limit of 1s exceeded",
+        "raises": "RuntimeError: kaboom",
+        "stuck": "timed out after 2s",
+    }
     for cid, text in expected.items():
         body = outcomes[cid].output.response.body
         assert body["choices"][0]["finish_reason"] == "max_steps"
         tool_message = body["pronk"]["transcript"][2]
-        assert tool_message["role"] == "tool" and "error]" in tool_message["content"] and text in tool_message["content"]
+        assert (
+            tool_message["role"] == "tool" and "error]" in tool_message["content"] and text in tool_message["content"]
+        )
         first = next(r for r in recorder.records if r.trace_id == cid and r.step == 0)
         assert first.tool_ok is False and first.tool_name in {"python", "explode", "stuck"}
 
@@ -142,8 +184,20 @@ def test_replay_shapes_produce_exact_token_counts(stack):
 
 def test_sample_agent_batch_runs_from_the_cli_and_from_a_prefect_deployment(stack, tmp_path):
     cli = subprocess.run(
-        [str(Path(sys.executable).parent / "pronk"), "batch", "run", str(AGENT_BATCH), "--job", "tiny-cpu", "--out", str(tmp_path / "cli")],
-        capture_output=True, text=True, timeout=300, env={**os.environ},
+        [
+            str(Path(sys.executable).parent / "pronk"),
+            "batch",
+            "run",
+            str(AGENT_BATCH),
+            "--job",
+            "tiny-cpu",
+            "--out",
+            str(tmp_path / "cli"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ},
     )
     assert cli.returncode == 0, cli.stderr
     batch = json.loads(cli.stdout.strip().splitlines()[-1])
@@ -151,10 +205,29 @@ def test_sample_agent_batch_runs_from_the_cli_and_from_a_prefect_deployment(stac
     assert pl.read_ndjson(batch["steps_uri"]).height >= 8
 
     deployed = subprocess.run(
-        [sys.executable, "-m", "prefect", "deployment", "run", "run-batch/run-batch",
-         "-p", f"input_uri={AGENT_BATCH}", "-p", f"job_id={JOB}", "-p", f"output_dir={tmp_path / 'deployed'}",
-         "-p", "batch_id=batch_agentdeployment", "--watch", "--watch-timeout", "240"],
-        capture_output=True, text=True, timeout=300, env={**os.environ, **prefect_environment()},
+        [
+            sys.executable,
+            "-m",
+            "prefect",
+            "deployment",
+            "run",
+            "run-batch/run-batch",
+            "-p",
+            f"input_uri={AGENT_BATCH}",
+            "-p",
+            f"job_id={JOB}",
+            "-p",
+            f"output_dir={tmp_path / 'deployed'}",
+            "-p",
+            "batch_id=batch_agentdeployment",
+            "--watch",
+            "--watch-timeout",
+            "240",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **prefect_environment()},
     )
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
     stored = BatchStore().load("batch_agentdeployment")

@@ -90,8 +90,20 @@ def test_empty_or_unreadable_input_fails_the_batch_with_a_message(stack, tmp_pat
 
 def test_cli_batch_run_prints_the_batch_object_last(stack, tmp_path):
     completed = subprocess.run(
-        [str(Path(sys.executable).parent / "pronk"), "batch", "run", str(DATA / "mixed_batch.jsonl"), "--job", "tiny-cpu", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=300, env={**os.environ},
+        [
+            str(Path(sys.executable).parent / "pronk"),
+            "batch",
+            "run",
+            str(DATA / "mixed_batch.jsonl"),
+            "--job",
+            "tiny-cpu",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ},
     )
     assert completed.returncode == 0, completed.stderr
     batch = json.loads(completed.stdout.strip().splitlines()[-1])
@@ -102,10 +114,29 @@ def test_cli_batch_run_prints_the_batch_object_last(stack, tmp_path):
 def test_prefect_deployment_run_completes_a_batch_through_the_process_worker(stack, tmp_path):
     env = {**os.environ, **prefect_environment()}
     completed = subprocess.run(
-        [sys.executable, "-m", "prefect", "deployment", "run", "run-batch/run-batch",
-         "-p", f"input_uri={DATA / 'mixed_batch.jsonl'}", "-p", f"job_id={JOB}", "-p", f"output_dir={tmp_path}",
-         "-p", "batch_id=batch_fromdeployment", "--watch", "--watch-timeout", "240"],
-        capture_output=True, text=True, timeout=300, env=env,
+        [
+            sys.executable,
+            "-m",
+            "prefect",
+            "deployment",
+            "run",
+            "run-batch/run-batch",
+            "-p",
+            f"input_uri={DATA / 'mixed_batch.jsonl'}",
+            "-p",
+            f"job_id={JOB}",
+            "-p",
+            f"output_dir={tmp_path}",
+            "-p",
+            "batch_id=batch_fromdeployment",
+            "--watch",
+            "--watch-timeout",
+            "240",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
     stored = BatchStore().load("batch_fromdeployment")
@@ -120,8 +151,18 @@ def test_steps_are_resent_when_a_worker_dies_mid_batch(stack, tmp_path):
     extra = start_workers(job, stack, indices=range(2, 3))
     wait_for_workers(job, stack, extra)
     lines = [
-        json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
-                    "body": {"model": "pronk-tiny", "messages": [{"role": "user", "content": f"story {i}"}], "max_tokens": 400}})
+        json.dumps(
+            {
+                "custom_id": f"r{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "model": "pronk-tiny",
+                    "messages": [{"role": "user", "content": f"story {i}"}],
+                    "max_tokens": 400,
+                },
+            }
+        )
         for i in range(24)
     ]
     path = tmp_path / "long.jsonl"

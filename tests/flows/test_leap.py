@@ -58,7 +58,9 @@ async def greedy(url: str, prompt: list[int], max_tokens: int = 16):
     client = WorkerClient()
     try:
         sampling = SamplingSpec(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-        return await client.generate(url, StepRequest(request_id=f"probe-{uuid.uuid4().hex[:8]}", prompt_token_ids=prompt, sampling=sampling))
+        return await client.generate(
+            url, StepRequest(request_id=f"probe-{uuid.uuid4().hex[:8]}", prompt_token_ids=prompt, sampling=sampling)
+        )
     finally:
         await client.aclose()
 
@@ -69,7 +71,9 @@ def probe(url: str) -> list[list[int]]:
 
 
 def restore_v1(settings, v1: int) -> None:
-    if {w.stats.model_version for w in fleet(settings)} != {f"{MODEL}/{v1}"} or alias_version(MODEL, "live", settings) != v1:
+    if {w.stats.model_version for w in fleet(settings)} != {f"{MODEL}/{v1}"} or alias_version(
+        MODEL, "live", settings
+    ) != v1:
         run_leap(version=v1)
 
 
@@ -98,8 +102,17 @@ def on_v1(stack, versions):
 
 def batch_file(path, lines: int) -> str:
     rows = [
-        {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"model": MODEL, "temperature": 0, "max_tokens": 64, "messages": [{"role": "user", "content": f"note {i}: the fleet"}]}}
+        {
+            "custom_id": f"r{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": MODEL,
+                "temperature": 0,
+                "max_tokens": 64,
+                "messages": [{"role": "user", "content": f"note {i}: the fleet"}],
+            },
+        }
         for i in range(lines)
     ]
     path.write_text("\n".join(json.dumps(r) for r in rows))
@@ -120,7 +133,9 @@ def test_leap_during_a_running_batch_switches_every_step_cleanly(stack, on_v1, t
     served_at_start = sum(w.stats.requests_served for w in fleet(stack))
 
     async def batch_with_a_leap_in_the_middle():
-        batch = asyncio.create_task(run_batch(input_uri=batch_file(tmp_path / "in.jsonl", 128), job_id=JOB, output_dir=str(tmp_path)))
+        batch = asyncio.create_task(
+            run_batch(input_uri=batch_file(tmp_path / "in.jsonl", 128), job_id=JOB, output_dir=str(tmp_path))
+        )
         while sum(w.stats.requests_served for w in fleet(stack)) < served_at_start + 4:
             assert not batch.done(), "the batch ended before the Leap could start"
             await asyncio.sleep(0.2)
@@ -174,7 +189,9 @@ def test_a_wrong_shape_checkpoint_is_refused_and_the_fleet_keeps_serving_v1(stac
     v1, _ = on_v1
     wrong = wrong_shape_checkpoint(stack, v1, tmp_path / "wrong")
     newest = latest_version(MODEL, stack)
-    with pytest.raises(CheckpointMismatch, match=r"'model.layers.1.mlp.up_proj.weight' shape is \[600, 256\], expected \[688, 256\]"):
+    with pytest.raises(
+        CheckpointMismatch, match=r"'model.layers.1.mlp.up_proj.weight' shape is \[600, 256\], expected \[688, 256\]"
+    ):
         upload_checkpoint(str(wrong), MODEL, job_model=get_job(JOB).model, settings=stack)
     assert latest_version(MODEL, stack) == newest, "a refused checkpoint was registered"
 
@@ -210,8 +227,13 @@ class StubWorker:
     def __init__(self, settings, version: str):
         self.reloads = 0
         self.entry = WorkerEntry(
-            worker_id=f"{JOB}-stub", job_id=JOB, url=f"http://127.0.0.1:{free_port()}", pid=os.getpid(), started_at=time.time(),
-            heartbeat_at=time.time(), stats=WorkerStats(worker_id=f"{JOB}-stub", job_id=JOB, model_version=version),
+            worker_id=f"{JOB}-stub",
+            job_id=JOB,
+            url=f"http://127.0.0.1:{free_port()}",
+            pid=os.getpid(),
+            started_at=time.time(),
+            heartbeat_at=time.time(),
+            stats=WorkerStats(worker_id=f"{JOB}-stub", job_id=JOB, model_version=version),
         )
         self.registry = registry(settings)
         self.stopped = threading.Event()
@@ -228,7 +250,10 @@ class StubWorker:
 
         port = int(self.entry.url.rsplit(":", 1)[1])
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-        self.threads = [threading.Thread(target=self.server.run, daemon=True), threading.Thread(target=self._heartbeat, daemon=True)]
+        self.threads = [
+            threading.Thread(target=self.server.run, daemon=True),
+            threading.Thread(target=self._heartbeat, daemon=True),
+        ]
 
     def _heartbeat(self) -> None:
         while not self.stopped.wait(0.5):
@@ -273,7 +298,9 @@ def test_weights_over_http_refuse_a_wrong_shape_and_leap_through_the_deployment(
 
     v1, v2 = on_v1
     key, _ = ApiKeyStore(stack).create(name="leap")
-    api = httpx.Client(base_url=f"http://127.0.0.1:{stack.api_port}/v1", headers={"Authorization": f"Bearer {key}"}, timeout=120)
+    api = httpx.Client(
+        base_url=f"http://127.0.0.1:{stack.api_port}/v1", headers={"Authorization": f"Bearer {key}"}, timeout=120
+    )
     wrong = wrong_shape_checkpoint(stack, v1, tmp_path / "wrong")
     refused = api.post("/weights/upload", json={"source": str(wrong), "model": MODEL, "job_id": JOB})
     assert refused.status_code == 409 and refused.json()["error"]["code"] == "checkpoint_mismatch"
@@ -286,7 +313,11 @@ def test_weights_over_http_refuse_a_wrong_shape_and_leap_through_the_deployment(
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         (job,) = api.get("/weights/status", params={"job_id": JOB}).json()["data"]
-        if job["latest_leap"]["id"] == leap["leap_id"] and job["latest_leap"]["status"] not in ("queued", "staging", "reloading"):
+        if job["latest_leap"]["id"] == leap["leap_id"] and job["latest_leap"]["status"] not in (
+            "queued",
+            "staging",
+            "reloading",
+        ):
             break
         time.sleep(1)
     assert job["latest_leap"]["status"] == "completed", job["latest_leap"]

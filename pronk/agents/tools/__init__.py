@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from pronk.errors import PronkError
 from pronk.jobs import HarnessConfig
 from pronk.settings import PROJECT_ROOT
 
 SPAWN_SUBAGENTS = "spawn_subagents"
 
 
-class ToolError(Exception):
+class ToolError(PronkError):
     """A tool call that failed in an expected way; the message is what the model sees."""
 
 
@@ -57,7 +58,12 @@ class SpawnSubagents:
         self.parameters = {
             "type": "object",
             "properties": {
-                "tasks": {"type": "array", "items": {"type": "string", "maxLength": 160}, "minItems": 1, "maxItems": max(harness.max_fan_out, 1)}
+                "tasks": {
+                    "type": "array",
+                    "items": {"type": "string", "maxLength": 160},
+                    "minItems": 1,
+                    "maxItems": max(harness.max_fan_out, 1),
+                }
             },
             "required": ["tasks"],
             "additionalProperties": False,
@@ -115,7 +121,9 @@ def load_tools(harness: HarnessConfig) -> dict[str, Tool]:
     return tools
 
 
-async def run_tool(tool: Tool, arguments: dict[str, Any], context: ToolContext, timeout_s: float, max_chars: int) -> ToolOutcome:
+async def run_tool(
+    tool: Tool, arguments: dict[str, Any], context: ToolContext, timeout_s: float, max_chars: int
+) -> ToolOutcome:
     """Run one call; errors, exceptions and timeouts come back as `ok=False` with their text."""
     started = time.monotonic()
     try:
@@ -123,7 +131,7 @@ async def run_tool(tool: Tool, arguments: dict[str, Any], context: ToolContext, 
         if not inspect.isawaitable(call):
             raise ToolError(f"tool {tool.name!r}: run() must be async")
         text, ok = str(await asyncio.wait_for(call, timeout_s)), True
-    except asyncio.TimeoutError:
+    except TimeoutError:
         text, ok = f"tool {tool.name!r} timed out after {timeout_s:g}s", False
     except ToolError as exc:
         text, ok = str(exc), False

@@ -63,14 +63,22 @@ class PythonTool:
         log = cell.with_suffix(".out")
         with open(log, "wb") as out:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-I", str(SANDBOX), str(cell), stdin=asyncio.subprocess.DEVNULL, stdout=out,
-                stderr=asyncio.subprocess.STDOUT, cwd=context.scratch_dir, env={"PATH": "/usr/bin:/bin"},
-                preexec_fn=_limit(self.limits), start_new_session=True,
+                sys.executable,
+                "-I",
+                str(SANDBOX),
+                str(cell),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+                cwd=context.scratch_dir,
+                env={"PATH": "/usr/bin:/bin"},
+                preexec_fn=_limit(self.limits),
+                start_new_session=True,
             )
             timed_out = False
             try:
                 await asyncio.wait_for(process.wait(), self.limits.wall_s)
-            except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
+            except (TimeoutError, asyncio.CancelledError) as exc:
                 timed_out = True
                 os.killpg(process.pid, signal.SIGKILL)
                 await process.wait()
@@ -82,5 +90,7 @@ class PythonTool:
         if len(output) > self.limits.output_bytes:
             text += f"\n[output cut at {self.limits.output_bytes} bytes]"
         if process.returncode != 0 or timed_out:
-            raise ToolError(f"python: {_why(process.returncode, timed_out, log.stat().st_size, self.limits)}\n{text}".rstrip())
+            raise ToolError(
+                f"python: {_why(process.returncode, timed_out, log.stat().st_size, self.limits)}\n{text}".rstrip()
+            )
         return text or "(no output)"

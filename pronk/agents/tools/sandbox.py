@@ -14,11 +14,37 @@ READABLE = tuple(
     os.path.realpath(p) for p in {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.__file__)}
 ) + ("/dev/null", "/dev/urandom", "/proc/self")
 DENIED_EVENTS = (
-    "socket.", "subprocess.", "os.system", "os.exec", "os.fork", "os.posix_spawn", "os.spawn", "os.kill",
-    "os.killpg", "ctypes.", "os.chdir", "os.chroot", "pty.", "sys.setprofile", "sys.settrace",
+    "socket.",
+    "subprocess.",
+    "os.system",
+    "os.exec",
+    "os.fork",
+    "os.posix_spawn",
+    "os.spawn",
+    "os.kill",
+    "os.killpg",
+    "ctypes.",
+    "os.chdir",
+    "os.chroot",
+    "pty.",
+    "sys.setprofile",
+    "sys.settrace",
 )
-PATH_EVENTS = {"os.remove", "os.rename", "os.mkdir", "os.rmdir", "os.chmod", "os.chown", "os.symlink", "os.link",
-               "os.truncate", "os.utime", "shutil.rmtree", "shutil.copyfile", "shutil.move"}
+PATH_EVENTS = {
+    "os.remove",
+    "os.rename",
+    "os.mkdir",
+    "os.rmdir",
+    "os.chmod",
+    "os.chown",
+    "os.symlink",
+    "os.link",
+    "os.truncate",
+    "os.utime",
+    "shutil.rmtree",
+    "shutil.copyfile",
+    "shutil.move",
+}
 LIST_EVENTS = {"os.listdir", "os.scandir"}
 
 

@@ -33,7 +33,7 @@ class SqlTool:
     def _query(self, query: str) -> str:
         try:
             frame = pl.SQLContext(self._frames(), eager=False).execute(query).head(MAX_ROWS).collect()
-        except Exception as exc:  # noqa: BLE001 - polars raises many types for a bad query; the model sees the text
+        except Exception as exc:
             raise ToolError(f"sql: {type(exc).__name__}: {exc}") from exc
         return frame.write_csv()
 

@@ -24,7 +24,7 @@ from pronk.batches.store import BatchStore
 from pronk.jobs import JobConfig, load_jobs
 
 router = APIRouter(prefix="/batches", tags=["batches"])
-logger = logging.getLogger("pronk.api")
+logger = logging.getLogger(__name__)
 
 BatchId = Annotated[str, Path(pattern=ID_PATTERN, description="The batch's id.")]
 HIDDEN = {"owner"}
@@ -43,8 +43,12 @@ class BatchCreate(BaseModel):
     completion_window: Literal["24h", "unlimited"] = Field(
         description="`24h`: lines not started within a day end as `batch_expired` and the batch `expired`."
     )
-    metadata: dict[str, str] | None = Field(default=None, description="Up to 16 pairs; keys <= 64, values <= 512 chars.")
-    job_id: str | None = Field(default=None, description="The job to run on; default: the one job serving the lines' model.")
+    metadata: dict[str, str] | None = Field(
+        default=None, description="Up to 16 pairs; keys <= 64, values <= 512 chars."
+    )
+    job_id: str | None = Field(
+        default=None, description="The job to run on; default: the one job serving the lines' model."
+    )
 
     @field_validator("metadata")
     @classmethod
@@ -77,20 +81,26 @@ def choose_job(job_id: str | None, file: FileRecord, jobs: dict[str, JobConfig])
             raise ApiError(400, f"No job {job_id!r}; known jobs: {sorted(jobs)}.", param="job_id", code="unknown_job")
         if file.models and job.served_model_name not in file.models:
             raise ApiError(
-                400, f"Job {job_id} serves model {job.served_model_name!r} but the file's lines ask for {file.models}.",
-                param="job_id", code="model_mismatch",
+                400,
+                f"Job {job_id} serves model {job.served_model_name!r} but the file's lines ask for {file.models}.",
+                param="job_id",
+                code="model_mismatch",
             )
         return job
     if len(file.models) != 1:
         raise ApiError(
-            400, f"Cannot choose a job: the file's lines name {len(file.models)} models {file.models}; pass job_id.",
-            param="job_id", code="ambiguous_job",
+            400,
+            f"Cannot choose a job: the file's lines name {len(file.models)} models {file.models}; pass job_id.",
+            param="job_id",
+            code="ambiguous_job",
         )
     (model,) = file.models
     serving = sorted(j.job_id for j in jobs.values() if j.served_model_name == model)
     if len(serving) != 1:
         found = f"jobs {serving} all serve it" if serving else "no job serves it"
-        raise ApiError(400, f"Cannot choose a job for model {model!r}: {found}; pass job_id.", param="job_id", code="ambiguous_job")
+        raise ApiError(
+            400, f"Cannot choose a job for model {model!r}: {found}; pass job_id.", param="job_id", code="ambiguous_job"
+        )
     return jobs[serving[0]]
 
 
@@ -106,23 +116,37 @@ def owned_batch(batches: BatchStore, owner: str, batch_id: str) -> Batch:
 
 
 @router.post("", response_model=Batch, response_model_exclude=HIDDEN)
-async def create_batch(body: BatchCreate, owner: OwnerDep, files: FilesDep, batches: BatchesDep, runs: RunsDep) -> Batch:
+async def create_batch(
+    body: BatchCreate, owner: OwnerDep, files: FilesDep, batches: BatchesDep, runs: RunsDep
+) -> Batch:
     """Check the request, save the batch (`validating`) and start its run; returns at once."""
     file = await run_in_threadpool(owned_file, files, owner, body.input_file_id)
     if file.purpose != "batch":
-        raise ApiError(400, f"File {file.id} has purpose {file.purpose!r}; a batch needs purpose 'batch'.", param="input_file_id")
+        raise ApiError(
+            400, f"File {file.id} has purpose {file.purpose!r}; a batch needs purpose 'batch'.", param="input_file_id"
+        )
     if body.endpoint not in SERVED_URLS:
-        raise ApiError(400, f"Endpoint {body.endpoint!r} is not served; use one of {list(SERVED_URLS)}.", param="endpoint")
+        raise ApiError(
+            400, f"Endpoint {body.endpoint!r} is not served; use one of {list(SERVED_URLS)}.", param="endpoint"
+        )
     other_urls = [url for url in file.urls if url != body.endpoint]
     if other_urls:
         raise ApiError(
-            400, f"Every line's url must equal the endpoint {body.endpoint!r}; the file also has {other_urls}.",
-            param="endpoint", code="endpoint_mismatch",
+            400,
+            f"Every line's url must equal the endpoint {body.endpoint!r}; the file also has {other_urls}.",
+            param="endpoint",
+            code="endpoint_mismatch",
         )
     job = choose_job(body.job_id, file, await run_in_threadpool(load_jobs))
     batch = Batch(
-        input_file_id=file.id, endpoint=body.endpoint, completion_window=body.completion_window, metadata=body.metadata,
-        job_id=job.job_id, model=job.served_model_name, price_per_worker_hour=job.price_per_worker_hour, owner=owner,
+        input_file_id=file.id,
+        endpoint=body.endpoint,
+        completion_window=body.completion_window,
+        metadata=body.metadata,
+        job_id=job.job_id,
+        model=job.served_model_name,
+        price_per_worker_hour=job.price_per_worker_hour,
+        owner=owner,
     )
     batch.request_counts.total = file.lines
     await run_in_threadpool(batches.create, batch)
@@ -130,7 +154,9 @@ async def create_batch(body: BatchCreate, owner: OwnerDep, files: FilesDep, batc
         batch.flow_run_id = await runs.start(batch, file.uri)
     except Exception as exc:
         logger.exception("could not start the run of %s", batch.id)
-        batch.errors = BatchErrors(data=[BatchErrorData(code="run_not_started", message=f"{type(exc).__name__}: {exc}")])
+        batch.errors = BatchErrors(
+            data=[BatchErrorData(code="run_not_started", message=f"{type(exc).__name__}: {exc}")]
+        )
         batch.mark("failed")
         await run_in_threadpool(batches.save, batch)
         raise ApiError(503, f"Could not start the batch's run on Prefect: {exc}", code="run_not_started") from exc
@@ -146,7 +172,9 @@ def list_batches(
 ) -> BatchList:
     """The caller's batches, newest first."""
     data, has_more = batches.list(owner, after, limit)
-    return BatchList(data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None, has_more=has_more)
+    return BatchList(
+        data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None, has_more=has_more
+    )
 
 
 @router.get("/{batch_id}", response_model=Batch, response_model_exclude=HIDDEN)
@@ -159,6 +187,11 @@ def cancel_batch(batch_id: BatchId, owner: OwnerDep, batches: BatchesDep) -> Bat
     """Ask the run to stop: the batch is `cancelling` at once and `cancelled` when the run has written what finished."""
     batch = owned_batch(batches, owner, batch_id)
     if batch.status in TERMINAL_STATUSES:
-        raise ApiError(409, f"Cannot cancel batch {batch_id}: it is already {batch.status}.", param="batch_id", code="batch_not_cancellable")
+        raise ApiError(
+            409,
+            f"Cannot cancel batch {batch_id}: it is already {batch.status}.",
+            param="batch_id",
+            code="batch_not_cancellable",
+        )
     batches.request_cancel(batch_id)
     return batches.load(batch_id)

@@ -49,8 +49,10 @@ def owned_file(files: FileStore, owner: str, file_id: str) -> FileRecord:
 
 def _too_large(size: int, limit: int) -> ApiError:
     return ApiError(
-        413, f"File is too large: {size} bytes; the limit is {limit} bytes ({limit / 2**20:.0f} MiB).",
-        param="file", code="file_too_large",
+        413,
+        f"File is too large: {size} bytes; the limit is {limit} bytes ({limit / 2**20:.0f} MiB).",
+        param="file",
+        code="file_too_large",
     )
 
 
@@ -70,16 +72,26 @@ async def upload_file(request: Request, owner: OwnerDep, files: FilesDep, settin
     async with request.form(max_files=1, max_fields=8) as form:
         upload, purpose = form.get("file"), form.get("purpose")
         if not isinstance(upload, UploadFile):
-            raise ApiError(400, "Missing 'file': send the file as multipart form field 'file'.", param="file", code="missing_file")
+            raise ApiError(
+                400, "Missing 'file': send the file as multipart form field 'file'.", param="file", code="missing_file"
+            )
         if purpose not in UPLOADABLE:
             raise ApiError(
-                400, f"Invalid 'purpose' {purpose!r}: pronk accepts {list(UPLOADABLE)}.", param="purpose", code="invalid_purpose"
+                400,
+                f"Invalid 'purpose' {purpose!r}: pronk accepts {list(UPLOADABLE)}.",
+                param="purpose",
+                code="invalid_purpose",
             )
         if upload.size is not None and upload.size > limit:
             raise _too_large(upload.size, limit)
         try:
             record = await run_in_threadpool(
-                files.upload, owner, upload.filename or "upload.jsonl", purpose, upload.file, settings.api_max_upload_lines
+                files.upload,
+                owner,
+                upload.filename or "upload.jsonl",
+                purpose,
+                upload.file,
+                settings.api_max_upload_lines,
             )
         except UploadRejected as exc:
             raise ApiError(400, str(exc), param="file", code="too_many_lines") from exc
@@ -120,5 +132,5 @@ def file_content(file_id: FileId, owner: OwnerDep, files: FilesDep) -> Streaming
     return StreamingResponse(
         storage.iter_chunks(record.uri, files.settings),
         media_type="application/octet-stream",
-        headers={"Content-Disposition": 'attachment; filename="' + record.filename.replace('"', '') + '"'},
+        headers={"Content-Disposition": 'attachment; filename="' + record.filename.replace('"', "") + '"'},
     )

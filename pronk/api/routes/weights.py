@@ -44,8 +44,13 @@ class DeploymentLeaps:
         from prefect.deployments import arun_deployment
 
         flow_run = await arun_deployment(
-            name=DEPLOYMENT, parameters={"job_id": job_id, "version": version, "leap_id": leap_id}, timeout=0,
-            as_subflow=False, flow_run_name=leap_id, idempotency_key=leap_id, tags=["pronk-api", job_id],
+            name=DEPLOYMENT,
+            parameters={"job_id": job_id, "version": version, "leap_id": leap_id},
+            timeout=0,
+            as_subflow=False,
+            flow_run_name=leap_id,
+            idempotency_key=leap_id,
+            tags=["pronk-api", job_id],
         )
         return str(flow_run.id)
 
@@ -62,9 +67,13 @@ LeapsDep = Annotated[LeapStarter, Depends(get_leaps)]
 class WeightsUpload(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    source: str = Field(min_length=1, description="Checkpoint directory (Hugging Face format): a path on the server or s3://….")
+    source: str = Field(
+        min_length=1, description="Checkpoint directory (Hugging Face format): a path on the server or s3://…."
+    )
     model: str = Field(min_length=1, description="Registered model name, e.g. `pronk-tiny`.")
-    job_id: str | None = Field(default=None, description="Validate against this job's current model; default: the newest version.")
+    job_id: str | None = Field(
+        default=None, description="Validate against this job's current model; default: the newest version."
+    )
 
 
 class LeapStarted(BaseModel):
@@ -127,7 +136,12 @@ def _target_version(job: JobConfig, uri: str, settings: Settings) -> int:
         return upload_checkpoint(uri, name, job.model, settings).version
     target_name, alias, number = parse_models_uri(uri)
     if target_name != name:
-        raise ApiError(400, f"Job {job.job_id} serves model {name!r}; {uri} is another model.", param=job.served_model_name, code="model_mismatch")
+        raise ApiError(
+            400,
+            f"Job {job.job_id} serves model {name!r}; {uri} is another model.",
+            param=job.served_model_name,
+            code="model_mismatch",
+        )
     return alias_version(name, alias, settings) if alias else int(number)
 
 
@@ -137,7 +151,12 @@ def _validated_target(job: JobConfig, uri: str, settings: Settings) -> int | Non
     if not serving:
         return None
     if not job.model.startswith("models:/"):
-        raise ApiError(400, f"Job {job.job_id} serves {job.model!r}, not an MLflow model.", param=job.served_model_name, code="not_leapable")
+        raise ApiError(
+            400,
+            f"Job {job.job_id} serves {job.model!r}, not an MLflow model.",
+            param=job.served_model_name,
+            code="not_leapable",
+        )
     version = _target_version(job, uri, settings)
     name = parse_models_uri(job.model)[0]
     for current in sorted(serving):
@@ -147,8 +166,15 @@ def _validated_target(job: JobConfig, uri: str, settings: Settings) -> int | Non
 
 @router.post("/reload", status_code=202)
 async def reload(
-    owner: OwnerDep, settings: SettingsDep, leaps: LeapsDep,
-    body: Annotated[dict[str, str], Body(description="Served model name → checkpoint URI (`models:/NAME/N`, `models:/NAME@ALIAS`, a dir or s3://).")],
+    owner: OwnerDep,
+    settings: SettingsDep,
+    leaps: LeapsDep,
+    body: Annotated[
+        dict[str, str],
+        Body(
+            description="Served model name → checkpoint URI (`models:/NAME/N`, `models:/NAME@ALIAS`, a dir or s3://)."
+        ),
+    ],
 ) -> LeapList:
     """Leap every job with live workers serving each named model to the checkpoint given for it; all are validated before any starts."""
     if not body:
@@ -167,7 +193,9 @@ async def reload(
             except CheckpointMismatch as exc:
                 raise _mismatch(exc, served) from exc
             except Exception as exc:
-                raise ApiError(400, f"Cannot use {uri!r} for {served!r}: {exc}", param=served, code="invalid_checkpoint") from exc
+                raise ApiError(
+                    400, f"Cannot use {uri!r} for {served!r}: {exc}", param=served, code="invalid_checkpoint"
+                ) from exc
             if version is not None:
                 planned.append((job, version))
     if not planned:
@@ -179,13 +207,22 @@ async def reload(
         record = LeapRecord(job_id=job.job_id, model=name, to_version=f"{name}/{version}", id=new_id("leap"))
         await run_in_threadpool(store.save, record)
         flow_run_id = await leaps.start(job.job_id, version, record.id)
-        started.append(LeapStarted(leap_id=record.id, job_id=job.job_id, served_model_name=job.served_model_name, to_version=record.to_version, flow_run_id=flow_run_id))
+        started.append(
+            LeapStarted(
+                leap_id=record.id,
+                job_id=job.job_id,
+                served_model_name=job.served_model_name,
+                to_version=record.to_version,
+                flow_run_id=flow_run_id,
+            )
+        )
     return LeapList(data=started)
 
 
 @router.get("/status")
 async def status(
-    owner: OwnerDep, settings: SettingsDep,
+    owner: OwnerDep,
+    settings: SettingsDep,
     job_id: Annotated[str | None, Query(description="Only this job.")] = None,
 ) -> WeightsStatus:
     """Each job's live workers (version, Leap state, staged version) and its latest Leap."""
@@ -199,9 +236,22 @@ async def status(
         if job_id is not None and job.job_id != job_id:
             continue
         workers = [
-            WorkerWeights(worker_id=w.worker_id, model_version=w.stats.model_version, leap_state=w.stats.leap_state, staged_version=w.stats.staged_version)
+            WorkerWeights(
+                worker_id=w.worker_id,
+                model_version=w.stats.model_version,
+                leap_state=w.stats.leap_state,
+                staged_version=w.stats.staged_version,
+            )
             for w in registry.live(job.job_id)
         ]
         latest = await run_in_threadpool(store.latest, job.job_id)
-        data.append(JobWeights(job_id=job.job_id, served_model_name=job.served_model_name, model=job.model, workers=workers, latest_leap=latest))
+        data.append(
+            JobWeights(
+                job_id=job.job_id,
+                served_model_name=job.served_model_name,
+                model=job.model,
+                workers=workers,
+                latest_leap=latest,
+            )
+        )
     return WeightsStatus(data=data)

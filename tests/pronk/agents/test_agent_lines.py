@@ -42,14 +42,38 @@ def test_shipped_agent_and_replay_batches_validate(job):
     ("body", "code", "fragment"),
     [
         ({"tools": [tool("shell")]}, ErrorCode.UNKNOWN_TOOL, "'shell'"),
-        ({"tools": [tool("sql")], "tool_choice": {"type": "function", "function": {"name": "python"}}}, ErrorCode.UNKNOWN_TOOL, "tool_choice"),
-        ({"tools": [tool("sql", {"type": "object", "properties": {"query": {"type": "strin"}}})]}, ErrorCode.INVALID_TOOL_SCHEMA, "not a valid JSON schema"),
+        (
+            {"tools": [tool("sql")], "tool_choice": {"type": "function", "function": {"name": "python"}}},
+            ErrorCode.UNKNOWN_TOOL,
+            "tool_choice",
+        ),
+        (
+            {"tools": [tool("sql", {"type": "object", "properties": {"query": {"type": "strin"}}})]},
+            ErrorCode.INVALID_TOOL_SCHEMA,
+            "not a valid JSON schema",
+        ),
         ({"tools": [tool("sql", {"type": "array"})]}, ErrorCode.INVALID_TOOL_SCHEMA, "type 'object'"),
-        ({"tools": [tool("sql")], "harness": {"max_steps": 99}}, ErrorCode.HARNESS_LIMIT_EXCEEDED, "max_steps=99 is beyond the job's cap 8"),
-        ({"tools": [tool("sql")], "harness": {"max_fan_out": 5, "max_depth": 3}}, ErrorCode.HARNESS_LIMIT_EXCEEDED, "max_fan_out=5"),
+        (
+            {"tools": [tool("sql")], "harness": {"max_steps": 99}},
+            ErrorCode.HARNESS_LIMIT_EXCEEDED,
+            "max_steps=99 is beyond the job's cap 8",
+        ),
+        (
+            {"tools": [tool("sql")], "harness": {"max_fan_out": 5, "max_depth": 3}},
+            ErrorCode.HARNESS_LIMIT_EXCEEDED,
+            "max_fan_out=5",
+        ),
         ({"tools": [tool("sql")], "harness": {"max_stepz": 2}}, ErrorCode.INVALID_BODY, "max_stepz"),
     ],
-    ids=["unknown-tool", "unknown-choice", "bad-schema", "not-object", "steps-over-cap", "fan-out-over-cap", "unknown-limit"],
+    ids=[
+        "unknown-tool",
+        "unknown-choice",
+        "bad-schema",
+        "not-object",
+        "steps-over-cap",
+        "fan-out-over-cap",
+        "unknown-limit",
+    ],
 )
 def test_bad_agent_lines_become_error_lines(job, body, code, fragment):
     validated = validate_input(line("bad", **body).encode(), job)
@@ -59,20 +83,30 @@ def test_bad_agent_lines_become_error_lines(job, body, code, fragment):
 
 
 def test_bad_replay_line_is_an_invalid_body(job):
-    raw = {"custom_id": "r", "method": "POST", "url": "/v1/pronk/replay", "body": {"model": "pronk-tiny", "shape": {"trace_id": "x", "steps": []}}}
+    raw = {
+        "custom_id": "r",
+        "method": "POST",
+        "url": "/v1/pronk/replay",
+        "body": {"model": "pronk-tiny", "shape": {"trace_id": "x", "steps": []}},
+    }
     (error,) = validate_input(json.dumps(raw).encode(), job).errors
     assert error.error.code == ErrorCode.INVALID_BODY and "system_prompt_tokens" in error.error.message
 
 
 def test_step_schema_is_valid_bounded_and_parses_calls(job):
-    validated = validate_input(line("ok", tools=[tool("python"), tool("sql"), tool("search"), tool("spawn_subagents")]).encode(), job)
+    validated = validate_input(
+        line("ok", tools=[tool("python"), tool("sql"), tool("search"), tool("spawn_subagents")]).encode(), job
+    )
     views = list(tool_views(validated.requests[0].body, job_tools(job.harness)).values())
     schema = step_schema(views, allow_final=True, max_tokens=96)
     Draft202012Validator.check_schema(schema)
     lengths = [v for k, v in _walk(schema) if k == "maxLength"]
     assert lengths and max(lengths) <= 96
     assert all(v <= 4 for k, v in _walk(schema) if k == "maxItems")
-    assert _parse('{"tool":"sql","arguments":{"query":"SELECT 1\x01"}}', {"sql"}, True) == {"tool": "sql", "arguments": {"query": "SELECT 1\x01"}}
+    assert _parse('{"tool":"sql","arguments":{"query":"SELECT 1\x01"}}', {"sql"}, True) == {
+        "tool": "sql",
+        "arguments": {"query": "SELECT 1\x01"},
+    }
     assert _parse('{"final":"done"}', {"sql"}, True) == {"final": "done"}
     assert "not a call" in _parse('{"final":"done"}', {"sql"}, False)
     assert "unparsable" in _parse('{"tool":', {"sql"}, True)

@@ -19,20 +19,41 @@ class EchoRouter:
         self.requests.append(request)
         n = request.sampling.max_tokens
         return StepResult(
-            request_id=request.request_id, text="", token_ids=[9] * n, prompt_tokens=len(request.prompt_token_ids),
-            cached_tokens=0, completion_tokens=n, finish_reason="length", model_version="m/1", worker_id="w0",
-            queue_time_s=0.0, engine_time_s=0.001,
+            request_id=request.request_id,
+            text="",
+            token_ids=[9] * n,
+            prompt_tokens=len(request.prompt_token_ids),
+            cached_tokens=0,
+            completion_tokens=n,
+            finish_reason="length",
+            model_version="m/1",
+            worker_id="w0",
+            queue_time_s=0.0,
+            engine_time_s=0.001,
         )
 
 
-SHAPE = TraceShape.model_validate({
-    "trace_id": "s", "system_prompt_tokens": 10,
-    "steps": [
-        {"new_prompt_tokens": 3, "output_tokens": 2, "tool_gap_s": 0.01,
-         "fan_out": [{"trace_id": "c", "system_prompt_tokens": 4, "steps": [{"new_prompt_tokens": 1, "output_tokens": 5}]}]},
-        {"new_prompt_tokens": 6, "output_tokens": 7},
-    ],
-})
+SHAPE = TraceShape.model_validate(
+    {
+        "trace_id": "s",
+        "system_prompt_tokens": 10,
+        "steps": [
+            {
+                "new_prompt_tokens": 3,
+                "output_tokens": 2,
+                "tool_gap_s": 0.01,
+                "fan_out": [
+                    {
+                        "trace_id": "c",
+                        "system_prompt_tokens": 4,
+                        "steps": [{"new_prompt_tokens": 1, "output_tokens": 5}],
+                    }
+                ],
+            },
+            {"new_prompt_tokens": 6, "output_tokens": 7},
+        ],
+    }
+)
 
 
 def test_replay_sends_exact_lengths_and_grows_the_prefix():
@@ -45,8 +66,10 @@ def test_replay_sends_exact_lengths_and_grows_the_prefix():
     assert child.prompt_token_ids[:15] == first.prompt_token_ids + [9, 9] and len(child.prompt_token_ids) == 20
     assert last.trace_id == "s" and len(last.prompt_token_ids) == 13 + 2 + 6
     assert first.kv_pin_ttl_s == 3.0 and last.kv_pin_ttl_s == 0.0 and child.kv_pin_ttl_s == 0.0
-    assert [(r.trace_id, r.step, r.prompt_tokens, r.output_tokens) for r in sorted(trace.records, key=lambda r: (r.trace_id, r.step))] == [
-        ("s", 0, 13, 2), ("s", 1, 21, 7), ("s.0.0", 0, 20, 5)]
+    assert [
+        (r.trace_id, r.step, r.prompt_tokens, r.output_tokens)
+        for r in sorted(trace.records, key=lambda r: (r.trace_id, r.step))
+    ] == [("s", 0, 13, 2), ("s", 1, 21, 7), ("s.0.0", 0, 20, 5)]
     assert trace.summary()["output_tokens"] == SHAPE.total_output_tokens() == 14
     assert all(r.custom_id == "line-1" and r.kind == "replay" for r in trace.records)
 

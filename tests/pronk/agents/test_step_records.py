@@ -15,10 +15,50 @@ from pronk.agents.step_records import (
 def records() -> list[StepRecord]:
     common = {"root_trace_id": "t", "custom_id": "t", "worker_id": "w0", "model_version": "m/1", "started_at": 1000.0}
     return [
-        StepRecord(trace_id="t", step=0, prompt_tokens=300, cached_tokens=0, output_tokens=20, engine_time_s=0.2, tool_name="sql", tool_ok=True, tool_time_s=0.1, **common),
-        StepRecord(trace_id="t", step=1, attempt=0, error="unparsable step output", prompt_tokens=340, cached_tokens=256, output_tokens=30, **common),
-        StepRecord(trace_id="t", step=1, attempt=1, prompt_tokens=340, cached_tokens=256, output_tokens=12, tool_name="spawn_subagents", tool_ok=True, **common),
-        StepRecord(trace_id="t.1.0", step=0, parent_trace_id="t", prompt_tokens=380, cached_tokens=256, output_tokens=9, tool_name="python", tool_ok=False, **common),
+        StepRecord(
+            trace_id="t",
+            step=0,
+            prompt_tokens=300,
+            cached_tokens=0,
+            output_tokens=20,
+            engine_time_s=0.2,
+            tool_name="sql",
+            tool_ok=True,
+            tool_time_s=0.1,
+            **common,
+        ),
+        StepRecord(
+            trace_id="t",
+            step=1,
+            attempt=0,
+            error="unparsable step output",
+            prompt_tokens=340,
+            cached_tokens=256,
+            output_tokens=30,
+            **common,
+        ),
+        StepRecord(
+            trace_id="t",
+            step=1,
+            attempt=1,
+            prompt_tokens=340,
+            cached_tokens=256,
+            output_tokens=12,
+            tool_name="spawn_subagents",
+            tool_ok=True,
+            **common,
+        ),
+        StepRecord(
+            trace_id="t.1.0",
+            step=0,
+            parent_trace_id="t",
+            prompt_tokens=380,
+            cached_tokens=256,
+            output_tokens=9,
+            tool_name="python",
+            tool_ok=False,
+            **common,
+        ),
     ]
 
 
@@ -46,6 +86,8 @@ def test_traces_land_in_mlflow_with_agent_llm_and_tool_spans(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert log_mlflow_traces(records(), uri, "pronk-test", tmp_path / "artifacts") == 1
     mlflow.set_tracking_uri(uri)
-    (trace,) = mlflow.search_traces(locations=[mlflow.get_experiment_by_name("pronk-test").experiment_id], return_type="list")
+    (trace,) = mlflow.search_traces(
+        locations=[mlflow.get_experiment_by_name("pronk-test").experiment_id], return_type="list"
+    )
     kinds = sorted(span.span_type for span in trace.data.spans)
     assert kinds.count("AGENT") == 1 and kinds.count("LLM") == 4 and kinds.count("TOOL") == 3

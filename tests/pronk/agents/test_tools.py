@@ -17,11 +17,17 @@ def call(tool, arguments, tmp_path, timeout_s=20.0):
 
 @pytest.fixture(scope="module")
 def tools():
-    return load_tools(HarnessConfig(tools=["python", "sql", "search", "spawn_subagents", "tests.pronk.agents.tool_fixtures:ExplodingTool"]))
+    return load_tools(
+        HarnessConfig(
+            tools=["python", "sql", "search", "spawn_subagents", "tests.pronk.agents.tool_fixtures:ExplodingTool"]
+        )
+    )
 
 
 def test_python_runs_code_and_returns_what_it_prints(tools, tmp_path):
-    outcome = call(tools["python"], {"code": "import json, math\nprint(json.dumps({'pi': round(math.pi, 2)}))"}, tmp_path)
+    outcome = call(
+        tools["python"], {"code": "import json, math\nprint(json.dumps({'pi': round(math.pi, 2)}))"}, tmp_path
+    )
     assert outcome.ok and outcome.text.strip() == '{"pi": 3.14}'
 
 
@@ -48,7 +54,9 @@ def test_python_limits_and_confinement_become_tool_errors(tmp_path, code, expect
 
 
 def test_python_may_write_inside_its_scratch_folder(tools, tmp_path):
-    outcome = call(tools["python"], {"code": "open('notes.txt', 'w').write('kept')\nprint(open('notes.txt').read())"}, tmp_path)
+    outcome = call(
+        tools["python"], {"code": "open('notes.txt', 'w').write('kept')\nprint(open('notes.txt').read())"}, tmp_path
+    )
     assert outcome.ok and outcome.text.strip() == "kept"
     assert (tmp_path / "scratch" / "notes.txt").read_text() == "kept"
 

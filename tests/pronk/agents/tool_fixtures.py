@@ -8,7 +8,12 @@ import asyncio
 class ExplodingTool:
     name = "explode"
     description = "Always raises."
-    parameters = {"type": "object", "properties": {"why": {"type": "string"}}, "required": ["why"], "additionalProperties": False}
+    parameters = {
+        "type": "object",
+        "properties": {"why": {"type": "string"}},
+        "required": ["why"],
+        "additionalProperties": False,
+    }
 
     async def run(self, arguments, context):
         raise RuntimeError(f"kaboom: {arguments.get('why')!r}")

@@ -28,7 +28,9 @@ def test_a_batch_past_its_window_expires_with_its_finished_results(stack, tmp_pa
     batch.expires_at = int(time.time()) + 10
     BatchStore().save(batch)
 
-    result = asyncio.run(run_batch(input_uri=str(path), job_id=JOB, output_dir=str(tmp_path / "out"), batch_id=batch.id))
+    result = asyncio.run(
+        run_batch(input_uri=str(path), job_id=JOB, output_dir=str(tmp_path / "out"), batch_id=batch.id)
+    )
 
     stored = BatchStore().load(batch.id)
     assert result["status"] == stored.status == "expired" and stored.expired_at >= stored.expires_at

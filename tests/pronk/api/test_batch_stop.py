@@ -35,7 +35,8 @@ def test_a_cancel_request_stops_the_run_and_the_record_cannot_lose_it(tmp_path):
     run.unstarted = run.requests[1:]
     lines = unstarted_lines(run)
     assert [(line.custom_id, line.error.code, line.error.line) for line in lines] == [
-        ("r1", "batch_cancelled", 2), ("r2", "batch_cancelled", 3)
+        ("r1", "batch_cancelled", 2),
+        ("r2", "batch_cancelled", 3),
     ]
     assert run.batch.request_counts.failed == 2 and final_status(run) == "cancelled"
 

@@ -18,7 +18,11 @@ TERMINAL = {"completed", "failed", "expired", "cancelled"}
 
 
 def request_line(custom_id: str, max_tokens: int, prompt: str = "Tell me a story") -> str:
-    body = {"model": "pronk-tiny", "messages": [{"role": "user", "content": f"{prompt} {custom_id}"}], "max_tokens": max_tokens}
+    body = {
+        "model": "pronk-tiny",
+        "messages": [{"role": "user", "content": f"{prompt} {custom_id}"}],
+        "max_tokens": max_tokens,
+    }
     return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body})
 
 
@@ -59,8 +63,11 @@ def test_upload_create_poll_download_list_and_isolation(new_client):
     assert uploaded.purpose == "batch" and uploaded.bytes == len("\n".join(lines))
 
     batch = client.batches.create(
-        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h",
-        metadata={"case": "e2e"}, extra_body={"job_id": JOB},
+        input_file_id=uploaded.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        metadata={"case": "e2e"},
+        extra_body={"job_id": JOB},
     )
     assert batch.status == "validating" and batch.model == "pronk-tiny" and batch.model_extra["job_id"] == JOB
     batch, seen = wait_for(client, batch.id, lambda b: b.status in TERMINAL)
@@ -78,20 +85,28 @@ def test_upload_create_poll_download_list_and_isolation(new_client):
     assert client.files.retrieve(batch.output_file_id).purpose == "batch_output"
 
     second = client.batches.create(
-        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="unlimited", extra_body={"job_id": JOB}
+        input_file_id=uploaded.id,
+        endpoint="/v1/chat/completions",
+        completion_window="unlimited",
+        extra_body={"job_id": JOB},
     )
     first_page = client.batches.list(limit=1)
     assert [b.id for b in first_page.data] == [second.id] and first_page.has_more
     assert [b.id for b in client.batches.list(limit=1)] == [second.id, batch.id]
     assert client.files.list(limit=1).has_more
     file_ids = [f.id for f in client.files.list(limit=1)]
-    assert {uploaded.id, batch.output_file_id, batch.error_file_id} <= set(file_ids) and len(file_ids) == len(set(file_ids))
+    assert {uploaded.id, batch.output_file_id, batch.error_file_id} <= set(file_ids) and len(file_ids) == len(
+        set(file_ids)
+    )
 
     other = new_client()
     for call in (
-        lambda: other.files.retrieve(uploaded.id), lambda: other.files.content(uploaded.id),
-        lambda: other.files.delete(uploaded.id), lambda: other.batches.retrieve(batch.id),
-        lambda: other.batches.cancel(second.id), lambda: other.files.content(batch.output_file_id),
+        lambda: other.files.retrieve(uploaded.id),
+        lambda: other.files.content(uploaded.id),
+        lambda: other.files.delete(uploaded.id),
+        lambda: other.batches.retrieve(batch.id),
+        lambda: other.batches.cancel(second.id),
+        lambda: other.files.content(batch.output_file_id),
     ):
         with pytest.raises(openai.NotFoundError):
             call()

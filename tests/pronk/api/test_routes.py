@@ -34,8 +34,12 @@ class RecordingRuns:
 @pytest.fixture
 def api(tmp_path: Path):
     settings = Settings(
-        data_dir=tmp_path, storage_uri=str(tmp_path / "store"), s3_endpoint_url=None,
-        api_auth=True, api_max_upload_bytes=4096, api_max_upload_lines=5,
+        data_dir=tmp_path,
+        storage_uri=str(tmp_path / "store"),
+        s3_endpoint_url=None,
+        api_auth=True,
+        api_max_upload_bytes=4096,
+        api_max_upload_lines=5,
     )
     app = create_app(settings)
     app.state.runs = RecordingRuns()
@@ -46,11 +50,17 @@ def api(tmp_path: Path):
 
 
 def upload(client, headers, text: str, purpose: str = "batch"):
-    return client.post("/v1/files", headers=headers, files={"file": ("in.jsonl", text.encode())}, data={"purpose": purpose})
+    return client.post(
+        "/v1/files", headers=headers, files={"file": ("in.jsonl", text.encode())}, data={"purpose": purpose}
+    )
 
 
 def stored_contents(root: Path) -> list[Path]:
-    return sorted((root / "store" / "files" / "content").glob("*")) if (root / "store" / "files" / "content").exists() else []
+    return (
+        sorted((root / "store" / "files" / "content").glob("*"))
+        if (root / "store" / "files" / "content").exists()
+        else []
+    )
 
 
 def assert_error(response, status: int, param: str | None = None):
@@ -91,7 +101,11 @@ def test_files_upload_list_read_download_delete_and_isolation(api):
         assert_error(client.get(path, headers=bob), 404, "file_id")
     assert_error(client.delete(f"/v1/files/{ids[0]}", headers=bob), 404)
 
-    assert client.delete(f"/v1/files/{ids[0]}", headers=alice).json() == {"id": ids[0], "object": "file", "deleted": True}
+    assert client.delete(f"/v1/files/{ids[0]}", headers=alice).json() == {
+        "id": ids[0],
+        "object": "file",
+        "deleted": True,
+    }
     assert_error(client.get(f"/v1/files/{ids[0]}", headers=alice), 404)
 
 
@@ -126,9 +140,13 @@ def test_batch_create_picks_the_job_serving_the_model_and_starts_a_run(api):
     file_id = upload(client, alice, "\n".join(line(i) for i in range(3))).json()["id"]
     batch = create(client, alice, file_id, metadata={"team": "x"}).json()
     assert batch["object"] == "batch" and batch["status"] == "validating" and batch["job_id"] == "job-c0ffee01"
-    assert batch["model"] == "pronk-tiny" and batch["request_counts"]["total"] == 3 and batch["metadata"] == {"team": "x"}
+    assert (
+        batch["model"] == "pronk-tiny" and batch["request_counts"]["total"] == 3 and batch["metadata"] == {"team": "x"}
+    )
     assert batch["expires_at"] == batch["created_at"] + 24 * 3600 and batch["flow_run_id"] == "flow-run-1"
-    assert "owner" not in batch and runs.started[0][0] == batch["id"] and runs.started[0][1].endswith(f"{file_id}.jsonl")
+    assert (
+        "owner" not in batch and runs.started[0][0] == batch["id"] and runs.started[0][1].endswith(f"{file_id}.jsonl")
+    )
     assert client.get(f"/v1/batches/{batch['id']}", headers=alice).json()["id"] == batch["id"]
     assert_error(client.get(f"/v1/batches/{batch['id']}", headers=bob), 404, "batch_id")
     assert_error(client.post(f"/v1/batches/{batch['id']}/cancel", headers=bob), 404)
@@ -153,8 +171,19 @@ def test_batch_create_picks_the_job_serving_the_model_and_starts_a_run(api):
         ([line(0)], {"completion_window": "1h"}, "completion_window", "24h"),
         ([line(0)], {"jobid": "job-c0ffee01"}, "jobid", "Extra inputs"),
     ],
-    ids=["17-pairs", "long-key", "long-value", "line-url", "endpoint", "unknown-job", "no-job", "two-models",
-         "job-model", "window", "unknown-param"],
+    ids=[
+        "17-pairs",
+        "long-key",
+        "long-value",
+        "line-url",
+        "endpoint",
+        "unknown-job",
+        "no-job",
+        "two-models",
+        "job-model",
+        "window",
+        "unknown-param",
+    ],
 )
 def test_batch_create_refuses_unclear_requests_with_a_400_naming_the_param(api, lines, extra, param, needle):
     client, alice, _, runs, _ = api
@@ -189,7 +218,10 @@ def test_cancel_shows_cancelling_at_once_and_refuses_a_finished_batch(api):
     done = store.load(batch_id)
     done.mark("completed")
     store.save(done)
-    assert assert_error(client.post(f"/v1/batches/{batch_id}/cancel", headers=alice), 409)["code"] == "batch_not_cancellable"
+    assert (
+        assert_error(client.post(f"/v1/batches/{batch_id}/cancel", headers=alice), 409)["code"]
+        == "batch_not_cancellable"
+    )
 
 
 def test_a_run_that_cannot_start_fails_the_batch_with_a_503(api):

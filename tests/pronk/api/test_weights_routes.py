@@ -45,7 +45,13 @@ def api(tmp_path: Path):
     (jobs / "m.yaml").write_text(
         f"job_id: {JOB}\nmodel: models:/m@live\nserved_model_name: m\nprice_per_worker_hour: 0.1\n"
     )
-    settings = Settings(data_dir=tmp_path / "data", jobs_dir=jobs, storage_uri=str(tmp_path / "store"), s3_endpoint_url=None, api_auth=True)
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        jobs_dir=jobs,
+        storage_uri=str(tmp_path / "store"),
+        s3_endpoint_url=None,
+        api_auth=True,
+    )
     set_alias("m", "live", register_model_dir(checkpoint(tmp_path / "v1"), "m", settings=settings), settings)
     app = create_app(settings)
     app.state.leaps = RecordingLeaps()
@@ -57,7 +63,12 @@ def api(tmp_path: Path):
 def announce(settings: Settings, version: str = "m/1") -> None:
     Registry(settings.registry_dir).announce(
         WorkerEntry(
-            worker_id=f"{JOB}-w0", job_id=JOB, url="http://127.0.0.1:9", pid=1, started_at=0.0, heartbeat_at=time.time(),
+            worker_id=f"{JOB}-w0",
+            job_id=JOB,
+            url="http://127.0.0.1:9",
+            pid=1,
+            started_at=0.0,
+            heartbeat_at=time.time(),
             stats=WorkerStats(worker_id=f"{JOB}-w0", job_id=JOB, model_version=version),
         )
     )
@@ -65,7 +76,9 @@ def announce(settings: Settings, version: str = "m/1") -> None:
 
 def test_upload_registers_a_fitting_checkpoint_and_refuses_a_wrong_shape(api):
     client, auth, settings, _, tmp = api
-    ok = client.post("/v1/weights/upload", headers=auth, json={"source": str(checkpoint(tmp / "v2")), "model": "m", "job_id": JOB})
+    ok = client.post(
+        "/v1/weights/upload", headers=auth, json={"source": str(checkpoint(tmp / "v2")), "model": "m", "job_id": JOB}
+    )
     assert ok.status_code == 200, ok.text
     assert ok.json()["version"] == 2 and ok.json()["tags"]["parent_version"] == "1"
     wrong = checkpoint(tmp / "wrong", {**SHAPES, "lm_head.weight": (17, 8)})
@@ -78,10 +91,18 @@ def test_upload_registers_a_fitting_checkpoint_and_refuses_a_wrong_shape(api):
 
 def test_reload_validates_then_starts_a_leap_per_job_and_status_shows_it(api):
     client, auth, settings, leaps, tmp = api
-    assert client.post("/v1/weights/reload", headers=auth, json={"other": "models:/m/1"}).json()["error"]["code"] == "unknown_model"
-    assert client.post("/v1/weights/reload", headers=auth, json={"m": "models:/m/1"}).json()["error"]["code"] == "no_live_workers"
+    assert (
+        client.post("/v1/weights/reload", headers=auth, json={"other": "models:/m/1"}).json()["error"]["code"]
+        == "unknown_model"
+    )
+    assert (
+        client.post("/v1/weights/reload", headers=auth, json={"m": "models:/m/1"}).json()["error"]["code"]
+        == "no_live_workers"
+    )
     announce(settings)
-    wrong = client.post("/v1/weights/reload", headers=auth, json={"m": str(checkpoint(tmp / "wrong", {"lm_head.weight": (16, 8)}))})
+    wrong = client.post(
+        "/v1/weights/reload", headers=auth, json={"m": str(checkpoint(tmp / "wrong", {"lm_head.weight": (16, 8)}))}
+    )
     assert wrong.status_code == 409 and "'model.embed_tokens.weight' is missing" in wrong.json()["error"]["message"]
     assert leaps.started == []
 
@@ -92,6 +113,8 @@ def test_reload_validates_then_starts_a_leap_per_job_and_status_shows_it(api):
     assert leaps.started == [(JOB, 2, leap["leap_id"])]
 
     (job,) = client.get("/v1/weights/status", headers=auth).json()["data"]
-    assert job["workers"] == [{"worker_id": f"{JOB}-w0", "model_version": "m/1", "leap_state": "ready", "staged_version": None}]
+    assert job["workers"] == [
+        {"worker_id": f"{JOB}-w0", "model_version": "m/1", "leap_state": "ready", "staged_version": None}
+    ]
     assert job["latest_leap"]["id"] == leap["leap_id"] and job["latest_leap"]["status"] == "queued"
     assert client.get("/v1/weights/status", headers=auth, params={"job_id": "job-ffffffff"}).status_code == 404

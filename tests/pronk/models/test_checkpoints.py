@@ -35,8 +35,12 @@ def test_spec_reads_shapes_and_dtype_from_headers_and_hashes_the_layout(tmp_path
     assert other.param_hash != spec.param_hash
     tags = checkpoint_tags(spec, parent_version=1, source="s3://b/ckpt")
     assert tags == {
-        "architecture": "LlamaForCausalLM", "dtype": "float32", "param_hash": spec.param_hash,
-        "parameters": str(spec.parameter_count), "parent_version": "1", "source": "s3://b/ckpt",
+        "architecture": "LlamaForCausalLM",
+        "dtype": "float32",
+        "param_hash": spec.param_hash,
+        "parameters": str(spec.parameter_count),
+        "parent_version": "1",
+        "source": "s3://b/ckpt",
     }
 
 
@@ -45,7 +49,10 @@ def test_spec_reads_shapes_and_dtype_from_headers_and_hashes_the_layout(tmp_path
     [
         ({"architecture": "MistralForCausalLM"}, "architecture is MistralForCausalLM, expected LlamaForCausalLM"),
         ({"dtype": torch.bfloat16}, "dtype is bfloat16, expected float32"),
-        ({"shapes": {**SHAPES, "model.layers.0.mlp.up_proj.weight": (10, 8)}}, "'model.layers.0.mlp.up_proj.weight' shape is [10, 8], expected [12, 8]"),
+        (
+            {"shapes": {**SHAPES, "model.layers.0.mlp.up_proj.weight": (10, 8)}},
+            "'model.layers.0.mlp.up_proj.weight' shape is [10, 8], expected [12, 8]",
+        ),
         ({"shapes": {k: v for k, v in SHAPES.items() if k != "lm_head.weight"}}, "'lm_head.weight' is missing"),
         ({"shapes": {**SHAPES, "extra.bias": (3,)}}, "'extra.bias' is shape [3], expected absent"),
     ],
@@ -81,7 +88,10 @@ def test_upload_reads_a_checkpoint_from_s3_and_registers_nothing_that_does_not_f
         checkpoint(tmp_path / name, shapes)
         fs.put(str(tmp_path / name) + "/", f"pronk-test/ckpts/{name}/", recursive=True)
     first = upload_checkpoint("s3://pronk-test/ckpts/fits", "pronk-s3-test", settings=settings)
-    assert first.tags["source"] == "s3://pronk-test/ckpts/fits" and first.tags["param_hash"] == read_spec(tmp_path / "fits").param_hash
+    assert (
+        first.tags["source"] == "s3://pronk-test/ckpts/fits"
+        and first.tags["param_hash"] == read_spec(tmp_path / "fits").param_hash
+    )
     with pytest.raises(CheckpointMismatch, match=r"'lm_head.weight' shape is \[16, 9\], expected \[16, 8\]"):
         upload_checkpoint("s3://pronk-test/ckpts/wrong", "pronk-s3-test", settings=settings)
     assert latest_version("pronk-s3-test", settings) == first.version
