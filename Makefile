@@ -2,7 +2,7 @@
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test down bench
+.PHONY: install demo test unit lint typecheck down bench
 
 install: $(VENV)/.installed
 
@@ -13,8 +13,22 @@ demo: install
 	$(BIN)/pronk stack up
 	$(BIN)/pronk batch run data/sample_batch.jsonl --job tiny-cpu --out out/sample
 
-test: install
+# Lint and type checks first, then the whole suite (CI's .ci/run calls this).
+test: install lint typecheck
 	$(BIN)/python -m pytest
+
+# The tests that need no server (seconds).
+unit: install
+	$(BIN)/python -m pytest -m "not e2e"
+
+# ruff (lint and format) and the import layers (import-linter contracts in pyproject.toml).
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+
+typecheck: install
+	$(BIN)/mypy
 
 down:
 	$(BIN)/pronk stack down

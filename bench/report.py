@@ -117,22 +117,25 @@ def markdown_section(meta: dict, comparisons: list[Comparison], plot_name: str) 
         "",
         f"Run {meta['date']} on {meta['machine']}, with `{meta['command']}`.",
         "",
-        f"Both sides: job `{meta['job']}` (the tiny local model `models:/pronk-tiny@live`), {meta['workers']} engine processes "
-        f"each pinned to its own core, the same engine args, prefix caching on, `max_model_len` {meta['max_model_len']}, "
-        f"and a KV cache of {meta['kv_cache_memory_bytes'] / 2**20:.0f} MiB = {kv['tokens_per_worker']:,} tokens per process. "
-        f"The workload's working set is ~{kv['working_set_tokens_per_worker']:,} tokens per process "
-        f"({meta['concurrency']} traces in flight, mean final context {kv['mean_trace_context']:,} tokens), so the cache "
-        f"cannot hold every live trace and **eviction happens**: with no eviction at all the cached-token ratio would be "
+        f"Both sides: job `{meta['job']}` (the tiny local model `models:/pronk-tiny@live`), {meta['workers']} engine "
+        "processes each pinned to its own core, the same engine args, prefix caching on, `max_model_len` "
+        f"{meta['max_model_len']}, and a KV cache of {meta['kv_cache_memory_bytes'] / 2**20:.0f} MiB = "
+        f"{kv['tokens_per_worker']:,} tokens per process. The workload's working set is "
+        f"~{kv['working_set_tokens_per_worker']:,} tokens per process ({meta['concurrency']} traces in flight, mean "
+        f"final context {kv['mean_trace_context']:,} tokens), so the cache cannot hold every live trace and "
+        "**eviction happens**: with no eviction at all the cached-token ratio would be "
         f"{kv['ideal_cached_ratio']:.3f}.",
         "",
-        f"Workload: profile `{meta['profile']}`, {meta['traces_per_round']} root traces per round × {meta['rounds']} round(s) "
-        f"(seed {meta['seed']}), {meta['steps_per_round']} steps per round, {meta['steps_cut_by_context_cap']} steps cut by the "
-        f"context cap; single-step file of {meta['single_step_requests']} lines. Ranges and their sources: `bench/workload.py`. "
-        f"pronk = its batch flow (Prefect) on its workers; pronk bare loop = the same plain asyncio loop as the baseline, "
-        f"through pronk's router and workers; baseline = N `python -m vllm.entrypoints.openai.api_server` round-robin "
-        f"(agent; they took {meta['vllm_server_startup_s']} s to start, not counted) and "
-        f"`python -m vllm.entrypoints.openai.run_batch` (single-step; its own engine start-up is counted end to end, and left "
-        f"out in the row that says so, from its progress bar's rate). Ratios are pronk / baseline; times are medians (p50) and p90 over traces.",
+        f"Workload: profile `{meta['profile']}`, {meta['traces_per_round']} root traces per round × {meta['rounds']} "
+        f"round(s) (seed {meta['seed']}), {meta['steps_per_round']} steps per round, "
+        f"{meta['steps_cut_by_context_cap']} steps cut by the context cap; single-step file of "
+        f"{meta['single_step_requests']} lines. Ranges and their sources: `bench/workload.py`. pronk = its batch flow "
+        "(Prefect) on its workers; pronk bare loop = the same plain asyncio loop as the baseline, through pronk's "
+        "router and workers; baseline = N `python -m vllm.entrypoints.openai.api_server` round-robin (agent; they "
+        f"took {meta['vllm_server_startup_s']} s to start, not counted) and `python -m "
+        "vllm.entrypoints.openai.run_batch` (single-step; its own engine start-up is counted end to end, and left "
+        "out in the row that says so, from its progress bar's rate). Ratios are pronk / baseline; times are medians "
+        "(p50) and p90 over traces.",
         "",
         markdown_table(comparisons),
         "",

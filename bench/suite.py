@@ -4,7 +4,8 @@ Order of one run: draw the workload; start N stock vLLM servers (the baseline) a
 stop them; replay it on pronk's workers with the bare loop, then as a pronk batch; then the
 single-step file through pronk's batch flow and through vLLM's `run_batch`. Each setup gets the
 same shapes under its own trace ids, so no setup reads KV another one left in a cache.
-With `rounds` > 1 every figure is the median over rounds (each round draws with seed + round, and\nthe order of the three agent setups rotates by one each round).
+With `rounds` > 1 every figure is the median over rounds (each round draws with seed + round, and
+the order of the three agent setups rotates by one each round).
 """
 
 from __future__ import annotations
@@ -194,7 +195,9 @@ def meta(config: BenchConfig, job: JobConfig, outcome: dict) -> dict:
     workload: Workload = outcome["workloads"][0]
     return {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": f"{platform.node()}: {platform.machine()}, {len(os.sched_getaffinity(0))} cores, {platform.platform()}",
+        "machine": (
+            f"{platform.node()}: {platform.machine()}, {len(os.sched_getaffinity(0))} cores, {platform.platform()}"
+        ),
         "command": config.command,
         "job": job.job_id,
         "workers": job.workers,
@@ -265,8 +268,9 @@ def run_bench(config: BenchConfig, settings: Settings, echo=print) -> dict:
     info["bench_wall_s"] = round(time.monotonic() - started, 1)
     echo(report.text_table(outcome["comparisons"]))
     echo(
-        f"KV per process {info['kv']['tokens_per_worker']:,} tokens, working set ~{info['kv']['working_set_tokens_per_worker']:,}; "
-        f"cached ratio with no eviction {info['kv']['ideal_cached_ratio']:.3f}; bench took {info['bench_wall_s']} s"
+        f"KV per process {info['kv']['tokens_per_worker']:,} tokens, working set "
+        f"~{info['kv']['working_set_tokens_per_worker']:,}; cached ratio with no eviction "
+        f"{info['kv']['ideal_cached_ratio']:.3f}; bench took {info['bench_wall_s']} s"
     )
     if info["errors"]:
         echo(f"errors: {info['errors']}")

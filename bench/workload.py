@@ -199,7 +199,23 @@ def single_step_lines(
 ) -> list[dict]:
     """OpenAI batch lines of one chat completion each (greedy, so both runners generate the same text)."""
     rng = random.Random(seed)
-    words = ["agent", "tool", "trace", "step", "prefix", "cache", "worker", "batch", "router", "engine", "model", "token", "query", "table", "result"]
+    words = [
+        "agent",
+        "tool",
+        "trace",
+        "step",
+        "prefix",
+        "cache",
+        "worker",
+        "batch",
+        "router",
+        "engine",
+        "model",
+        "token",
+        "query",
+        "table",
+        "result",
+    ]
     lines = []
     for i in range(count):
         text = " ".join(rng.choice(words) for _ in range(rng.randint(*prompt_words)))

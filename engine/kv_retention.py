@@ -6,8 +6,9 @@ vLLM as `scheduler_cls`) takes an extra reference on the finished request's full
 the step asked for a pin (`SamplingParams.extra_args`, see `retention_hints`), which keeps them out
 of the free queue. The pin is released when the trace's next step has been scheduled (it now holds
 the blocks itself), when the trace ends (the harness calls the worker's `/release`, which reaches
-the scheduler as an internal abort of `release_request_id(trace)`), when the TTL passes, when the pinned total would pass `PRONK_KV_PIN_MAX_FRACTION`
-of the cache (a full table refuses new pins), or before a prefix-cache reset (weight swap).
+the scheduler as an internal abort of `release_request_id(trace)`), when the TTL passes, when the
+pinned total would pass `PRONK_KV_PIN_MAX_FRACTION` of the cache (a full table refuses new pins), or
+before a prefix-cache reset (weight swap).
 
 The vLLM classes are built on first attribute access (`__getattr__`), so importing this module for
 `retention_hints` stays free of vLLM.

@@ -50,7 +50,8 @@ class StepRequest(BaseModel):
     kv_pin_ttl_s: float = Field(
         default=0.0,
         ge=0,
-        description="Keep this trace's prefix pinned in the KV cache this long after the step (a tool-call gap follows).",
+        description="Keep this trace's prefix pinned in the KV cache this long after the step (a tool-call gap "
+        "follows).",
     )
 
     @model_validator(mode="after")

@@ -64,9 +64,9 @@ class ReloadResult(BaseModel):
 class WeightSwapper:
     """Stages versions on disk and swaps the backend to one of them; one Leap at a time per worker."""
 
-    def __init__(self, backend: VllmBackend, stage: Stager, on_change: Callable[[], None] = lambda: None):
+    def __init__(self, backend: VllmBackend, stager: Stager, on_change: Callable[[], None] = lambda: None):
         self.backend = backend
-        self.stager = stage
+        self.stager = stager
         self.on_change = on_change
         self.staged: dict[str, str] = {backend.model_version: backend.model_path}
         self.lock = asyncio.Lock()
@@ -121,10 +121,13 @@ class WeightSwapper:
 
 
 def add_weight_routes(
-    app: FastAPI, backend: VllmBackend, stage: Stager, on_change: Callable[[], None] = lambda: None
+    app: FastAPI, backend: VllmBackend, stager: Stager, on_change: Callable[[], None] = lambda: None
 ) -> WeightSwapper:
-    """Mount `/weights/stage`, `/weights/reload` and `GET /weights` on a worker's app; `on_change` announces a new state at once."""
-    swapper = WeightSwapper(backend, stage, on_change)
+    """Mount `/weights/stage`, `/weights/reload` and `GET /weights` on a worker's app.
+
+    `on_change` announces a new state at once (the worker's heartbeat).
+    """
+    swapper = WeightSwapper(backend, stager, on_change)
 
     @app.post("/weights/stage")
     async def stage(request: StageRequest) -> StageResult:

@@ -44,7 +44,7 @@ def pin_to_cores(cores: list[int]) -> None:
 
 
 def create_app(
-    backend: VllmBackend, registry: Registry, url: str, heartbeat_interval_s: float, stage: Stager
+    backend: VllmBackend, registry: Registry, url: str, heartbeat_interval_s: float, stager: Stager
 ) -> FastAPI:
     started_at = time.time()
 
@@ -100,7 +100,7 @@ def create_app(
     async def stats() -> WorkerStats:
         return backend.stats()
 
-    add_weight_routes(app, backend, stage, on_change=announce)
+    add_weight_routes(app, backend, stager, on_change=announce)
     return app
 
 
@@ -114,7 +114,7 @@ def compact_json_outputs():
 def serve(
     backend: VllmBackend,
     registry: Registry,
-    stage: Stager,
+    stager: Stager,
     port: int,
     heartbeat_interval_s: float,
     host: str = "127.0.0.1",
@@ -122,5 +122,5 @@ def serve(
     """Serve `backend` over HTTP until SIGTERM; the caller (pronk's worker entry point) built it from a job."""
     import uvicorn
 
-    app = create_app(backend, registry, f"http://{host}:{port}", heartbeat_interval_s, stage)
+    app = create_app(backend, registry, f"http://{host}:{port}", heartbeat_interval_s, stager)
     uvicorn.run(app, host=host, port=port, log_level="warning")

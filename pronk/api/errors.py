@@ -77,7 +77,7 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-    logger.exception("unhandled error on %s %s", request.method, request.url.path)
+    logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return error_response(
         500, f"The server had an error processing the request: {type(exc).__name__}", "server_error", None, None
     )

@@ -56,7 +56,8 @@ def finetune_tiny(
         FinetuneConfig(source=source, steps=steps, learning_rate=learning_rate, seed=seed), get_settings()
     )
     typer.echo(
-        f"loss {result.first_loss:.3f} → {result.last_loss:.3f} in {result.train_seconds:.1f}s; registered {result.uri}",
+        f"loss {result.first_loss:.3f} → {result.last_loss:.3f} in {result.train_seconds:.1f}s; registered "
+        f"{result.uri}",
         err=True,
     )
     typer.echo(result.model_dump_json())

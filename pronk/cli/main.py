@@ -57,9 +57,8 @@ def stack_up(
         f"Prefect UI: http://127.0.0.1:{settings.prefect_port}   MLflow UI: http://127.0.0.1:{settings.mlflow_port}"
     )
     if api:
-        typer.echo(
-            f"OpenAI-compatible API: http://127.0.0.1:{settings.api_port}/v1 (auth {'on' if settings.api_auth else 'off'})"
-        )
+        auth = "on" if settings.api_auth else "off"
+        typer.echo(f"OpenAI-compatible API: http://127.0.0.1:{settings.api_port}/v1 (auth {auth})")
 
 
 @stack_app.command("down")
@@ -244,9 +243,7 @@ def bench(
     profile: Annotated[
         str, typer.Option(help="Workload profile (bench/workload.py): cpu, smoke or reference.")
     ] = "cpu",
-    traces: Annotated[
-        int | None, typer.Option(min=1, help="Root traces per round (default: the profile's).")
-    ] = None,
+    traces: Annotated[int | None, typer.Option(min=1, help="Root traces per round (default: the profile's).")] = None,
     rounds: Annotated[
         int, typer.Option(min=1, help="Rounds (seed + round each); figures are medians over rounds.")
     ] = 1,

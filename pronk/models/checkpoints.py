@@ -1,4 +1,4 @@
-"""Checkpoint compatibility: what a Hugging Face directory's weights look like, their tags, and whether they fit a model.
+"""Checkpoint compatibility: what a Hugging Face directory's weights look like, their tags, whether they fit a model.
 
 A checkpoint can replace a running model's weights in place only if it has the same architecture,
 the same dtype and exactly the same parameter names and shapes. `CheckpointSpec` reads that from

@@ -49,9 +49,11 @@ def register_model_dir(
     run = client.create_run(_experiment_id(client, settings), run_name=f"register-{name}")
     client.log_artifacts(run.info.run_id, str(src), artifact_path="model")
     client.set_terminated(run.info.run_id)
+    from mlflow.exceptions import MlflowException
+
     try:
         client.get_registered_model(name)
-    except Exception:
+    except MlflowException:
         client.create_registered_model(name)
     version = client.create_model_version(
         name, source=f"{run.info.artifact_uri}/model", run_id=run.info.run_id, tags=tags or {}
@@ -90,7 +92,7 @@ def parse_models_uri(uri: str) -> tuple[str, str | None, str | None]:
 
 
 def _publish(downloaded: Path, target: Path) -> None:
-    """Move a finished download into place atomically; if another process (a worker of the same job) won, keep theirs."""
+    """Move a finished download into place atomically; if another process (a worker of the job) won, keep theirs."""
     try:
         downloaded.rename(target)
     except OSError:
@@ -141,9 +143,11 @@ def ensure_tiny_model(settings: Settings | None = None) -> int:
     """Make and register the tiny model as `pronk-tiny@live` unless that alias already exists."""
     settings = settings or get_settings()
     client = _client(settings)
+    from mlflow.exceptions import MlflowException
+
     try:
         return int(client.get_model_version_by_alias(TINY_MODEL_NAME, "live").version)
-    except Exception:
+    except MlflowException:
         pass
     from pronk.models.tiny_model import make_tiny_model
 

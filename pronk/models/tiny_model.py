@@ -77,9 +77,9 @@ def build_model(out_dir: Path, seed: int = 0) -> None:
         bos_token_id=SPECIAL_TOKENS.index("<|bos|>"),
         eos_token_id=SPECIAL_TOKENS.index("<|end|>"),
         pad_token_id=SPECIAL_TOKENS.index("<|pad|>"),
-        torch_dtype="float32",
+        dtype="float32",
     )
-    model = LlamaForCausalLM(config).to(torch.float32)
+    model = LlamaForCausalLM(config)
     model.save_pretrained(out_dir, safe_serialization=True)
     (out_dir / "generation_config.json").write_text(
         json.dumps({"bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id})

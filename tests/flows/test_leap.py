@@ -13,6 +13,7 @@ import shutil
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import httpx
 import pytest
@@ -149,7 +150,7 @@ def test_leap_during_a_running_batch_switches_every_step_cleanly(stack, on_v1, t
     assert alias_version(MODEL, "live", stack) == v2
     assert {w.stats.model_version for w in fleet(stack)} == {f"{MODEL}/{v2}"}
     assert batch["request_counts"] == {"total": 128, "completed": 128, "failed": 0}
-    outputs = [json.loads(line) for line in open(batch["output_uri"])]
+    outputs = [json.loads(line) for line in Path(batch["output_uri"]).read_text().splitlines()]
     fingerprints = [o["response"]["body"]["system_fingerprint"] for o in outputs]
     assert all(o["response"]["body"]["pronk"]["model_version"] == f for o, f in zip(outputs, fingerprints))
     assert set(fingerprints) == {f"{MODEL}/{v1}", f"{MODEL}/{v2}"}
@@ -280,9 +281,11 @@ def test_a_worker_that_cannot_switch_sends_the_others_back(stack, on_v1):
     from flows.leap import LeapFailed
 
     v1, v2 = on_v1
-    with StubWorker(stack, f"{MODEL}/{v1}") as stub:
-        with pytest.raises(LeapFailed, match="1 of 3 workers could not switch"):
-            run_leap(version=v2)
+    with (
+        StubWorker(stack, f"{MODEL}/{v1}") as stub,
+        pytest.raises(LeapFailed, match="1 of 3 workers could not switch"),
+    ):
+        run_leap(version=v2)
     assert stub.reloads == 3
     record = LeapStore(stack).latest(JOB)
     assert record.status == "rolled_back" and "went back to" in record.message

@@ -62,7 +62,10 @@ def test_python_may_write_inside_its_scratch_folder(tools, tmp_path):
 
 
 def test_sql_queries_the_shipped_tables(tools, tmp_path):
-    query = "SELECT c.name, SUM(o.amount_usd) AS total FROM companies c JOIN orders o ON c.company_id = o.company_id GROUP BY c.name ORDER BY total DESC LIMIT 1"
+    query = (
+        "SELECT c.name, SUM(o.amount_usd) AS total FROM companies c JOIN orders o ON c.company_id = o.company_id "
+        "GROUP BY c.name ORDER BY total DESC LIMIT 1"
+    )
     outcome = call(tools["sql"], {"query": query}, tmp_path)
     assert outcome.ok and outcome.text.splitlines() == ["name,total", "Delta Freight,1150000"]
     bad = call(tools["sql"], {"query": "SELEC nonsense"}, tmp_path)

@@ -1,4 +1,7 @@
-"""The weights routes in-process (TestClient) on MLflow/SQLite in a temp dir; workers are registry entries, the Leap starter a recording double."""
+"""The weights routes in-process (TestClient) on MLflow/SQLite in a temp dir.
+
+Workers are registry entries, the Leap starter a recording double.
+"""
 
 from __future__ import annotations
 
