@@ -48,6 +48,17 @@ def _stat_logger_factory(snapshot: SchedulerSnapshot):
     return SnapshotLogger
 
 
+class StepInvalid(EngineError, ValueError):
+    """vLLM refused the step itself (prompt too long, bad sampling parameters): the worker answers 400."""
+
+
+def _client_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions by which vLLM says a request is bad: ValueError and TypeError, and its own client errors."""
+    from vllm.exceptions import VLLMClientError
+
+    return (ValueError, TypeError, VLLMClientError)
+
+
 class MixedWeightVersions(EngineError, RuntimeError):
     """A generation whose tokens came from two weight versions; never returned as a result."""
 
@@ -116,17 +127,33 @@ class VllmBackend:
         text = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return self._tokenizer.encode(text, add_special_tokens=False)
 
+    def _check_length(self, prompt_ids: list[int]) -> None:
+        limit = self._engine.model_config.max_model_len
+        if len(prompt_ids) >= limit:
+            raise StepInvalid(
+                f"the prompt has {len(prompt_ids)} tokens; max_model_len is {limit}"
+                " (prompt and at least one output token)"
+            )
+
     async def generate(self, request: StepRequest) -> StepResult:
+        """One step; a request vLLM refuses raises `StepInvalid`, whatever vLLM's own exception type."""
         started = time.monotonic()
-        prompt = {"prompt_token_ids": self.prompt_token_ids(request)}
-        params = self._sampling_params(request.sampling)
+        bad_request = _client_errors()
+        try:
+            prompt_ids = self.prompt_token_ids(request)
+            self._check_length(prompt_ids)
+            params = self._sampling_params(request.sampling)
+        except bad_request as exc:
+            raise StepInvalid(f"{type(exc).__name__}: {exc}") from exc
         if request.trace_id:
             params.extra_args = retention_hints(request.trace_id, request.kv_pin_ttl_s)
         self.in_flight += 1
         final = None
         try:
-            async for output in self._engine.generate(prompt, params, request.request_id):
+            async for output in self._engine.generate({"prompt_token_ids": prompt_ids}, params, request.request_id):
                 final = output
+        except bad_request as exc:
+            raise StepInvalid(f"{type(exc).__name__}: {exc}") from exc
         finally:
             self.in_flight -= 1
         self.requests_served += 1

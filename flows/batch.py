@@ -194,9 +194,12 @@ async def run_batch(
 
     try:
         validated = validate_lines(read_input_file(input_uri), job)
-    except BatchInputError as exc:
+    except Exception as exc:  # any failure to read the input ends the batch `failed`, never stuck `validating`
+        if not isinstance(exc, BatchInputError):
+            logger.exception("batch %s: reading its input failed", batch.id)
+        message = str(exc) if isinstance(exc, BatchInputError) else f"cannot validate the input: {type(exc).__name__}"
         batch.errors = BatchErrors(
-            data=[BatchErrorData(code="invalid_input_file", message=str(exc), param="input_file_id")]
+            data=[BatchErrorData(code="invalid_input_file", message=message, param="input_file_id")]
         )
         batch.mark("failed")
         store.save(batch)

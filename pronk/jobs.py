@@ -119,9 +119,19 @@ class JobConfig(BaseModel):
     price_per_worker_hour: float = Field(ge=0, description="USD per worker-hour, for processing cost.")
     max_concurrency: int = Field(default=32, ge=1, le=4096, description="Requests in flight per batch run.")
     default_max_tokens: int = Field(default=256, ge=1, description="`max_tokens` when a request sets none.")
+    max_output_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Largest `max_tokens` a request may ask for; default: `engine.max_model_len - 1`.",
+    )
     harness: HarnessConfig = Field(
         default_factory=HarnessConfig, description="The agent harness: steps, tools, limits."
     )
+
+    @property
+    def output_token_cap(self) -> int:
+        """The most tokens one request may ask to generate."""
+        return self.max_output_tokens or self.engine.max_model_len - 1
 
 
 def _describe(exc: ValidationError, path: Path, raw: dict[str, Any]) -> str:

@@ -53,6 +53,22 @@ class Settings(BaseSettings):
         default=200 * 1024 * 1024, ge=1, description="Largest file `POST /v1/files` accepts."
     )
     api_max_upload_lines: int = Field(default=50_000, ge=1, description="Most request lines in one batch input file.")
+    api_max_body_bytes: int = Field(
+        default=1024 * 1024, ge=1, description="Largest request body of any route but `POST /v1/files` (JSON bodies)."
+    )
+    api_body_timeout_s: float = Field(
+        default=30.0, gt=0, description="Seconds a request body may take to arrive in full before the API answers 408."
+    )
+    api_max_json_depth: int = Field(default=64, ge=1, description="Deepest nesting of a JSON request body.")
+    max_line_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        ge=1024,
+        description="Longest batch input line in bytes; a longer line becomes an error line before it is parsed.",
+    )
+    weights_root: Path | None = Field(
+        default=None,
+        description="Server paths `/v1/weights/*` accepts as sources must be under it; unset: only s3:// and models:/.",
+    )
 
     @property
     def tracking_uri(self) -> str:

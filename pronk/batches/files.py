@@ -7,7 +7,6 @@ and `owners/<owner>/…` (the owner's listing, see `OwnerIndex`).
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ import fsspec
 from pydantic import Field
 
 from pronk import storage
+from pronk.batches.input import parse_line
 from pronk.batches.owner_index import OwnerIndex, Page
 from pronk.batches.schemas import Batch, FileObject, FilePurpose
 from pronk.errors import PronkError
@@ -58,10 +58,7 @@ def summarize_input(source: BinaryIO, max_lines: int) -> InputSummary:
         summary.lines += 1
         if summary.lines > max_lines:
             raise UploadRejected(f"a batch input file may hold at most {max_lines} request lines; this one has more")
-        try:
-            line = json.loads(raw)
-        except ValueError:
-            continue
+        line, _ = parse_line(raw)
         if isinstance(line, dict):
             if isinstance(line.get("url"), str):
                 summary.urls.add(line["url"])

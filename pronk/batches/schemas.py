@@ -6,7 +6,7 @@ import secrets
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from engine.protocol import ChatMessage
 from pronk.agents.spec import REPLAY_URL, HarnessRequest, ToolChoice, ToolSpec
@@ -35,6 +35,7 @@ class ErrorCode:
     UNSUPPORTED_URL = "unsupported_url"
     INVALID_BODY = "invalid_body"
     MODEL_MISMATCH = "model_mismatch"
+    LINE_TOO_LARGE = "line_too_large"
     REQUEST_REJECTED = "request_rejected"
     ENGINE_UNAVAILABLE = "engine_unavailable"
     UNKNOWN_TOOL = "unknown_tool"
@@ -52,11 +53,13 @@ class ChatCompletionBody(BaseModel):
 
     model: str = Field(min_length=1)
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: StrictInt | None = Field(
+        default=None, ge=1, description="A JSON integer (never a string, bool or float), up to the job's cap."
+    )
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1, description="Wins over `max_tokens`.")
     temperature: float = Field(default=1.0, ge=0, le=2)
     top_p: float = Field(default=1.0, gt=0, le=1)
-    seed: int | None = None
+    seed: StrictInt | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
     stop: str | list[str] | None = None
     n: Literal[1] = 1
     tools: list[ToolSpec] | None = Field(

@@ -1,6 +1,9 @@
+import json
+
 import pytest
 
-from pronk.batches.input import BatchInputError, validate_input
+from pronk.batches.input import BatchInputError, InputLimits, validate_input
+from pronk.batches.prompt_length import PromptLength
 from pronk.batches.schemas import ErrorCode
 from pronk.jobs import get_job
 from tests.conftest import DATA
@@ -43,7 +46,132 @@ def test_max_completion_tokens_wins_over_default(job):
     assert ok2.body.output_limit(job.default_max_tokens) == 24
 
 
-@pytest.mark.parametrize("data", [b"", b"\n\n  \n", b"\xff\xfe\x00"])
-def test_empty_or_binary_file_fails_the_batch(job, data):
+@pytest.mark.parametrize("data", [b"", b"\n\n  \n"])
+def test_empty_file_fails_the_batch(job, data):
     with pytest.raises(BatchInputError):
         validate_input(data, job)
+
+
+def chat_line(custom_id: str, content: str = "hi", **body) -> dict:
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "pronk-tiny", "messages": [{"role": "user", "content": content}], **body},
+    }
+
+
+def jsonl(*lines: dict | bytes) -> bytes:
+    return b"\n".join(line if isinstance(line, bytes) else json.dumps(line).encode() for line in lines) + b"\n"
+
+
+def codes(validated) -> dict[int, str]:
+    return {e.error.line: e.error.code for e in validated.errors}
+
+
+def test_a_bad_byte_fails_its_line_only(job):
+    bad = json.dumps(chat_line("bad")).encode().replace(b'"hi"', b'"h\xffi"')
+    validated = validate_input(jsonl(chat_line("a"), bad, chat_line("b")), job)
+    assert [r.custom_id for r in validated.requests] == ["a", "b"]
+    assert codes(validated) == {2: ErrorCode.INVALID_JSON} and "0xff" in validated.errors[0].error.message
+
+
+def test_a_binary_file_is_error_lines_not_a_crash(job):
+    validated = validate_input(b"\xff\xfe\x00", job)
+    assert validated.total == 1 and codes(validated) == {1: ErrorCode.INVALID_JSON}
+
+
+@pytest.mark.parametrize("digits", [65, 5000, 100_000])
+def test_a_huge_integer_fails_its_line_only(job, digits):
+    huge = json.dumps(chat_line("huge")).encode().replace(b'"body"', b'"n": ' + b"9" * digits + b', "body"')
+    validated = validate_input(jsonl(chat_line("a"), huge, chat_line("b")), job)
+    assert [r.custom_id for r in validated.requests] == ["a", "b"]
+    assert codes(validated) == {2: ErrorCode.INVALID_JSON} and f"{digits} digits" in validated.errors[0].error.message
+
+
+def test_deep_nesting_fails_its_line_only(job):
+    deep = b"[" * 200_000 + b"]" * 200_000
+    validated = validate_input(jsonl(chat_line("a"), deep, chat_line("b")), job)
+    assert [r.custom_id for r in validated.requests] == ["a", "b"]
+    assert codes(validated) == {2: ErrorCode.INVALID_JSON}
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\u0085", "\r", "\x0b", "\x1c"])
+def test_only_newline_splits_lines(job, separator):
+    lines = [chat_line(f"c{i}", f"one{separator}two") for i in range(3)]
+    data = b"\n".join(json.dumps(line, ensure_ascii=False).encode() for line in lines)
+    data = data.replace(b'"messages"', separator.encode() + b'"messages"') if separator == "\r" else data
+    validated = validate_input(data, job)
+    assert validated.total == 3 and len(validated.requests) == 3, codes(validated)
+    assert validated.requests[0].body.messages[0].content == f"one{separator}two"
+
+
+def test_a_line_over_the_byte_cap_is_refused_before_parsing(job):
+    limits = InputLimits(max_line_bytes=2048)
+    validated = validate_input(jsonl(chat_line("a"), chat_line("big", "x" * 5000), chat_line("b")), job, limits)
+    assert [r.custom_id for r in validated.requests] == ["a", "b"]
+    assert codes(validated) == {2: ErrorCode.LINE_TOO_LARGE}
+    assert (
+        "limit is 2048" in validated.errors[0].error.message
+        and "PRONK_MAX_LINE_BYTES" in validated.errors[0].error.message
+    )
+
+
+@pytest.mark.parametrize("value", ["32", True, 32.0, 0, -1, 1_000_000_000])
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_output_limits_are_strict_integers_within_the_jobs_cap(job, field, value):
+    validated = validate_input(jsonl(chat_line("x", **{field: value})), job)
+    assert codes(validated) == {1: ErrorCode.INVALID_BODY}
+    assert field in validated.errors[0].error.message
+
+
+def test_the_output_cap_is_max_model_len_minus_one_unless_the_job_sets_one(job):
+    cap = job.engine.max_model_len - 1
+    assert len(validate_input(jsonl(chat_line("x", max_tokens=cap)), job).requests) == 1
+    assert len(validate_input(jsonl(chat_line("x", max_tokens=cap + 1)), job).errors) == 1
+    small = job.model_copy(update={"max_output_tokens": 10})
+    assert codes(validate_input(jsonl(chat_line("x", max_tokens=11)), small)) == {1: ErrorCode.INVALID_BODY}
+
+
+class Tokenizer:
+    """A stand-in byte tokenizer: one token per byte, a template of two tokens per message."""
+
+    def __init__(self):
+        self.loaded = 0
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+        return "".join(f"<{m['content']}>" for m in messages)
+
+    def encode(self, text, add_special_tokens):
+        return list(text.encode())
+
+
+def test_a_prompt_beyond_max_model_len_is_rejected_without_a_worker(job):
+    tokenizer = Tokenizer()
+    loads = []
+    counter = PromptLength(job, lambda: loads.append(1) or tokenizer)
+    limit = job.engine.max_model_len
+    data = jsonl(chat_line("short"), chat_line("fits", "x" * (limit - 3)), chat_line("long", "x" * limit))
+    validated = validate_input(data, job, InputLimits(prompt_tokens=counter))
+    assert [r.custom_id for r in validated.requests] == ["short", "fits"]
+    assert codes(validated) == {3: ErrorCode.REQUEST_REJECTED}
+    assert f"{limit + 2} tokens" in validated.errors[0].error.message
+    assert loads == [1] and counter.tokenized == 2  # the short line was never tokenized
+
+
+def test_without_a_tokenizer_long_prompts_are_left_to_the_worker(job):
+    def broken():
+        raise OSError("no model")
+
+    counter = PromptLength(job, broken)
+    validated = validate_input(jsonl(chat_line("long", "x" * 10_000)), job, InputLimits(prompt_tokens=counter))
+    assert len(validated.requests) == 1 and counter.tokenized == 0
+
+
+def test_an_unexpected_exception_becomes_that_lines_error_line(job):
+    def explode(body):
+        raise RuntimeError("boom")
+
+    validated = validate_input(jsonl(chat_line("a"), chat_line("b")), job, InputLimits(prompt_tokens=explode))
+    assert validated.total == 2 and codes(validated) == {1: ErrorCode.INVALID_LINE, 2: ErrorCode.INVALID_LINE}
+    assert "RuntimeError" in validated.errors[0].error.message

@@ -1,0 +1,64 @@
+"""A plain chat line's prompt length in the job's own tokens, checked before any worker sees the line.
+
+A byte-level BPE never makes more tokens than the rendered prompt has bytes, so a line whose
+message bytes plus a template allowance stay below the job's `max_model_len` fits without
+tokenizing. Only longer lines are tokenized, with the job's tokenizer, loaded once per run and
+only when such a line appears. Where the tokenizer cannot be loaded the count is unknown and the
+worker's own check (HTTP 400, `request_rejected`) is the backstop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from pronk.batches.schemas import ChatCompletionBody
+from pronk.jobs import JobConfig
+
+logger = logging.getLogger(__name__)
+
+TEMPLATE_BYTES = 512
+"""Bytes a chat template may add around the whole conversation (generation prompt, BOS, system default)."""
+TEMPLATE_BYTES_PER_MESSAGE = 64
+"""Bytes a chat template may add around each message (role markers, separators)."""
+
+
+def byte_bound(body: ChatCompletionBody) -> int:
+    """An upper bound on the prompt's tokens under a byte-level BPE with an ordinary chat template."""
+    messages = sum(len(m.text().encode()) + TEMPLATE_BYTES_PER_MESSAGE for m in body.messages)
+    return messages + TEMPLATE_BYTES
+
+
+class PromptLength:
+    """Counts prompt tokens as the worker will (chat template, then encode), tokenizing only lines that need it."""
+
+    def __init__(self, job: JobConfig, load_tokenizer: Callable[[], Any]):
+        self.limit = job.engine.max_model_len
+        self._load = load_tokenizer
+        self._tokenizer: Any = None
+        self._unavailable = False
+        self.tokenized = 0
+
+    def _get_tokenizer(self) -> Any:
+        if self._tokenizer is None and not self._unavailable:
+            try:
+                self._tokenizer = self._load()
+            except Exception:
+                logger.warning(
+                    "cannot load the job's tokenizer: long prompts go to the workers unchecked", exc_info=True
+                )
+                self._unavailable = True
+        return self._tokenizer
+
+    def __call__(self, body: ChatCompletionBody) -> int | None:
+        bound = byte_bound(body)
+        if bound < self.limit:
+            return bound
+        tokenizer = self._get_tokenizer()
+        if tokenizer is None:
+            return None
+        self.tokenized += 1
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return len(tokenizer.encode(text, add_special_tokens=False))
