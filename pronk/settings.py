@@ -57,9 +57,10 @@ class Settings(BaseSettings):
         default=1024 * 1024, ge=1, description="Largest request body of any route but `POST /v1/files` (JSON bodies)."
     )
     api_body_timeout_s: float = Field(
-        default=30.0, gt=0, description="Seconds a request body may take to arrive in full before the API answers 408."
+        default=30.0,
+        gt=0,
+        description="Seconds a JSON request body may take to arrive, and an upload may wait for its next part (408).",
     )
-    api_max_json_depth: int = Field(default=64, ge=1, description="Deepest nesting of a JSON request body.")
     max_line_bytes: int = Field(
         default=4 * 1024 * 1024,
         ge=1024,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
+from pronk.api.body_limits import BodyLimits
 from pronk.api.errors import install_error_handlers
 from pronk.api.keys import ApiKeyStore
 from pronk.api.routes import batches, files, weights
@@ -28,6 +29,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.keys = ApiKeyStore(settings)
     app.state.runs = PrefectRuns(settings)
     install_error_handlers(app)
+    app.add_middleware(BodyLimits, settings=settings)
 
     @app.get("/health", tags=["health"])
     def health() -> dict[str, str]:

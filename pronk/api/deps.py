@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Protocol
 
 from fastapi import Depends, Request
@@ -51,12 +52,20 @@ RunsDep = Annotated[RunStarter, Depends(get_runs)]
 _bearer = HTTPBearer(auto_error=False, description="An API key from `pronk keys create` (when PRONK_API_AUTH=true).")
 
 
-def current_owner(
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who sent the request: the owner whose files and batches it may see, and whether it may change weights."""
+
+    owner: str
+    admin: bool
+
+
+def current_caller(
     settings: SettingsDep, keys: KeysDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-) -> str:
-    """The owner whose files and batches this request may see."""
+) -> Caller:
+    """The caller of this request; with auth off, the one local owner, who is admin."""
     if not settings.api_auth:
-        return LOCAL_OWNER
+        return Caller(LOCAL_OWNER, admin=True)
     if credentials is None:
         raise ApiError(
             401,
@@ -68,7 +77,27 @@ def current_owner(
     if key is None:
         secret = credentials.credentials
         raise ApiError(401, f"Incorrect API key provided: {secret[:6]}...{secret[-4:]}.", code="invalid_api_key")
-    return key.owner
+    return Caller(key.owner, key.admin)
+
+
+CallerDep = Annotated[Caller, Depends(current_caller)]
+
+
+def current_owner(caller: CallerDep) -> str:
+    """The owner whose files and batches this request may see."""
+    return caller.owner
+
+
+def current_admin(caller: CallerDep) -> str:
+    """The owner of an admin key (`pronk keys create --admin`); any other key gets 403."""
+    if not caller.admin:
+        raise ApiError(
+            403,
+            "This API key may not change weights: use a key made with `pronk keys create --admin`.",
+            code="admin_required",
+        )
+    return caller.owner
 
 
 OwnerDep = Annotated[str, Depends(current_owner)]
+AdminDep = Annotated[str, Depends(current_admin)]

@@ -73,7 +73,8 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
     message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
     if exc.status_code == 404 and message == "Not Found":
         message = f"Unknown request URL: {request.method} {request.url.path}."
-    return error_response(exc.status_code, message, _error_type(exc.status_code), None, None)
+    code, param = getattr(exc, "code", None), getattr(exc, "param", None)
+    return error_response(exc.status_code, message, _error_type(exc.status_code), param, code)
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

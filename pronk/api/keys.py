@@ -8,6 +8,7 @@ Keys that share an owner share files and batches; by default each key is its own
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 import time
 
@@ -18,6 +19,9 @@ from pronk.batches.owner_index import check_owner
 from pronk.settings import Settings, get_settings
 
 KEY_PREFIX = "pk-"
+KEY_PATTERN = re.compile(r"pk-[A-Za-z0-9_-]{16,128}")
+"""What a key looks like (`pk-` and URL-safe base64); anything else is refused before any lookup."""
+KEY_ID_PATTERN = re.compile(r"key_[0-9a-f]{12}")
 
 
 class ApiKey(BaseModel):
@@ -26,6 +30,9 @@ class ApiKey(BaseModel):
     name: str = Field(default="", description="A note for people: what the key is for.")
     created_at: int = Field(default_factory=lambda: int(time.time()))
     hint: str = Field(description="First and last characters of the key, to recognise it.")
+    admin: bool = Field(
+        default=False, description="May upload weights and Leap fleets (`pronk keys create --admin`); shared state."
+    )
 
 
 def key_hash(key: str) -> str:
@@ -40,16 +47,18 @@ class ApiKeyStore:
     def _uri(self, digest: str) -> str:
         return storage.join(self.root, f"{digest}.json")
 
-    def create(self, owner: str | None = None, name: str = "") -> tuple[str, ApiKey]:
+    def create(self, owner: str | None = None, name: str = "", admin: bool = False) -> tuple[str, ApiKey]:
         """Make a key; returns the plaintext (shown once) and its stored record."""
         key = KEY_PREFIX + secrets.token_urlsafe(32)
         key_id = f"key_{secrets.token_hex(6)}"
-        record = ApiKey(key_id=key_id, owner=check_owner(owner or key_id), name=name, hint=f"{key[:6]}...{key[-4:]}")
+        record = ApiKey(
+            key_id=key_id, owner=check_owner(owner or key_id), name=name, hint=f"{key[:6]}...{key[-4:]}", admin=admin
+        )
         storage.write_bytes(self._uri(key_hash(key)), record.model_dump_json().encode(), self.settings)
         return key, record
 
     def lookup(self, key: str) -> ApiKey | None:
-        if not key.startswith(KEY_PREFIX):
+        if KEY_PATTERN.fullmatch(key) is None:
             return None
         try:
             return ApiKey.model_validate_json(storage.read_bytes(self._uri(key_hash(key)), self.settings))
@@ -61,7 +70,7 @@ class ApiKeyStore:
         uris = [storage.join(self.root, name) for name in names if name.endswith(".json")]
         return {
             uri: ApiKey.model_validate_json(data)
-            for uri, data in zip(uris, storage.read_many(uris, self.settings))
+            for uri, data in zip(uris, storage.read_many(uris, self.settings), strict=True)
             if data is not None
         }
 
@@ -69,6 +78,8 @@ class ApiKeyStore:
         return sorted(self._all().values(), key=lambda k: k.created_at)
 
     def revoke(self, key_id: str) -> bool:
+        if KEY_ID_PATTERN.fullmatch(key_id) is None:
+            return False
         for uri, record in self._all().items():
             if record.key_id == key_id:
                 storage.delete(uri, self.settings)

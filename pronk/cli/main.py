@@ -284,15 +284,18 @@ def keys_create(
         typer.Option(help="Share files and batches with the other keys of this owner (default: the key alone)."),
     ] = None,
     name: Annotated[str, typer.Option(help="A note: what the key is for.")] = "",
+    admin: Annotated[
+        bool, typer.Option("--admin", help="May also upload weights and Leap fleets (`/v1/weights/upload`, `/reload`).")
+    ] = False,
 ) -> None:
     """Make an API key; prints it once (only its hash is stored)."""
     from pronk.api.keys import ApiKeyStore
 
     try:
-        key, record = ApiKeyStore(get_settings()).create(owner, name)
+        key, record = ApiKeyStore(get_settings()).create(owner, name, admin=admin)
     except ValueError as exc:
         _fail(str(exc))
-    typer.echo(f"{record.key_id} owner {record.owner}", err=True)
+    typer.echo(f"{record.key_id} owner {record.owner}{' admin' if record.admin else ''}", err=True)
     typer.echo(key)
 
 
@@ -302,7 +305,8 @@ def keys_list() -> None:
     from pronk.api.keys import ApiKeyStore
 
     for record in ApiKeyStore(get_settings()).list():
-        typer.echo(f"{record.key_id}  owner {record.owner:24} {record.hint}  {record.name}")
+        scope = "admin" if record.admin else "     "
+        typer.echo(f"{record.key_id}  owner {record.owner:24} {scope} {record.hint}  {record.name}")
 
 
 @keys_app.command("revoke")

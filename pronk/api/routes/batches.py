@@ -30,6 +30,7 @@ BatchId = Annotated[str, Path(pattern=ID_PATTERN, description="The batch's id.")
 HIDDEN = {"owner"}
 """Batch fields the API never shows."""
 
+JOB_ID_PATTERN = r"^job-[0-9a-f]{8}$"
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 
 
@@ -38,7 +39,7 @@ class BatchCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    input_file_id: str = Field(description="An uploaded file with purpose `batch`.")
+    input_file_id: str = Field(pattern=ID_PATTERN, description="An uploaded file with purpose `batch`.")
     endpoint: str = Field(description="The url every line of the file must name; pronk serves /v1/chat/completions.")
     completion_window: Literal["24h", "unlimited"] = Field(
         description="`24h`: lines not started within a day end as `batch_expired` and the batch `expired`."
@@ -47,7 +48,9 @@ class BatchCreate(BaseModel):
         default=None, description="Up to 16 pairs; keys <= 64, values <= 512 chars."
     )
     job_id: str | None = Field(
-        default=None, description="The job to run on; default: the one job serving the lines' model."
+        default=None,
+        pattern=JOB_ID_PATTERN,
+        description="The job to run on; default: the one job serving the lines' model.",
     )
 
     @field_validator("metadata")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated, Literal
+from urllib.parse import quote
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
@@ -11,6 +13,7 @@ from pydantic import BaseModel
 from starlette.datastructures import UploadFile
 
 from pronk import storage
+from pronk.api.body_limits import MULTIPART_SLACK, BodyRefused
 from pronk.api.deps import FilesDep, OwnerDep, SettingsDep
 from pronk.api.errors import ApiError, not_found
 from pronk.batches.files import FileRecord, FileStore, UploadRejected
@@ -21,8 +24,8 @@ router = APIRouter(prefix="/files", tags=["files"])
 ID_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"
 FileId = Annotated[str, Path(pattern=ID_PATTERN, description="The file's id.")]
 UPLOADABLE = ("batch",)
-MULTIPART_SLACK = 64 * 1024
-"""Bytes a multipart envelope may add around the file before the declared length alone proves it too large."""
+MAX_FILENAME = 255
+"""Characters of an uploaded file's name that are kept."""
 
 
 class FileList(BaseModel):
@@ -57,8 +60,10 @@ def _too_large(size: int, limit: int) -> ApiError:
 
 
 async def _drain(request: Request) -> None:
-    async for _ in request.stream():
-        pass
+    """Read what the client sends before answering, up to the body limit (past it, the connection is dropped)."""
+    with contextlib.suppress(BodyRefused):
+        async for _ in request.stream():
+            pass
 
 
 @router.post("", response_model=FileObject)
@@ -88,7 +93,7 @@ async def upload_file(request: Request, owner: OwnerDep, files: FilesDep, settin
             record = await run_in_threadpool(
                 files.upload,
                 owner,
-                upload.filename or "upload.jsonl",
+                (upload.filename or "upload.jsonl")[:MAX_FILENAME],
                 purpose,
                 upload.file,
                 settings.api_max_upload_lines,
@@ -132,5 +137,13 @@ def file_content(file_id: FileId, owner: OwnerDep, files: FilesDep) -> Streaming
     return StreamingResponse(
         storage.iter_chunks(record.uri, files.settings),
         media_type="application/octet-stream",
-        headers={"Content-Disposition": 'attachment; filename="' + record.filename.replace('"', "") + '"'},
+        headers={"Content-Disposition": content_disposition(record.filename)},
+    )
+
+
+def content_disposition(filename: str) -> str:
+    """`attachment` with the name per RFC 6266: an ASCII fallback and the UTF-8 name percent-encoded (RFC 5987)."""
+    fallback = "".join(c if 32 <= ord(c) < 127 and c not in '"\\' else "_" for c in filename) or "download"
+    return (
+        f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(filename.encode('utf-8', 'replace'), safe='')}"
     )

@@ -14,8 +14,9 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.registry import Registry
-from pronk.api.deps import OwnerDep, SettingsDep
+from pronk.api.deps import AdminDep, OwnerDep, SettingsDep
 from pronk.api.errors import ApiError
+from pronk.api.weight_sources import allowed_source
 from pronk.batches.schemas import new_id
 from pronk.jobs import JobConfig, load_jobs
 from pronk.models.checkpoints import CheckpointMismatch
@@ -70,9 +71,13 @@ class WeightsUpload(BaseModel):
     source: str = Field(
         min_length=1, description="Checkpoint directory (Hugging Face format): a path on the server or s3://…."
     )
-    model: str = Field(min_length=1, description="Registered model name, e.g. `pronk-tiny`.")
+    model: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", description="Registered model name, e.g. `pronk-tiny`."
+    )
     job_id: str | None = Field(
-        default=None, description="Validate against this job's current model; default: the newest version."
+        default=None,
+        pattern=r"^job-[0-9a-f]{8}$",
+        description="Validate against this job's current model; default: the newest version.",
     )
 
 
@@ -115,14 +120,15 @@ def _mismatch(exc: CheckpointMismatch, param: str) -> ApiError:
 
 
 @router.post("/upload")
-async def upload(body: WeightsUpload, owner: OwnerDep, settings: SettingsDep) -> UploadResult:
-    """Validate a checkpoint against the model's current version and register it as the next version."""
+async def upload(body: WeightsUpload, owner: AdminDep, settings: SettingsDep) -> UploadResult:
+    """Validate a checkpoint against the model's current version and register it as the next version (admin keys)."""
+    source = allowed_source(body.source, settings, "source")
     jobs = load_jobs(settings.jobs_dir)
     if body.job_id is not None and body.job_id not in jobs:
         raise ApiError(400, f"No job {body.job_id!r}; known jobs: {sorted(jobs)}.", param="job_id", code="unknown_job")
     job_model = jobs[body.job_id].model if body.job_id else None
     try:
-        return await run_in_threadpool(upload_checkpoint, body.source, body.model, job_model, settings)
+        return await run_in_threadpool(upload_checkpoint, source, body.model, job_model, settings)
     except CheckpointMismatch as exc:
         raise _mismatch(exc, "source") from exc
     except FileNotFoundError as exc:
@@ -166,7 +172,7 @@ def _validated_target(job: JobConfig, uri: str, settings: Settings) -> int | Non
 
 @router.post("/reload", status_code=202)
 async def reload(
-    owner: OwnerDep,
+    owner: AdminDep,
     settings: SettingsDep,
     leaps: LeapsDep,
     body: Annotated[
@@ -181,7 +187,8 @@ async def reload(
         raise ApiError(400, "Give at least one served model name and checkpoint URI.", code="invalid_value")
     jobs = load_jobs(settings.jobs_dir)
     planned: list[tuple[JobConfig, int]] = []
-    for served, uri in body.items():
+    for served, given in body.items():
+        uri = allowed_source(given, settings, served)
         serving = [j for j in jobs.values() if j.served_model_name == served]
         if not serving:
             raise ApiError(400, f"No job serves model {served!r}.", param=served, code="unknown_model")

@@ -54,11 +54,12 @@ def api(tmp_path: Path):
         storage_uri=str(tmp_path / "store"),
         s3_endpoint_url=None,
         api_auth=True,
+        weights_root=tmp_path,
     )
     set_alias("m", "live", register_model_dir(checkpoint(tmp_path / "v1"), "m", settings=settings), settings)
     app = create_app(settings)
     app.state.leaps = RecordingLeaps()
-    key, _ = ApiKeyStore(settings).create()
+    key, _ = ApiKeyStore(settings).create(admin=True)
     with TestClient(app) as client:
         yield client, {"Authorization": f"Bearer {key}"}, settings, app.state.leaps, tmp_path
 
