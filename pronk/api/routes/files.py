@@ -66,7 +66,27 @@ async def _drain(request: Request) -> None:
             pass
 
 
-@router.post("", response_model=FileObject)
+UPLOAD_FORM = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file", "purpose"],
+                    "properties": {
+                        "file": {"type": "string", "format": "binary", "description": "The JSONL batch input file."},
+                        "purpose": {"type": "string", "enum": list(UPLOADABLE)},
+                    },
+                }
+            }
+        },
+    }
+}
+"""The form the upload route reads by hand (to bound it before parsing), described for the OpenAPI schema."""
+
+
+@router.post("", response_model=FileObject, openapi_extra=UPLOAD_FORM)
 async def upload_file(request: Request, owner: OwnerDep, files: FilesDep, settings: SettingsDep) -> FileObject:
     """Upload a batch input file (multipart `file` and `purpose=batch`); nothing is stored when a limit is hit."""
     limit = settings.api_max_upload_bytes
