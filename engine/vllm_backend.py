@@ -156,6 +156,8 @@ class VllmBackend:
             raise StepInvalid(f"{type(exc).__name__}: {exc}") from exc
         finally:
             self.in_flight -= 1
+        if final is None:
+            raise EngineError(f"{self.worker_id}: the engine ended request {request.request_id} without output")
         self.requests_served += 1
         completion = final.outputs[0]
         metrics = final.metrics

@@ -169,7 +169,7 @@ def _length_problem(
     if tokens is not None and tokens >= job.engine.max_model_len:
         return (
             ErrorCode.REQUEST_REJECTED,
-            f"the prompt has {tokens} tokens; job {job.job_id}'s max_model_len is {job.engine.max_model_len}"
+            f"the prompt has at least {tokens} tokens; job {job.job_id}'s max_model_len is {job.engine.max_model_len}"
             " (prompt and at least one output token)",
         )
     return None
@@ -209,7 +209,10 @@ def validate_input(data: bytes, job: JobConfig, limits: InputLimits | None = Non
         except Exception as exc:
             logger.exception("line %d could not be validated", number)
             checked = error_line(number, None, ErrorCode.INVALID_LINE, f"could not be validated: {type(exc).__name__}")
-        (requests if isinstance(checked, ValidRequest) else errors).append(checked)
+        if isinstance(checked, ValidRequest):
+            requests.append(checked)
+        else:
+            errors.append(checked)
     if total == 0:
         raise BatchInputError("input file has no request lines")
     return ValidatedInput(requests=requests, errors=errors, total=total)

@@ -209,3 +209,48 @@ def test_worker_withdraws_from_the_registry_on_sigterm(stack):
         time.sleep(0.2)
     assert not alive(pid)
     assert not any(e.worker_id.endswith("-w3") for e in registry.entries(JOB))
+
+
+def test_hostile_lines_each_end_in_one_line_and_a_prompt_over_max_model_len_is_rejected_fast(stack, tmp_path):
+    def chat(custom_id: str, content: str = "Say hi.") -> dict:
+        body = {"model": "pronk-tiny", "messages": [{"role": "user", "content": content}], "max_tokens": 4}
+        return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+    too_long = chat("too-long", " ".join(f"w{i}" for i in range(20_000)))
+    replay_too_long = {
+        "custom_id": "replay-too-long",
+        "method": "POST",
+        "url": "/v1/pronk/replay",
+        "body": {
+            "model": "pronk-tiny",
+            "shape": {
+                "trace_id": "long",
+                "system_prompt_tokens": 5000,
+                "steps": [{"new_prompt_tokens": 1, "output_tokens": 4}],
+            },
+        },
+    }
+    lines = [
+        json.dumps(chat("ok")).encode(),
+        json.dumps(chat("bad-byte")).encode().replace(b"Say", b"S\xffay"),
+        json.dumps(chat("huge-int")).encode().replace(b'"body"', b'"n": ' + b"7" * 5000 + b', "body"'),
+        json.dumps(chat("u2028", "one\u2028two"), ensure_ascii=False).encode(),
+        json.dumps(chat("u0085", "one\u0085two"), ensure_ascii=False).encode(),
+        json.dumps(chat("bare-cr")).encode().replace(b', "body"', b',\r"body"'),
+        json.dumps(too_long).encode(),
+        json.dumps(replay_too_long).encode(),
+    ]
+    path = tmp_path / "hostile.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+
+    started = time.monotonic()
+    batch = run(path, tmp_path / "out")
+    elapsed = time.monotonic() - started
+    outputs, errors = read_jsonl(batch["output_uri"]), read_jsonl(batch["error_uri"])
+
+    assert batch["status"] == "completed" and batch["request_counts"]["total"] == len(lines)
+    assert len(outputs) + len(errors) == len(lines)
+    assert sorted(o["custom_id"] for o in outputs) == ["bare-cr", "ok", "u0085", "u2028"]
+    codes = {e["error"]["line"]: e["error"]["code"] for e in errors}
+    assert codes == {2: "invalid_json", 3: "invalid_json", 7: "request_rejected", 8: "request_rejected"}
+    assert elapsed < 60, f"the batch took {elapsed:.1f} s"

@@ -145,6 +145,9 @@ class Tokenizer:
     def encode(self, text, add_special_tokens):
         return list(text.encode())
 
+    def get_vocab(self):
+        return {"<": 0, ">": 1, "x": 2, "xxxx": 3}
+
 
 def test_a_prompt_beyond_max_model_len_is_rejected_without_a_worker(job):
     tokenizer = Tokenizer()
@@ -157,6 +160,14 @@ def test_a_prompt_beyond_max_model_len_is_rejected_without_a_worker(job):
     assert codes(validated) == {3: ErrorCode.REQUEST_REJECTED}
     assert f"{limit + 2} tokens" in validated.errors[0].error.message
     assert loads == [1] and counter.tokenized == 2  # the short line was never tokenized
+
+
+def test_a_prompt_longer_than_the_longest_tokens_allow_is_rejected_without_tokenizing(job):
+    counter = PromptLength(job, Tokenizer)
+    limit = job.engine.max_model_len
+    validated = validate_input(jsonl(chat_line("huge", "x" * 4 * limit)), job, InputLimits(prompt_tokens=counter))
+    assert codes(validated) == {1: ErrorCode.REQUEST_REJECTED} and counter.tokenized == 0
+    assert f"at least {limit} tokens" in validated.errors[0].error.message
 
 
 def test_without_a_tokenizer_long_prompts_are_left_to_the_worker(job):
