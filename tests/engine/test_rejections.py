@@ -50,7 +50,7 @@ def test_vllms_own_validation_errors_become_step_invalid(backend):
 
 
 def test_the_worker_answers_a_bad_step_with_400(backend, tmp_path):
-    app = create_app(backend, Registry(tmp_path), "http://w0", 1.0, stage=lambda *a: None)
+    app = create_app(backend, Registry(tmp_path), "http://w0", 1.0, lambda *a: None)
     response = TestClient(app).post("/generate", json={"request_id": "r", "prompt_token_ids": list(range(9))})
     assert response.status_code == 400 and "max_model_len is 8" in response.json()["detail"]
 
