@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Annotated, Literal
+from typing import Annotated, Literal, cast
 from urllib.parse import quote
 
 from fastapi import APIRouter, Path, Query, Request
@@ -17,7 +17,7 @@ from pronk.api.body_limits import MULTIPART_SLACK, BodyRefused
 from pronk.api.deps import FilesDep, OwnerDep, SettingsDep
 from pronk.api.errors import ApiError, not_found
 from pronk.batches.files import FileRecord, FileStore, UploadRejected
-from pronk.batches.schemas import FileObject
+from pronk.batches.schemas import FileObject, FilePurpose
 
 router = APIRouter(prefix="/files", tags=["files"])
 
@@ -114,7 +114,7 @@ async def upload_file(request: Request, owner: OwnerDep, files: FilesDep, settin
                 files.upload,
                 owner,
                 (upload.filename or "upload.jsonl")[:MAX_FILENAME],
-                purpose,
+                cast(FilePurpose, purpose),
                 upload.file,
                 settings.api_max_upload_lines,
             )
