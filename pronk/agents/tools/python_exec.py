@@ -9,7 +9,7 @@ import tempfile
 from typing import Any
 
 from pronk.agents.tools import ToolContext, ToolError
-from pronk.agents.tools.sandbox import BWRAP_ENV, Sandbox, code_fd, sandbox_unavailable
+from pronk.agents.tools.sandbox import BWRAP_ENV, Sandbox, sandbox_unavailable
 from pronk.jobs import PythonToolLimits
 from pronk.settings import get_settings
 
@@ -50,21 +50,20 @@ class PythonTool:
         why = await asyncio.to_thread(sandbox_unavailable, self.sandbox.bwrap)
         if why:
             raise ToolError(f"python: refused: no OS sandbox to run code in ({why})")
-        context.scratch_dir.mkdir(parents=True, exist_ok=True)
-        cell = code_fd(code)
+        launch = await asyncio.to_thread(self.sandbox.prepare, context.scratch_dir, code)
         with tempfile.TemporaryFile() as out:
             try:
                 process = await asyncio.create_subprocess_exec(
-                    *self.sandbox.command(context.scratch_dir, cell),
+                    *launch.command,
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=out,
                     stderr=asyncio.subprocess.STDOUT,
-                    pass_fds=(cell,),
+                    pass_fds=launch.fds,
                     env=BWRAP_ENV,
                     start_new_session=True,
                 )
             finally:
-                os.close(cell)
+                launch.close()
             timed_out = False
             try:
                 await asyncio.wait_for(process.wait(), self.limits.wall_s)

@@ -1,12 +1,19 @@
 """OS isolation for model-written code: a bubblewrap (`bwrap`) sandbox around the venv's base Python.
 
 Each call gets new user, PID, network, IPC, UTS and cgroup namespaces; uid/gid 65534 inside with no
-capabilities, no new privileges and no further user namespaces; a read-only view of `/usr` and the
-base interpreter's prefix (its stdlib, never the venv's site-packages nor the project tree, the data
-dir, `/root` or `/etc`); a fresh tmpfs `/tmp`; and the trace's scratch folder bound at `/scratch`,
-the only writable place. The code arrives as a read-only copy at `/cell.py`, so nothing outside the
-sandbox ever opens a path inside the scratch folder. Resource limits are set inside the sandbox by
-`prlimit`, after the user namespace exists, so RLIMIT_NPROC counts this sandbox's processes only.
+capabilities and no new privileges; a read-only view of `/usr` and the base interpreter's prefix (its
+stdlib, never the venv's site-packages nor the project tree, the data dir, `/root` or `/etc`); a fresh
+tmpfs `/tmp`; and the trace's scratch folder bound at `/scratch`, the only writable place. The code
+arrives as a read-only copy at `/cell.py`, so nothing outside the sandbox opens a path in the scratch
+folder. Resource limits are set inside by `prlimit`, after the user namespace exists, so RLIMIT_NPROC
+counts this sandbox's processes only.
+
+Run as root, plain `bwrap --unshare-user` would map the sandbox's uid to host uid 0, which the kernel
+exempts from RLIMIT_NPROC and which owns most files. So as root the sandbox enters a user namespace
+made here that maps uid 65534 to the unprivileged host uid 65534 (and 0 to 0, so bwrap can still set
+up its mounts); bwrap keeps only CAP_SETUID/SETGID/SETPCAP, and `setpriv` drops to 65534 and clears
+every capability before the code runs. Run as any other user, bwrap maps 65534 to that user and
+also forbids nested user namespaces.
 
 Where bubblewrap is missing or cannot create namespaces, `sandbox_unavailable` says why and the
 `python` tool refuses: code never runs unisolated.
@@ -20,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -41,18 +49,68 @@ def _interpreter() -> tuple[str, str]:
     return executable, os.path.realpath(sys.base_prefix)
 
 
+def _host_user_namespace() -> int:
+    """A user namespace (as an fd) mapping 0 to 0 and SANDBOX_UID to the unprivileged host uid SANDBOX_UID."""
+    helper = subprocess.Popen(
+        ["unshare", "--user", "--", "sleep", "60"], env=BWRAP_ENV, stdin=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        ours = os.readlink("/proc/self/ns/user")
+        deadline = time.monotonic() + PROBE_TIMEOUT_S
+        while os.readlink(f"/proc/{helper.pid}/ns/user") == ours:
+            if helper.poll() is not None or time.monotonic() > deadline:
+                raise OSError(f"unshare --user did not make a user namespace (exit status {helper.poll()})")
+            time.sleep(0.001)
+        mapping = f"0 0 1\n{SANDBOX_UID} {SANDBOX_UID} 1\n".encode()
+        for name in ("uid_map", "gid_map"):
+            fd = os.open(f"/proc/{helper.pid}/{name}", os.O_WRONLY)
+            try:
+                os.write(fd, mapping)
+            finally:
+                os.close(fd)
+        return os.open(f"/proc/{helper.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        helper.kill()
+        helper.wait()
+
+
+@dataclass(slots=True)
+class Launch:
+    """One prepared sandbox run: its command line and the fds it needs; `close` once bwrap has started."""
+
+    command: list[str]
+    fds: tuple[int, ...]
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+
+
 @dataclass(slots=True, frozen=True)
 class Sandbox:
-    """The `bwrap` command line that runs one code file under `limits` with `scratch` as its only writable folder."""
+    """Runs one code file under `limits` with a scratch folder as its only writable place."""
 
     bwrap: str
     limits: PythonToolLimits
 
-    def command(self, scratch: Path, cell_fd: int) -> list[str]:
+    def prepare(self, scratch: Path, code: str) -> Launch:
+        """Make the scratch folder the sandbox's uid can write, the code file and (as root) the user namespace."""
+        scratch.mkdir(parents=True, exist_ok=True)
+        cell = code_fd(code)
+        try:
+            if os.geteuid() != 0:
+                return Launch(self._command(scratch, cell, None), (cell,))
+            os.chown(scratch, SANDBOX_UID, SANDBOX_UID, follow_symlinks=False)
+            os.chmod(scratch, 0o701)  # bwrap, as host uid 0 without capabilities, must still enter it
+            userns = _host_user_namespace()
+        except BaseException:
+            os.close(cell)
+            raise
+        return Launch(self._command(scratch, cell, userns), (cell, userns))
+
+    def _command(self, scratch: Path, cell_fd: int, userns_fd: int | None) -> list[str]:
         python, prefix = _interpreter()
         limits = self.limits
-        memory = limits.memory_mb << 20
-        file_size = limits.output_bytes * 4
         view = ["--ro-bind", "/usr", "/usr"]
         for link in ("bin", "lib", "lib64", "sbin"):
             target = os.path.realpath(f"/{link}")
@@ -61,22 +119,33 @@ class Sandbox:
             elif os.path.isdir(target):
                 view += ["--ro-bind", target, f"/{link}"]
         if not (prefix + "/").startswith("/usr/"):
+            for parent in reversed(Path(prefix).parents[:-1]):  # traversable, whatever the host's modes
+                view += ["--perms", "0755", "--dir", str(parent)]
             view += ["--ro-bind", prefix, prefix]
+        if userns_fd is None:
+            user = ["--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
+            user += ["--cap-drop", "ALL"]
+            drop: list[str] = []
+        else:
+            user = ["--userns", str(userns_fd), "--cap-drop", "ALL"]
+            user += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
+            drop = [
+                "setpriv",
+                f"--reuid={SANDBOX_UID}",
+                f"--regid={SANDBOX_UID}",
+                "--clear-groups",
+                "--inh-caps=-all",
+                "--bounding-set=-all",
+                "--",
+            ]
         return [
             shutil.which(self.bwrap) or self.bwrap,
-            "--unshare-user",
+            *user,
             "--unshare-pid",
             "--unshare-net",
             "--unshare-ipc",
             "--unshare-uts",
             "--unshare-cgroup-try",
-            "--disable-userns",
-            "--uid",
-            str(SANDBOX_UID),
-            "--gid",
-            str(SANDBOX_UID),
-            "--cap-drop",
-            "ALL",
             "--die-with-parent",
             "--new-session",
             "--clearenv",
@@ -98,15 +167,18 @@ class Sandbox:
             "--bind",
             str(scratch),
             SCRATCH,
+            "--perms",
+            "0444",
             "--ro-bind-data",
             str(cell_fd),
             CELL,
             "--chdir",
             SCRATCH,
+            *drop,
             "prlimit",
             f"--cpu={limits.cpu_s}",
-            f"--as={memory}",
-            f"--fsize={file_size}",
+            f"--as={limits.memory_mb << 20}",
+            f"--fsize={limits.output_bytes * 4}",
             f"--nproc={limits.processes}",
             f"--nofile={limits.open_files}",
             "--core=0",
@@ -118,8 +190,8 @@ class Sandbox:
 
 
 def code_fd(code: str) -> int:
-    """An anonymous file holding `code`, for `--ro-bind-data` (the caller closes it once bwrap has started)."""
-    fd = os.memfd_create("cell", 0)
+    """An anonymous file holding `code`, for `--ro-bind-data`."""
+    fd = os.memfd_create("cell", os.MFD_CLOEXEC)
     os.write(fd, code.encode("utf-8", "surrogatepass"))
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
@@ -129,12 +201,13 @@ def code_fd(code: str) -> int:
 def sandbox_unavailable(bwrap: str) -> str | None:
     """Why code cannot run isolated here (None when it can); probed once per bwrap path by running the real sandbox."""
     scratch = Path(tempfile.mkdtemp(prefix="pronk-sandbox-probe-"))
-    fd = code_fd("import os\nassert os.getuid() == 65534\nopen('probe', 'w').write('ok')\n")
+    launch = None
     try:
-        command = Sandbox(bwrap, PythonToolLimits()).command(scratch, fd)
+        code = f"import os\nassert os.getuid() == {SANDBOX_UID}\nopen('probe', 'w').write('ok')\n"
+        launch = Sandbox(bwrap, PythonToolLimits()).prepare(scratch, code)
         result = subprocess.run(
-            command,
-            pass_fds=(fd,),
+            launch.command,
+            pass_fds=launch.fds,
             capture_output=True,
             timeout=PROBE_TIMEOUT_S,
             stdin=subprocess.DEVNULL,
@@ -147,7 +220,8 @@ def sandbox_unavailable(bwrap: str) -> str | None:
     except (OSError, subprocess.SubprocessError) as exc:
         return f"bubblewrap sandbox cannot start: {exc}"
     finally:
-        os.close(fd)
+        if launch is not None:
+            launch.close()
         shutil.rmtree(scratch, ignore_errors=True)
 
 

@@ -70,6 +70,7 @@ def test_normal_code_prints_imports_the_stdlib_and_keeps_files_in_scratch(scratc
     assert outcome.ok, outcome.text
     assert outcome.text.strip() == '{"a": 2, "b": 1, "c": 1} 3.14'
     assert (scratch / "notes.txt").read_text() == '{"a": 2, "b": 1, "c": 1}'
+    assert (scratch / "notes.txt").stat().st_uid != 0, "the sandbox wrote as host root"
     again = run("print(open('notes.txt').read())", scratch)
     assert again.ok and "a" in again.text
 
@@ -215,7 +216,14 @@ def test_no_process_survives_the_wall_time_kill(scratch):
 @needs_sandbox
 def test_the_environment_is_cleared(scratch, monkeypatch):
     monkeypatch.setenv("PRONK_TEST_API_KEY", "sk-do-not-leak")
-    outcome = run("import os\nprint(dict(os.environ))\nprint(open('/proc/1/environ').read())", scratch)
+    code = (
+        "import os\nprint(dict(os.environ))\n"
+        "for pid in os.listdir('/proc'):\n"
+        "    if pid.isdigit():\n"
+        "        try:\n            print(open(f'/proc/{pid}/environ').read())\n"
+        "        except OSError as exc:\n            print('refused', exc.strerror)"
+    )
+    outcome = run(code, scratch)
     assert outcome.ok, outcome.text
     assert "sk-do-not-leak" not in outcome.text and "PRONK" not in outcome.text
 
@@ -257,3 +265,22 @@ def test_the_tool_refuses_without_bubblewrap(scratch, monkeypatch):
     assert not outcome.ok and outcome.text.startswith("python: refused: no OS sandbox")
     assert not sandbox_available(str(scratch / "no-such-bwrap"))
     assert not (scratch / "ran").exists()
+
+
+@needs_sandbox
+def test_the_process_limit_binds_each_sandbox_on_its_own(tmp_path):
+    code = (
+        "import os, time\nn = 0\ntry:\n    while n < 300:\n        if os.fork() == 0:\n"
+        "            time.sleep(2)\n            os._exit(0)\n        n += 1\n"
+        "except OSError as exc:\n    print('refused after', n, exc.strerror)"
+    )
+    tool = PythonTool(LIMITS.model_copy(update={"processes": 12}))
+
+    async def three_at_once():
+        contexts = [ToolContext("t", tmp_path / f"scratch{i}") for i in range(3)]
+        return await asyncio.gather(*(run_tool(tool, {"code": code}, c, 60.0, 2000) for c in contexts))
+
+    outcomes = asyncio.run(three_at_once())
+    assert all(o.ok for o in outcomes), outcomes
+    counts = {int(o.text.split()[2]) for o in outcomes}
+    assert len(counts) == 1 and 5 <= counts.pop() < 12, outcomes
