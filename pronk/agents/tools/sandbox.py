@@ -12,8 +12,8 @@ Run as root, plain `bwrap --unshare-user` would map the sandbox's uid to host ui
 exempts from RLIMIT_NPROC and which owns most files. So as root the sandbox enters a user namespace
 made here that maps uid 65534 to the unprivileged host uid 65534 (and 0 to 0, so bwrap can still set
 up its mounts); bwrap keeps only CAP_SETUID/SETGID/SETPCAP, and `setpriv` drops to 65534 and clears
-every capability before the code runs. Run as any other user, bwrap maps 65534 to that user and
-also forbids nested user namespaces.
+every capability before the code runs. Run as any other user, bwrap maps 65534 to that user. Either
+way a seccomp filter (`seccomp.py`) refuses new user namespaces inside.
 
 Where bubblewrap is missing or cannot create namespaces, `sandbox_unavailable` says why and the
 `python` tool refuses: code never runs unisolated.
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from pronk.agents.tools.seccomp import no_user_namespaces_fd
 from pronk.jobs import PythonToolLimits
 
 logger = logging.getLogger(__name__)
@@ -94,21 +95,26 @@ class Sandbox:
     limits: PythonToolLimits
 
     def prepare(self, scratch: Path, code: str) -> Launch:
-        """Make the scratch folder the sandbox's uid can write, the code file and (as root) the user namespace."""
+        """The scratch folder made writable for the sandbox's uid, the code, the filter, as root the user namespace."""
         scratch.mkdir(parents=True, exist_ok=True)
-        cell = code_fd(code)
+        fds = [code_fd(code)]
         try:
-            if os.geteuid() != 0:
-                return Launch(self._command(scratch, cell, None), (cell,))
-            os.chown(scratch, SANDBOX_UID, SANDBOX_UID, follow_symlinks=False)
-            os.chmod(scratch, 0o701)  # bwrap, as host uid 0 without capabilities, must still enter it
-            userns = _host_user_namespace()
+            seccomp = no_user_namespaces_fd()
+            if seccomp is not None:
+                fds.append(seccomp)
+            userns = None
+            if os.geteuid() == 0:
+                os.chown(scratch, SANDBOX_UID, SANDBOX_UID, follow_symlinks=False)
+                os.chmod(scratch, 0o701)  # bwrap, as host uid 0 without capabilities, must still enter it
+                userns = _host_user_namespace()
+                fds.append(userns)
         except BaseException:
-            os.close(cell)
+            for fd in fds:
+                os.close(fd)
             raise
-        return Launch(self._command(scratch, cell, userns), (cell, userns))
+        return Launch(self._command(scratch, fds[0], seccomp, userns), tuple(fds))
 
-    def _command(self, scratch: Path, cell_fd: int, userns_fd: int | None) -> list[str]:
+    def _command(self, scratch: Path, cell_fd: int, seccomp_fd: int | None, userns_fd: int | None) -> list[str]:
         python, prefix = _interpreter()
         limits = self.limits
         view = ["--ro-bind", "/usr", "/usr"]
@@ -174,6 +180,7 @@ class Sandbox:
             CELL,
             "--chdir",
             SCRATCH,
+            *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []),
             *drop,
             "prlimit",
             f"--cpu={limits.cpu_s}",

@@ -214,6 +214,20 @@ def test_no_process_survives_the_wall_time_kill(scratch):
 
 
 @needs_sandbox
+def test_no_nested_user_namespace_and_no_capabilities(scratch):
+    code = (
+        "import subprocess\n"
+        "print(subprocess.run(['unshare', '--user', '--map-root-user', 'id'], capture_output=True).returncode)\n"
+        "print([l for l in open('/proc/self/status') if l.startswith(('CapEff', 'CapBnd', 'NoNewPrivs'))])"
+    )
+    outcome = run(code, scratch)
+    assert outcome.ok, outcome.text
+    refused, status = outcome.text.splitlines()
+    assert refused != "0"
+    assert status.count("0000000000000000") == 2 and "NoNewPrivs:\\t1" in status
+
+
+@needs_sandbox
 def test_the_environment_is_cleared(scratch, monkeypatch):
     monkeypatch.setenv("PRONK_TEST_API_KEY", "sk-do-not-leak")
     code = (
