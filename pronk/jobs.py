@@ -40,7 +40,7 @@ class EngineArgs(BaseModel):
 
 
 class PythonToolLimits(BaseModel):
-    """Limits of one `python` tool call's subprocess."""
+    """Limits of one `python` tool call's sandbox."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -51,6 +51,12 @@ class PythonToolLimits(BaseModel):
     )
     output_bytes: int = Field(
         default=8192, ge=256, le=1 << 24, description="Most bytes of stdout+stderr kept (and file size cap)."
+    )
+    processes: int = Field(
+        default=32, ge=2, le=4096, description="Processes and threads in the sandbox (RLIMIT_NPROC)."
+    )
+    open_files: int = Field(
+        default=64, ge=16, le=65536, description="Open file descriptors per process (RLIMIT_NOFILE)."
     )
 
 

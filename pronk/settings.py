@@ -52,6 +52,10 @@ class Settings(BaseSettings):
     api_max_upload_bytes: int = Field(
         default=200 * 1024 * 1024, ge=1, description="Largest file `POST /v1/files` accepts."
     )
+    sandbox_bwrap: str = Field(
+        default="bwrap",
+        description="bubblewrap binary the `python` tool isolates code with; where it cannot run, the tool refuses.",
+    )
     api_max_upload_lines: int = Field(default=50_000, ge=1, description="Most request lines in one batch input file.")
     api_max_body_bytes: int = Field(
         default=1024 * 1024, ge=1, description="Largest request body of any route but `POST /v1/files` (JSON bodies)."

@@ -7,6 +7,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 device="${PRONK_DEVICE:-cpu}"
 python="${PYTHON:-python3}"
+# The `python` tool runs model-written code only inside bubblewrap; without it the tool refuses.
+if ! command -v bwrap >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    { apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; } || echo "install.sh: apt-get install bubblewrap failed" >&2
+  elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+    { sudo apt-get update -qq && sudo apt-get install -y -qq bubblewrap >/dev/null; } || echo "install.sh: apt-get install bubblewrap failed" >&2
+  else
+    echo "install.sh: bubblewrap (bwrap) is missing and this user cannot apt-get install it;" >&2
+    echo "  the python tool will refuse to run code until an administrator runs: apt-get install bubblewrap" >&2
+  fi
+fi
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 pip=(.venv/bin/python -m pip)
 extra=()

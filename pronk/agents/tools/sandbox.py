@@ -1,85 +1,240 @@
-"""Run a code file confined to its folder: `python -I sandbox.py CELL.py` (started by the `python` tool).
+"""OS isolation for model-written code: a bubblewrap (`bwrap`) sandbox around the venv's base Python.
 
-An audit hook, installed before the cell runs, refuses file access outside the cell's folder (reads
-of the interpreter's own library stay allowed, so imports work), network sockets, new processes
-and native-library loading. Resource limits (CPU, memory, file size) are set by the parent.
-Stdlib only: this file runs in a bare `python -I`.
+Each call gets new user, PID, network, IPC, UTS and cgroup namespaces; uid/gid 65534 inside with no
+capabilities and no new privileges; a read-only view of `/usr` and the base interpreter's prefix (its
+stdlib, never the venv's site-packages nor the project tree, the data dir, `/root` or `/etc`); a fresh
+tmpfs `/tmp`; and the trace's scratch folder bound at `/scratch`, the only writable place. The code
+arrives as a read-only copy at `/cell.py`, so nothing outside the sandbox opens a path in the scratch
+folder. Resource limits are set inside by `prlimit`, after the user namespace exists, so RLIMIT_NPROC
+counts this sandbox's processes only.
+
+Run as root, plain `bwrap --unshare-user` would map the sandbox's uid to host uid 0, which the kernel
+exempts from RLIMIT_NPROC and which owns most files. So as root the sandbox enters a user namespace
+made here that maps uid 65534 to the unprivileged host uid 65534 (and 0 to 0, so bwrap can still set
+up its mounts); bwrap keeps only CAP_SETUID/SETGID/SETPCAP, and `setpriv` drops to 65534 and clears
+every capability before the code runs. Run as any other user, bwrap maps 65534 to that user. Either
+way a seccomp filter (`seccomp.py`) refuses new user namespaces inside.
+
+Where bubblewrap is missing or cannot create namespaces, `sandbox_unavailable` says why and the
+`python` tool refuses: code never runs unisolated.
 """
 
+from __future__ import annotations
+
+import logging
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 
-SCRATCH = os.path.realpath(os.path.dirname(os.path.abspath(sys.argv[1])))
-READABLE = tuple(
-    os.path.realpath(p) for p in {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.__file__)}
-) + ("/dev/null", "/dev/urandom", "/proc/self")
-DENIED_EVENTS = (
-    "socket.",
-    "subprocess.",
-    "os.system",
-    "os.exec",
-    "os.fork",
-    "os.posix_spawn",
-    "os.spawn",
-    "os.kill",
-    "os.killpg",
-    "ctypes.",
-    "os.chdir",
-    "os.chroot",
-    "pty.",
-    "sys.setprofile",
-    "sys.settrace",
-)
-PATH_EVENTS = {
-    "os.remove",
-    "os.rename",
-    "os.mkdir",
-    "os.rmdir",
-    "os.chmod",
-    "os.chown",
-    "os.symlink",
-    "os.link",
-    "os.truncate",
-    "os.utime",
-    "shutil.rmtree",
-    "shutil.copyfile",
-    "shutil.move",
-}
-LIST_EVENTS = {"os.listdir", "os.scandir"}
+from pronk.agents.tools.seccomp import no_user_namespaces_fd
+from pronk.jobs import PythonToolLimits
+
+logger = logging.getLogger(__name__)
+
+SANDBOX_UID = 65534
+SCRATCH = "/scratch"
+CELL = "/cell.py"
+PROBE_TIMEOUT_S = 30.0
+BWRAP_ENV = {"PATH": "/usr/bin:/bin"}  # bwrap's own environment: its PID 1 inside shows it in /proc/1/environ
 
 
-def _inside(path, roots):
-    real = os.path.realpath(os.fsdecode(path)) if isinstance(path, (str, bytes, os.PathLike)) else ""
-    return any(real == r or real.startswith(r.rstrip("/") + "/") for r in roots)
+def _interpreter() -> tuple[str, str]:
+    """The venv's base interpreter (same version as pronk, none of the venv's packages) and its prefix."""
+    executable = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    return executable, os.path.realpath(sys.base_prefix)
 
 
-def _hook(event, args):
-    if event.startswith(DENIED_EVENTS):
-        raise PermissionError(f"sandbox: {event} is not allowed")
-    if event == "open":
-        path, mode = args[0], args[1] or "r"
-        if isinstance(path, int):
-            return
-        writing = any(c in str(mode) for c in "wax+")
-        if not _inside(path, (SCRATCH,)) and (writing or not _inside(path, READABLE)):
-            raise PermissionError(f"sandbox: no access to {os.fsdecode(path)!r} outside the scratch folder")
-    elif event in LIST_EVENTS:
-        if args and not _inside(args[0], (SCRATCH,) + READABLE):
-            raise PermissionError(f"sandbox: cannot list {os.fsdecode(args[0])!r} outside the scratch folder")
-    elif event in PATH_EVENTS:
-        for path in args[:2]:
-            if isinstance(path, (str, bytes, os.PathLike)) and not _inside(path, (SCRATCH,)):
-                raise PermissionError(f"sandbox: {event} on {os.fsdecode(path)!r} outside the scratch folder")
+def _host_user_namespace() -> int:
+    """A user namespace (as an fd) mapping 0 to 0 and SANDBOX_UID to the unprivileged host uid SANDBOX_UID."""
+    helper = subprocess.Popen(
+        ["unshare", "--user", "--", "sleep", "60"], env=BWRAP_ENV, stdin=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        ours = os.readlink("/proc/self/ns/user")
+        deadline = time.monotonic() + PROBE_TIMEOUT_S
+        while os.readlink(f"/proc/{helper.pid}/ns/user") == ours:
+            if helper.poll() is not None or time.monotonic() > deadline:
+                raise OSError(f"unshare --user did not make a user namespace (exit status {helper.poll()})")
+            time.sleep(0.001)
+        mapping = f"0 0 1\n{SANDBOX_UID} {SANDBOX_UID} 1\n".encode()
+        for name in ("uid_map", "gid_map"):
+            fd = os.open(f"/proc/{helper.pid}/{name}", os.O_WRONLY)
+            try:
+                os.write(fd, mapping)
+            finally:
+                os.close(fd)
+        return os.open(f"/proc/{helper.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        helper.kill()
+        helper.wait()
 
 
-def main():
-    cell = sys.argv[1]
-    with open(cell) as f:
-        code = compile(f.read(), "cell", "exec")
-    os.chdir(SCRATCH)
-    sys.path[:] = [p for p in sys.path if _inside(p, READABLE)]
-    sys.addaudithook(_hook)
-    exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
+@dataclass(slots=True)
+class Launch:
+    """One prepared sandbox run: its command line and the fds it needs; `close` once bwrap has started."""
+
+    command: list[str]
+    fds: tuple[int, ...]
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
 
 
-main()
+@dataclass(slots=True, frozen=True)
+class Sandbox:
+    """Runs one code file under `limits` with a scratch folder as its only writable place."""
+
+    bwrap: str
+    limits: PythonToolLimits
+
+    def prepare(self, scratch: Path, code: str) -> Launch:
+        """The scratch folder made writable for the sandbox's uid, the code, the filter, as root the user namespace."""
+        scratch.mkdir(parents=True, exist_ok=True)
+        fds = [code_fd(code)]
+        try:
+            seccomp = no_user_namespaces_fd()
+            if seccomp is not None:
+                fds.append(seccomp)
+            userns = None
+            if os.geteuid() == 0:
+                os.chown(scratch, SANDBOX_UID, SANDBOX_UID, follow_symlinks=False)
+                os.chmod(scratch, 0o701)  # bwrap, as host uid 0 without capabilities, must still enter it
+                userns = _host_user_namespace()
+                fds.append(userns)
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return Launch(self._command(scratch, fds[0], seccomp, userns), tuple(fds))
+
+    def _command(self, scratch: Path, cell_fd: int, seccomp_fd: int | None, userns_fd: int | None) -> list[str]:
+        python, prefix = _interpreter()
+        limits = self.limits
+        view = ["--ro-bind", "/usr", "/usr"]
+        for link in ("bin", "lib", "lib64", "sbin"):
+            target = os.path.realpath(f"/{link}")
+            if target.startswith("/usr/"):
+                view += ["--symlink", target.lstrip("/"), f"/{link}"]
+            elif os.path.isdir(target):
+                view += ["--ro-bind", target, f"/{link}"]
+        if not (prefix + "/").startswith("/usr/"):
+            for parent in reversed(Path(prefix).parents[:-1]):  # traversable, whatever the host's modes
+                view += ["--perms", "0755", "--dir", str(parent)]
+            view += ["--ro-bind", prefix, prefix]
+        if userns_fd is None:
+            user = ["--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
+            user += ["--cap-drop", "ALL"]
+            drop: list[str] = []
+        else:
+            user = ["--userns", str(userns_fd), "--cap-drop", "ALL"]
+            user += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
+            drop = [
+                "setpriv",
+                f"--reuid={SANDBOX_UID}",
+                f"--regid={SANDBOX_UID}",
+                "--clear-groups",
+                "--inh-caps=-all",
+                "--bounding-set=-all",
+                "--",
+            ]
+        return [
+            shutil.which(self.bwrap) or self.bwrap,
+            *user,
+            "--unshare-pid",
+            "--unshare-net",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--die-with-parent",
+            "--new-session",
+            "--clearenv",
+            "--setenv",
+            "PATH",
+            "/usr/bin:/bin",
+            "--setenv",
+            "HOME",
+            SCRATCH,
+            "--hostname",
+            "sandbox",
+            *view,
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--tmpfs",
+            "/tmp",
+            "--bind",
+            str(scratch),
+            SCRATCH,
+            "--perms",
+            "0444",
+            "--ro-bind-data",
+            str(cell_fd),
+            CELL,
+            "--chdir",
+            SCRATCH,
+            *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []),
+            *drop,
+            "prlimit",
+            f"--cpu={limits.cpu_s}",
+            f"--as={limits.memory_mb << 20}",
+            f"--fsize={limits.output_bytes * 4}",
+            f"--nproc={limits.processes}",
+            f"--nofile={limits.open_files}",
+            "--core=0",
+            "--",
+            python,
+            "-I",
+            CELL,
+        ]
+
+
+def code_fd(code: str) -> int:
+    """An anonymous file holding `code`, for `--ro-bind-data`."""
+    fd = os.memfd_create("cell", os.MFD_CLOEXEC)
+    os.write(fd, code.encode("utf-8", "surrogatepass"))
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+@lru_cache
+def sandbox_unavailable(bwrap: str) -> str | None:
+    """Why code cannot run isolated here (None when it can); probed once per bwrap path by running the real sandbox."""
+    scratch = Path(tempfile.mkdtemp(prefix="pronk-sandbox-probe-"))
+    launch = None
+    try:
+        code = f"import os\nassert os.getuid() == {SANDBOX_UID}\nopen('probe', 'w').write('ok')\n"
+        launch = Sandbox(bwrap, PythonToolLimits()).prepare(scratch, code)
+        result = subprocess.run(
+            launch.command,
+            pass_fds=launch.fds,
+            capture_output=True,
+            timeout=PROBE_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+            env=BWRAP_ENV,
+        )
+        if result.returncode != 0 or (scratch / "probe").read_text() != "ok":
+            why = result.stderr.decode("utf-8", "replace").strip()[-300:]
+            return f"bubblewrap sandbox failed (exit status {result.returncode}): {why}"
+        return None
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"bubblewrap sandbox cannot start: {exc}"
+    finally:
+        if launch is not None:
+            launch.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def sandbox_available(bwrap: str) -> bool:
+    """True when the `python` tool can run code under bubblewrap here (cached)."""
+    why = sandbox_unavailable(bwrap)
+    if why:
+        logger.warning("python tool disabled: %s", why)
+    return why is None

@@ -1,0 +1,300 @@
+"""The `python` tool's bubblewrap sandbox against the escapes a hostile tester found, and its limits."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sysconfig
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from pronk.agents.tools import ToolContext, ToolOutcome, run_tool
+from pronk.agents.tools.python_exec import PythonTool
+from pronk.agents.tools.sandbox import sandbox_available
+from pronk.jobs import PythonToolLimits
+from pronk.settings import PROJECT_ROOT, get_settings
+
+needs_sandbox = pytest.mark.skipif(
+    not sandbox_available(get_settings().sandbox_bwrap), reason="bubblewrap cannot create namespaces here"
+)
+LIMITS = PythonToolLimits(cpu_s=2, wall_s=20, memory_mb=256, output_bytes=4096)
+
+
+def run(code: str, scratch: Path, limits: PythonToolLimits = LIMITS) -> ToolOutcome:
+    tool = PythonTool(limits)
+    return asyncio.run(run_tool(tool, {"code": code}, ToolContext("t", scratch), 60.0, 20_000))
+
+
+@pytest.fixture
+def secret(tmp_path):
+    """A file outside the scratch folder the sandboxed code must never read."""
+    path = tmp_path / "outside" / "secret.txt"
+    path.parent.mkdir()
+    path.write_text("the-planted-secret")
+    return path
+
+
+@pytest.fixture
+def scratch(tmp_path):
+    path = tmp_path / "scratch"
+    path.mkdir()
+    return path
+
+
+def surviving(marker: str) -> list[str]:
+    """Command lines of processes on this machine that carry `marker`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+            except OSError:
+                continue
+            if marker in cmdline:
+                found.append(cmdline)
+    return found
+
+
+@needs_sandbox
+def test_normal_code_prints_imports_the_stdlib_and_keeps_files_in_scratch(scratch):
+    code = (
+        "import json, math, collections, re, sqlite3\n"
+        "open('notes.txt', 'w').write(json.dumps(collections.Counter('abca')))\n"
+        "print(open('notes.txt').read(), round(math.pi, 2))"
+    )
+    outcome = run(code, scratch)
+    assert outcome.ok, outcome.text
+    assert outcome.text.strip() == '{"a": 2, "b": 1, "c": 1} 3.14'
+    assert (scratch / "notes.txt").read_text() == '{"a": 2, "b": 1, "c": 1}'
+    assert (scratch / "notes.txt").stat().st_uid != 0, "the sandbox wrote as host root"
+    again = run("print(open('notes.txt').read())", scratch)
+    assert again.ok and "a" in again.text
+
+
+@needs_sandbox
+@pytest.mark.parametrize(
+    "rebind",
+    ["import sys\nsys.modules['__main__'].__dict__.clear()", "import sys\nsys.addaudithook = None\n__builtins__ = {}"],
+    ids=["main-module", "builtins"],
+)
+def test_rebinding_globals_reads_nothing_outside(scratch, secret, rebind):
+    code = (
+        f"{rebind}\nimport builtins\n"
+        f"for path in ({str(secret)!r}, '/etc/shadow', '/etc/passwd', {str(PROJECT_ROOT / 'pyproject.toml')!r}):\n"
+        "    try:\n        print(builtins.open(path).read())\n    except OSError as exc:\n        print('refused', exc)"
+    )
+    outcome = run(code, scratch)
+    assert outcome.ok, outcome.text
+    assert (
+        outcome.text.count("refused") == 4 and "the-planted-secret" not in outcome.text and "root:" not in outcome.text
+    )
+
+
+@needs_sandbox
+@pytest.mark.parametrize(
+    "spawn",
+    [
+        "import subprocess\nprint(subprocess.run(['cat', SECRET], capture_output=True, text=True))\n"
+        "subprocess.run(['touch', ESCAPE])",
+        "import os\nos.system('cat ' + SECRET + '; touch ' + ESCAPE)",
+        "import _posixsubprocess, subprocess\nprint(_posixsubprocess.fork_exec)\n"
+        "subprocess.Popen(['/bin/sh', '-c', 'cat $0; touch $1', SECRET, ESCAPE]).wait()",
+    ],
+    ids=["subprocess", "os-system", "fork-exec"],
+)
+def test_new_processes_run_inside_the_sandbox_too(scratch, secret, tmp_path, spawn):
+    escape = tmp_path / "escaped-by-subprocess"
+    code = f"SECRET = {str(secret)!r}\nESCAPE = {str(escape)!r}\n{spawn}"
+    outcome = run(code, scratch)
+    assert "the-planted-secret" not in outcome.text
+    assert not escape.exists()
+
+
+@needs_sandbox
+def test_os_open_with_o_creat_cannot_write_outside_scratch(scratch, tmp_path):
+    site_packages = Path(sysconfig.get_paths()["purelib"])
+    targets = [
+        site_packages / f"pronk_sandbox_escape_{uuid.uuid4().hex[:6]}.pth",
+        tmp_path / "escaped.txt",
+        PROJECT_ROOT / f"escaped_{uuid.uuid4().hex[:6]}.txt",
+        Path("/usr/lib/escaped.txt"),
+    ]
+    code = (
+        "import os, sys\n"
+        f"paths = {[str(t) for t in targets] + [os.path.realpath(os.__file__) + '.escaped']!r}\n"
+        "paths.append(os.path.join(os.path.dirname(os.__file__), 'escaped.py'))\n"
+        "for path in paths:\n"
+        "    try:\n"
+        "        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)\n"
+        "        os.write(fd, b'import os; os.system(\"id\")')\n"
+        "        print('WROTE', path)\n"
+        "    except OSError as exc:\n"
+        "        print('refused', exc.strerror)"
+    )
+    outcome = run(code, scratch)
+    assert outcome.ok, outcome.text
+    assert "WROTE" not in outcome.text and outcome.text.count("refused") == 6
+    assert not any(t.exists() for t in targets)
+
+
+@needs_sandbox
+def test_a_symlink_in_scratch_opened_with_dir_fd_leads_nowhere(scratch, secret):
+    (scratch / "planted").symlink_to(secret)
+    code = (
+        "import os\n"
+        f"os.symlink({str(PROJECT_ROOT / 'pyproject.toml')!r}, 'made')\n"
+        "folder = os.open('.', os.O_RDONLY | os.O_DIRECTORY)\n"
+        "for name in ('planted', 'made'):\n"
+        "    try:\n"
+        "        print(os.read(os.open(name, os.O_RDONLY, dir_fd=folder), 200))\n"
+        "    except OSError as exc:\n"
+        "        print('refused', exc.strerror)\n"
+        "    try:\n"
+        "        os.close(os.open(name, os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=folder))\n"
+        "        print('CREATED through', name)\n"
+        "    except OSError as exc:\n"
+        "        print('refused', exc.strerror)"
+    )
+    outcome = run(code, scratch)
+    assert outcome.ok, outcome.text
+    assert outcome.text.count("refused") == 4 and "the-planted-secret" not in outcome.text
+    assert "CREATED" not in outcome.text and secret.read_text() == "the-planted-secret"
+
+
+@needs_sandbox
+def test_no_network_not_even_loopback(scratch):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        listener.settimeout(0.5)
+        port = listener.getsockname()[1]
+        outcome = run(
+            f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'hi')", scratch
+        )
+        assert not outcome.ok
+        assert "Connection refused" in outcome.text or "unreachable" in outcome.text
+        with pytest.raises(TimeoutError):
+            listener.accept()
+
+
+@needs_sandbox
+def test_no_process_survives_the_wall_time_kill(scratch):
+    marker = f"pronk-sandbox-marker-{uuid.uuid4().hex[:8]}"
+    code = (
+        "import os, subprocess, sys, time\n"
+        f"argv = [sys.executable, '-c', 'import time; time.sleep(120)', {marker!r}]\n"
+        "for _ in range(5):\n"
+        "    subprocess.Popen(argv, start_new_session=True)\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        os.execv(sys.executable, argv)\n"
+        "    os._exit(0)\n"
+        "n = 0\n"
+        "while n < 40:\n"
+        "    if os.fork() == 0:\n"
+        "        os.execv(sys.executable, argv)\n"
+        "    n += 1\n"
+        "print('spawned', n, flush=True)\n"
+        "time.sleep(120)"
+    )
+    limits = LIMITS.model_copy(update={"wall_s": 3.0, "processes": 64})
+    started = time.monotonic()
+    outcome = run(code, scratch, limits)
+    assert not outcome.ok and "wall time limit of 3s exceeded" in outcome.text, outcome.text
+    assert time.monotonic() - started < 20
+    deadline = time.monotonic() + 5
+    while surviving(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert surviving(marker) == []
+
+
+@needs_sandbox
+def test_no_nested_user_namespace_and_no_capabilities(scratch):
+    code = (
+        "import subprocess\n"
+        "print(subprocess.run(['unshare', '--user', '--map-root-user', 'id'], capture_output=True).returncode)\n"
+        "print([l for l in open('/proc/self/status') if l.startswith(('CapEff', 'CapBnd', 'NoNewPrivs'))])"
+    )
+    outcome = run(code, scratch)
+    assert outcome.ok, outcome.text
+    refused, status = outcome.text.splitlines()
+    assert refused != "0"
+    assert status.count("0000000000000000") == 2 and "NoNewPrivs:\\t1" in status
+
+
+@needs_sandbox
+def test_the_environment_is_cleared(scratch, monkeypatch):
+    monkeypatch.setenv("PRONK_TEST_API_KEY", "sk-do-not-leak")
+    code = (
+        "import os\nprint(dict(os.environ))\n"
+        "for pid in os.listdir('/proc'):\n"
+        "    if pid.isdigit():\n"
+        "        try:\n            print(open(f'/proc/{pid}/environ').read())\n"
+        "        except OSError as exc:\n            print('refused', exc.strerror)"
+    )
+    outcome = run(code, scratch)
+    assert outcome.ok, outcome.text
+    assert "sk-do-not-leak" not in outcome.text and "PRONK" not in outcome.text
+
+
+@needs_sandbox
+def test_the_project_and_the_data_dir_are_not_visible(scratch):
+    paths = [str(PROJECT_ROOT), str(get_settings().data_dir), "/root/.ssh", "/etc", "/work", str(scratch)]
+    outcome = run(f"import os\nprint([os.path.exists(p) for p in {paths!r}], os.getuid(), os.getgid())", scratch)
+    assert outcome.ok and outcome.text.strip() == "[False, False, False, False, False, False] 65534 65534"
+
+
+@needs_sandbox
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        ("while True:\n    pass", "killed: CPU time limit of 1s exceeded"),
+        ("x = bytearray(1 << 30)", "MemoryError"),
+        ("import time\ntime.sleep(60)", "killed: wall time limit of 2s exceeded"),
+        ("while True:\n    print('x' * 1000)", "killed: output limit of 4096 bytes exceeded"),
+        ("import os\nfds = [os.open('/dev/null', os.O_RDONLY) for _ in range(100)]", "Too many open files"),
+    ],
+    ids=["cpu", "memory", "wall", "output", "open-files"],
+)
+def test_limits_fire(scratch, code, expected):
+    wall_s = 2 if "sleep" in code else 20  # the CPU limit must fire first even on a loaded machine
+    limits = PythonToolLimits(cpu_s=1, wall_s=wall_s, memory_mb=256, output_bytes=1024, open_files=32)
+    outcome = run(code, scratch, limits)
+    assert not outcome.ok and expected in outcome.text, outcome.text
+    assert outcome.text.startswith("python: ")
+
+
+def test_the_tool_refuses_without_bubblewrap(scratch, monkeypatch):
+    monkeypatch.setenv("PRONK_SANDBOX_BWRAP", str(scratch / "no-such-bwrap"))
+    get_settings.cache_clear()
+    try:
+        outcome = run("open('ran', 'w').write('1')", scratch)
+    finally:
+        get_settings.cache_clear()
+    assert not outcome.ok and outcome.text.startswith("python: refused: no OS sandbox")
+    assert not sandbox_available(str(scratch / "no-such-bwrap"))
+    assert not (scratch / "ran").exists()
+
+
+@needs_sandbox
+def test_the_process_limit_binds_each_sandbox_on_its_own(tmp_path):
+    code = (
+        "import os, time\nn = 0\ntry:\n    while n < 300:\n        if os.fork() == 0:\n"
+        "            time.sleep(2)\n            os._exit(0)\n        n += 1\n"
+        "except OSError as exc:\n    print('refused after', n, exc.strerror)"
+    )
+    tool = PythonTool(LIMITS.model_copy(update={"processes": 12}))
+
+    async def three_at_once():
+        contexts = [ToolContext("t", tmp_path / f"scratch{i}") for i in range(3)]
+        return await asyncio.gather(*(run_tool(tool, {"code": code}, c, 60.0, 2000) for c in contexts))
+
+    outcomes = asyncio.run(three_at_once())
+    assert all(o.ok for o in outcomes), outcomes
+    counts = {int(o.text.split()[2]) for o in outcomes}
+    assert len(counts) == 1 and 5 <= counts.pop() < 12, outcomes
