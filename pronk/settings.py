@@ -45,7 +45,7 @@ class Settings(BaseSettings):
         default=5, ge=1, description="The supervisor gives up on a worker after this many failures in the window."
     )
     worker_restart_window_s: float = Field(default=600.0, gt=0, description="Window for `worker_restart_max_failures`.")
-    worker_healthy_reset_s: float = Field(
+    worker_restart_reset_s: float = Field(
         default=120.0, gt=0, description="A worker serving this long since its last start has its backoff reset."
     )
     storage_uri: str | None = Field(

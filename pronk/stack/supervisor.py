@@ -76,7 +76,7 @@ def policy_from_settings(settings: Settings) -> RestartPolicy:
     return RestartPolicy(
         base_delay_s=settings.worker_restart_base_delay_s,
         max_delay_s=settings.worker_restart_max_delay_s,
-        healthy_reset_s=settings.worker_healthy_reset_s,
+        healthy_reset_s=settings.worker_restart_reset_s,
         max_failures=settings.worker_restart_max_failures,
         failure_window_s=settings.worker_restart_window_s,
     )
