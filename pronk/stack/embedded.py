@@ -150,12 +150,18 @@ def stop_supervisor(settings: Settings, state: dict[str, int]) -> None:
 
 
 def up(
-    settings: Settings, job_name: str | None = None, mlflow_ui: bool = True, deploy: bool = True, api: bool = True
+    settings: Settings,
+    job_name: str | None = None,
+    mlflow_ui: bool = True,
+    deploy: bool = True,
+    api: bool = True,
+    supervise: bool = True,
 ) -> dict[str, int]:
     """Bring the embedded stack up (idempotent: running parts are left alone) and (re)start its supervisor.
 
     A running supervisor is stopped first, so it and `up` never start the same worker twice; the new
     one starts with fresh restart counts, which also gives workers it had given up on another chance.
+    `supervise=False` leaves it out, for callers that stop and start the workers themselves (benchmarks).
     """
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     state = read_state(settings)
@@ -172,7 +178,8 @@ def up(
         start_job(get_job(job_name or settings.default_job), settings, state)
     finally:
         write_state(settings, state)
-    start_supervisor(settings, state)
+    if supervise:
+        start_supervisor(settings, state)
     return state
 
 
