@@ -21,8 +21,6 @@ from pronk.stack.processes import alive, group_members, spawn, stop, wait_health
 from pronk.stack.state import SUPERVISOR, read_state, state_path, worker_of, write_state
 from pronk.stack.supervisor import report_path
 
-__all__ = ["down", "read_state", "up"]
-
 log = logging.getLogger(__name__)
 WORK_POOL = "pronk"
 
