@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
     rows: dict[str, dict] = {}
     state: dict[str, int] = {}
     try:
-        state.update(stack.up(settings, "bench-tiny", mlflow_ui=False, deploy=False, api=False))
+        state.update(stack.up(settings, "bench-tiny", mlflow_ui=False, deploy=False, api=False, supervise=False))
         tiny = get_job("bench-tiny")
         dip = throughput_dip(tiny.job_id, settings, versions["tiny"], args.requests, args.rounds)
         rows["tiny"] = switch_times(tiny.job_id, versions["tiny"], args.rounds)

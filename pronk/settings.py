@@ -37,6 +37,17 @@ class Settings(BaseSettings):
     heartbeat_timeout_s: float = Field(
         default=5.0, gt=0, description="A worker whose heartbeat is older than this is dropped by the router."
     )
+    worker_restart_base_delay_s: float = Field(
+        default=1.0, gt=0, description="The supervisor's first restart delay for a dead worker; it doubles per failure."
+    )
+    worker_restart_max_delay_s: float = Field(default=60.0, gt=0, description="Longest restart delay.")
+    worker_restart_max_failures: int = Field(
+        default=5, ge=1, description="The supervisor gives up on a worker after this many failures in the window."
+    )
+    worker_restart_window_s: float = Field(default=600.0, gt=0, description="Window for `worker_restart_max_failures`.")
+    worker_restart_reset_s: float = Field(
+        default=120.0, gt=0, description="A worker serving this long since its last start has its backoff reset."
+    )
     storage_uri: str | None = Field(
         default=None,
         description="Where files and batch records live: a folder or `s3://bucket/prefix`; defaults to data_dir/store.",

@@ -74,11 +74,18 @@ def settings(object_store) -> Settings:
 
 @pytest.fixture(scope="session")
 def stack(settings: Settings):
-    """The real embedded stack with the default job's two workers; stopped at the end of the session."""
+    """The real embedded stack with the default job's two workers; stopped at the end of the session.
+
+    Stopping it must leave none of the process groups it recorded (vLLM's engine processes included).
+    """
     from pronk.stack import embedded
+    from pronk.stack.processes import group_members
 
     try:
         embedded.up(settings, mlflow_ui=False)
         yield settings
     finally:
+        groups = embedded.read_state(settings)
         embedded.down(settings)
+        survivors = {name: group_members(pid) for name, pid in groups.items() if group_members(pid)}
+        assert not survivors, f"stack down left processes behind: {survivors}"

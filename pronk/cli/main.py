@@ -72,15 +72,25 @@ def stack_down() -> None:
 
 @stack_app.command("status")
 def stack_status() -> None:
-    """Show the stack's processes and the live workers of each job."""
+    """Show the stack's processes, what the supervisor makes of each worker, and the live workers of each job."""
     from engine.registry import Registry
     from pronk.jobs import load_jobs
     from pronk.stack import embedded as stack
     from pronk.stack.processes import alive
+    from pronk.stack.supervisor import read_report
 
     settings = get_settings()
-    for name, pid in sorted(stack.read_state(settings).items()):
+    state = stack.read_state(settings)
+    for name, pid in sorted(state.items()):
         typer.echo(f"{name:24} pid {pid:<8} {'running' if alive(pid) else 'stopped'}")
+    report = read_report(settings) if alive(state.get("supervisor", 0)) else None
+    if state and report is None:
+        typer.echo("supervisor not running: dead workers are not restarted (`pronk stack up` starts it)")
+    for worker in report.workers if report else []:
+        line = f"{worker.worker_id:24} {worker.state.value:10} restarts {worker.restarts}"
+        if worker.last_failure:
+            line += f"  last failure: {worker.last_failure}"
+        typer.echo(line)
     registry = Registry.from_settings(settings)
     for job_id in load_jobs():
         for entry in registry.live(job_id):

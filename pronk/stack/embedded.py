@@ -1,38 +1,28 @@
 """The embedded stack: Prefect server, MLflow UI on SQLite, a process work pool worker, and the default job's workers.
 
-`pronk stack up` starts it all in the background under the data dir and records the pids in
-`stack.json`; `pronk stack down` stops them.
+`pronk stack up` starts it all in the background under the data dir, records the pids in
+`stack.json`, and leaves a supervisor (`pronk.stack.supervisor`) restarting workers that die;
+`pronk stack down` stops the supervisor first, then every process group it recorded.
 """
 
 from __future__ import annotations
 
-import json
+import logging
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 from pronk.jobs import JobConfig, get_job
 from pronk.models.registry import ensure_tiny_model
 from pronk.settings import PROJECT_ROOT, Settings
 from pronk.stack.fleet import start_workers, wait_for_workers
 from pronk.stack.prefect_env import prefect_environment
-from pronk.stack.processes import alive, spawn, stop, wait_healthy
+from pronk.stack.processes import alive, group_members, spawn, stop, wait_healthy
+from pronk.stack.state import SUPERVISOR, read_state, state_path, worker_of, write_state
+from pronk.stack.supervisor import report_path
 
+log = logging.getLogger(__name__)
 WORK_POOL = "pronk"
-
-
-def _state_path(settings: Settings) -> Path:
-    return settings.data_dir / "stack.json"
-
-
-def read_state(settings: Settings) -> dict[str, int]:
-    path = _state_path(settings)
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-def _write_state(settings: Settings, state: dict[str, int]) -> None:
-    _state_path(settings).write_text(json.dumps(state, indent=2))
 
 
 def _prefect(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -140,12 +130,40 @@ def start_job(job: JobConfig, settings: Settings, state: dict[str, int]) -> None
     wait_for_workers(job, settings, pids)
 
 
+def start_supervisor(settings: Settings, state: dict[str, int]) -> None:
+    """Start the supervisor over the workers recorded in `stack.json` (written before, so it sees them)."""
+    argv = [sys.executable, "-m", "pronk.stack.supervisor"]
+    pid = spawn(argv, settings.logs_dir / "supervisor.log", env={"PRONK_DATA_DIR": str(settings.data_dir)})
+    state.update({**read_state(settings), SUPERVISOR: pid})
+    write_state(settings, state)
+
+
+def stop_supervisor(settings: Settings, state: dict[str, int]) -> None:
+    """Stop the supervisor, so nothing restarts what is being started or stopped, and take in its last pids."""
+    if SUPERVISOR in state:
+        stop(state[SUPERVISOR])
+        state.update(read_state(settings))
+        del state[SUPERVISOR]
+        write_state(settings, state)
+
+
 def up(
-    settings: Settings, job_name: str | None = None, mlflow_ui: bool = True, deploy: bool = True, api: bool = True
+    settings: Settings,
+    job_name: str | None = None,
+    mlflow_ui: bool = True,
+    deploy: bool = True,
+    api: bool = True,
+    supervise: bool = True,
 ) -> dict[str, int]:
-    """Bring the embedded stack up (idempotent: running parts are left alone)."""
+    """Bring the embedded stack up (idempotent: running parts are left alone) and (re)start its supervisor.
+
+    A running supervisor is stopped first, so it and `up` never start the same worker twice; the new
+    one starts with fresh restart counts, which also gives workers it had given up on another chance.
+    `supervise=False` leaves it out, for callers that stop and start the workers themselves (benchmarks).
+    """
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     state = read_state(settings)
+    stop_supervisor(settings, state)
     try:
         ensure_tiny_model(settings)
         start_prefect_server(settings, state)
@@ -157,15 +175,23 @@ def up(
             start_api(settings, state)
         start_job(get_job(job_name or settings.default_job), settings, state)
     finally:
-        _write_state(settings, state)
+        write_state(settings, state)
+    if supervise:
+        start_supervisor(settings, state)
     return state
 
 
 def down(settings: Settings) -> list[str]:
-    """Stop everything `up` started, workers first so they withdraw from the registry."""
+    """Stop everything `up` started and their process groups: the supervisor first (so it restarts nothing),
+    then the workers (so they withdraw from the registry and take vLLM's engine processes with them), then the rest.
+    """
     state = read_state(settings)
-    order = sorted(state, key=lambda name: (not name.startswith("job-"), name))
+    stopped = [SUPERVISOR] if SUPERVISOR in state else []
+    stop_supervisor(settings, state)
+    order = sorted(state, key=lambda name: (worker_of(name) is None, name))
     for name in order:
-        stop(state[name])
-    _state_path(settings).unlink(missing_ok=True)
-    return order
+        if not stop(state[name]):
+            log.error("%s: process group %d still has %s after SIGKILL", name, state[name], group_members(state[name]))
+    state_path(settings).unlink(missing_ok=True)
+    report_path(settings).unlink(missing_ok=True)
+    return stopped + order

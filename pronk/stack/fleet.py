@@ -19,14 +19,15 @@ class FleetStartError(PronkError, RuntimeError):
 
 def start_workers(job: JobConfig, settings: Settings, indices: Sequence[int] | None = None) -> dict[str, int]:
     """Spawn the workers with these indices (default: all the job's `workers`); returns worker id -> pid."""
-    pids = {}
-    for index in indices or range(job.workers):
-        worker_id = f"{job.job_id}-w{index}"
-        argv = [sys.executable, "-m", "pronk.stack.worker", "--job", job.job_id, "--index", str(index)]
-        pids[worker_id] = spawn(
-            argv, settings.logs_dir / f"{worker_id}.log", env={"PRONK_DATA_DIR": str(settings.data_dir)}
-        )
-    return pids
+    return {
+        f"{job.job_id}-w{index}": start_worker(job.job_id, index, settings) for index in indices or range(job.workers)
+    }
+
+
+def start_worker(job_id: str, index: int, settings: Settings) -> int:
+    """Spawn worker `index` of the job in its own process group (vLLM's engine processes join it); returns its pid."""
+    argv = [sys.executable, "-m", "pronk.stack.worker", "--job", job_id, "--index", str(index)]
+    return spawn(argv, settings.logs_dir / f"{job_id}-w{index}.log", env={"PRONK_DATA_DIR": str(settings.data_dir)})
 
 
 def wait_for_workers(job: JobConfig, settings: Settings, pids: dict[str, int], timeout_s: float = 300.0) -> None:

@@ -1,8 +1,12 @@
-"""Background processes of the embedded stack: start detached with a log file, stop by process group."""
+"""Background processes of the embedded stack: start detached with a log file, stop by process group.
+
+Each process starts in its own session, so it leads a process group that holds everything it spawns
+(vLLM's EngineCore under an engine worker, flow runs under the Prefect worker). Stopping a process
+means emptying its group: a leader killed alone would leave its children orphaned, outside `stack down`.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -10,6 +14,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+_PROC = Path("/proc")
 
 
 def spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> int:
@@ -28,32 +34,83 @@ def spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None, cw
     return process.pid
 
 
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, process group) of `pid` from /proc, or None when it is gone or /proc is unreadable."""
+    try:
+        text = (_PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rfind(")") + 2 :].split()  # the command name may hold spaces and parentheses
+    return fields[0], int(fields[2])
+
+
+def reap(pid: int) -> int | None:
+    """Collect `pid`'s exit status if it is our own child that exited: its exit code, -signal, or None."""
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    return os.waitstatus_to_exitcode(status) if done == pid else None
+
+
 def alive(pid: int) -> bool:
+    """Whether `pid` runs; a zombie (dead, waiting for a parent that may never reap it) counts as dead."""
     if pid <= 0:
         return False
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)  # reap it if it is our own child that exited
+    reap(pid)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    stat = _stat(pid)
+    return stat is None or stat[0] not in "ZX"
 
 
-def stop(pid: int, timeout_s: float = 20.0) -> None:
-    """SIGTERM the process group, then SIGKILL whatever is left after `timeout_s`."""
-    for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of process group `pgid`, found in /proc."""
+    if pgid <= 0 or not _PROC.is_dir():
+        return []
+    members = []
+    for entry in _PROC.iterdir():
+        if entry.name.isdigit():
+            stat = _stat(int(entry.name))
+            if stat is not None and stat[1] == pgid and stat[0] not in "ZX":
+                members.append(int(entry.name))
+    return members
+
+
+def _group_alive(pgid: int) -> bool:
+    return alive(pgid) or bool(group_members(pgid))
+
+
+def kill_group(pgid: int, timeout_s: float = 5.0) -> bool:
+    """SIGKILL process group `pgid` (its leader may be dead already) and wait until it is empty."""
+    return stop(pgid, timeout_s=0.0, kill_timeout_s=timeout_s)
+
+
+def stop(pid: int, timeout_s: float = 20.0, kill_timeout_s: float = 5.0) -> bool:
+    """SIGTERM the process group `pid` leads, then SIGKILL whatever is left after `timeout_s`.
+
+    Returns whether the group is empty at the end. Waits on the whole group, not only its leader, so
+    children that outlive their parent are caught too.
+    """
+    for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, kill_timeout_s)):
+        if wait <= 0:
+            continue
         try:
             os.killpg(pid, sig)
         except ProcessLookupError:
-            return
+            return True
+        except PermissionError:
+            return not _group_alive(pid)
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            if not alive(pid):
-                return
+            if not _group_alive(pid):
+                return True
             time.sleep(0.2)
+    return not _group_alive(pid)
 
 
 def wait_healthy(url: str, what: str, pid: int, log: Path, timeout_s: float = 120.0) -> None:

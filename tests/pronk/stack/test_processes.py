@@ -1,0 +1,57 @@
+"""Process groups as the stack uses them, on plain `python` processes: nothing a stopped process spawned survives it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+from pronk.settings import Settings
+from pronk.stack import embedded
+from pronk.stack.processes import alive, group_members, kill_group, spawn
+from pronk.stack.state import read_state, write_state
+
+# A stand-in for an engine worker: a leader that starts a child in its own group, as vLLM starts EngineCore.
+PARENT_WITH_CHILD = (
+    "import subprocess, sys, time; "
+    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
+    "time.sleep(300)"
+)
+
+
+def start_family(tmp_path, name: str) -> int:
+    pid = spawn([sys.executable, "-c", PARENT_WITH_CHILD], tmp_path / f"{name}.log")
+    deadline = time.monotonic() + 10
+    while len(group_members(pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(group_members(pid)) == 2
+    return pid
+
+
+def test_a_sigkilled_leader_leaves_its_child_and_kill_group_ends_it(tmp_path):
+    pid = start_family(tmp_path, "worker")
+    (child,) = set(group_members(pid)) - {pid}
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(pid) and alive(child)  # the orphan the tester found
+    assert kill_group(pid)
+    assert not alive(child) and group_members(pid) == []
+
+
+def test_down_stops_the_supervisor_first_and_empties_every_recorded_group(tmp_path):
+    settings = Settings(data_dir=tmp_path)
+    state = {
+        "supervisor": spawn([sys.executable, "-c", "import time; time.sleep(300)"], tmp_path / "supervisor.log"),
+        "job-c0ffee01-w0": start_family(tmp_path, "w0"),
+        "job-c0ffee01-w1": start_family(tmp_path, "w1"),
+        "api": start_family(tmp_path, "api"),
+    }
+    os.kill(state["job-c0ffee01-w1"], signal.SIGKILL)  # a dead worker whose child lives on
+    write_state(settings, state)
+    stopped = embedded.down(settings)
+    assert stopped == ["supervisor", "job-c0ffee01-w0", "job-c0ffee01-w1", "api"]
+    assert all(group_members(pid) == [] for pid in state.values())
+    assert read_state(settings) == {}
