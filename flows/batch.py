@@ -17,11 +17,12 @@ from prefect.cache_policies import NO_CACHE
 from engine.registry import Registry
 from engine.router import Router
 from pronk import storage
-from pronk.agents.completions import RequestOutcome
 from pronk.agents.harness import Harness
+from pronk.agents.outcomes import RequestOutcome
 from pronk.agents.step_records import StepRecorder
 from pronk.batches.files import FileStore
 from pronk.batches.input import BatchInputError, ValidRequest, error_line
+from pronk.batches.outputs import output_line
 from pronk.batches.schemas import (
     Batch,
     BatchErrorData,
@@ -59,13 +60,14 @@ class BatchRun:
     def record(self, outcome: RequestOutcome) -> None:
         self.outcomes.append(outcome)
         counts = self.batch.request_counts
-        if outcome.result is None:
+        completion = outcome.completion
+        if completion is None:
             counts.failed += 1
             return
         counts.completed += 1
-        result = outcome.result
-        self.workers_seen.add(result.worker_id)
-        self.batch.usage.add(result.prompt_tokens, result.cached_tokens, result.completion_tokens)
+        self.workers_seen.add(completion.worker_id)
+        usage = completion.usage
+        self.batch.usage.add(usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens)
 
     @property
     def done(self) -> int:
@@ -235,8 +237,8 @@ async def run_batch(
         batch.mark("finalizing")
     store.save(batch)
     outcomes = sorted(run.outcomes, key=lambda o: o.line)
-    outputs = [o.output for o in outcomes if o.result is not None]
-    failures = [o.output for o in outcomes if o.result is None]
+    outputs = [output_line(o) for o in outcomes if o.completion is not None]
+    failures = [output_line(o) for o in outcomes if o.completion is None]
     errors = sorted(validated.errors + failures + unstarted_lines(run), key=lambda line: line.error.line or 0)
     write_result_files(batch.output_uri, batch.error_uri, outputs, errors)
     await write_trace_outputs(run.harness.recorder, outcomes, batch, job, settings)

@@ -10,7 +10,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import acreate_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from pronk.agents.completions import RequestOutcome
+from pronk.agents.outcomes import LineFailure, RequestOutcome
 from pronk.agents.step_records import StepRecorder, log_mlflow_traces
 from pronk.batches.schemas import Batch
 from pronk.jobs import JobConfig
@@ -24,30 +24,30 @@ def scratch_dir(settings: Settings, batch_id: str) -> Path:
     return settings.data_dir / "scratch" / batch_id
 
 
-def steps_uri(batch: Batch) -> str:
-    return batch.output_uri.removesuffix("_output.jsonl") + "_steps.jsonl"
+def steps_uri(output_uri: str) -> str:
+    """`<batch id>_steps.jsonl` beside `<batch id>_output.jsonl`."""
+    return output_uri.removesuffix("_output.jsonl") + "_steps.jsonl"
 
 
 def trace_rows(outcomes: list[RequestOutcome]) -> list[dict[str, object]]:
     """One row per line: its final state, as the Prefect UI shows it."""
-    rows = []
+    rows: list[dict[str, object]] = []
     for outcome in outcomes[:TABLE_ROWS]:
-        line = outcome.output
-        if line.error is not None:
-            rows.append({"custom_id": line.custom_id, "state": "error", "finish_reason": line.error.code, "steps": 0})
+        result = outcome.result
+        if isinstance(result, LineFailure):
+            rows.append({"custom_id": outcome.custom_id, "state": "error", "finish_reason": result.code, "steps": 0})
             continue
-        body = line.response.body
-        trace = body.get("pronk", {}).get("trace", {})
+        trace = result.summary
         rows.append(
             {
-                "custom_id": line.custom_id,
+                "custom_id": outcome.custom_id,
                 "state": "completed",
-                "finish_reason": body["choices"][0]["finish_reason"] if "choices" in body else "replayed",
-                "steps": trace.get("steps", 1),
-                "traces": trace.get("traces", 1),
-                "tool_calls": sum(trace.get("tool_calls", {}).values()),
-                "workers": ",".join(trace.get("workers", [body.get("pronk", {}).get("worker_id", "")])),
-                "cached_ratio": trace.get("cached_ratio"),
+                "finish_reason": "replayed" if result.kind == "replay" else result.finish_reason,
+                "steps": trace.steps if trace else 1,
+                "traces": trace.traces if trace else 1,
+                "tool_calls": sum(trace.tool_calls.values()) if trace else 0,
+                "workers": ",".join(trace.workers if trace else [result.worker_id]),
+                "cached_ratio": trace.cached_ratio if trace else None,
             }
         )
     return rows
@@ -57,8 +57,11 @@ def trace_rows(outcomes: list[RequestOutcome]) -> list[dict[str, object]]:
 async def write_trace_outputs(
     recorder: StepRecorder, outcomes: list[RequestOutcome], batch: Batch, job: JobConfig, settings: Settings
 ) -> None:
-    """Write `<batch>_steps.jsonl`, drop the tools' scratch folder, publish the per-trace table, log MLflow traces if asked."""
-    batch.steps_uri = steps_uri(batch)
+    """Write `<batch>_steps.jsonl`, drop the tools' scratch folder, publish the per-trace table, log MLflow traces.
+
+    MLflow traces only when the job's harness asks for them. The batch's output URI is set before this runs.
+    """
+    batch.steps_uri = steps_uri(str(batch.output_uri))
     await asyncio.to_thread(recorder.write, batch.steps_uri)
     await asyncio.to_thread(shutil.rmtree, scratch_dir(settings, batch.id), True)
     await acreate_table_artifact(

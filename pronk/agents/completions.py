@@ -1,30 +1,21 @@
-"""One chat completion request through the router, turned into an OpenAI output or error line.
+"""One chat completion request through the router, turned into a typed outcome (a one-step trace).
 
 Prefect-free, so the batch flow and the benchmarks' bare asyncio loop run exactly the same code.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
-
 from engine.client import StepRejected
 from engine.protocol import SamplingSpec, StepRequest, StepResult
 from engine.router import NoWorkerAvailable, Router
-from pronk.batches.input import ValidRequest, error_line
-from pronk.batches.schemas import ErrorCode, OutputLine, ResponseEnvelope, new_id
+from pronk.agents.outcomes import Completion, LineFailure, RequestOutcome, Usage
+from pronk.agents.step_records import StepRecord, StepRecorder
+from pronk.batches.input import ValidRequest
+from pronk.batches.schemas import ChatCompletionBody, ErrorCode, new_id
 from pronk.jobs import JobConfig
 
 
-@dataclass(slots=True)
-class RequestOutcome:
-    line: int
-    output: OutputLine
-    result: StepResult | None
-
-
-def to_step_request(request: ValidRequest, job: JobConfig, request_id: str) -> StepRequest:
-    body = request.body
+def to_step_request(body: ChatCompletionBody, trace_id: str, job: JobConfig, request_id: str) -> StepRequest:
     return StepRequest(
         request_id=request_id,
         messages=body.messages,
@@ -33,44 +24,29 @@ def to_step_request(request: ValidRequest, job: JobConfig, request_id: str) -> S
             temperature=body.temperature,
             top_p=body.top_p,
             seed=body.seed,
-            stop=body.stop,
+            stop=[body.stop] if isinstance(body.stop, str) else body.stop,
         ),
-        trace_id=request.custom_id,
+        trace_id=trace_id,
     )
 
 
-def chat_completion_body(result: StepResult, model: str, request_id: str) -> dict:
-    return {
-        "id": request_id,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "system_fingerprint": result.model_version,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": result.text},
-                "finish_reason": result.finish_reason,
-                "logprobs": None,
-            }
-        ],
-        "usage": {
-            "prompt_tokens": result.prompt_tokens,
-            "completion_tokens": result.completion_tokens,
-            "total_tokens": result.prompt_tokens + result.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": result.cached_tokens},
-        },
-        "pronk": {
-            "model_version": result.model_version,
-            "worker_id": result.worker_id,
-            "queue_time_s": round(result.queue_time_s, 6),
-            "engine_time_s": round(result.engine_time_s, 6),
-        },
-    }
+def chat_completion(result: StepResult, model: str, request_id: str) -> Completion:
+    return Completion(
+        kind="chat",
+        request_id=request_id,
+        model=model,
+        model_version=result.model_version,
+        worker_id=result.worker_id,
+        usage=Usage(result.prompt_tokens, result.cached_tokens, result.completion_tokens),
+        text=result.text,
+        finish_reason=result.finish_reason,
+        queue_time_s=result.queue_time_s,
+        engine_time_s=result.engine_time_s,
+    )
 
 
 def failed_outcome(request: ValidRequest, code: str, reason: object) -> RequestOutcome:
-    return RequestOutcome(request.line, error_line(request.line, request.custom_id, code, str(reason)), None)
+    return RequestOutcome(request.line, request.custom_id, LineFailure(code, str(reason)))
 
 
 def engine_error_code(exc: StepRejected | NoWorkerAvailable) -> str:
@@ -78,14 +54,23 @@ def engine_error_code(exc: StepRejected | NoWorkerAvailable) -> str:
     return ErrorCode.REQUEST_REJECTED if isinstance(exc, StepRejected) else ErrorCode.ENGINE_UNAVAILABLE
 
 
-async def run_request(router: Router, request: ValidRequest, job: JobConfig) -> RequestOutcome:
-    """Run one request; engine trouble becomes an error line for this request, never an exception."""
+def _chat_record(request: ValidRequest, error: str | None = None) -> StepRecord:
+    """The step record of a plain chat line: a one-step trace named by its custom_id."""
+    cid = request.custom_id
+    return StepRecord(trace_id=cid, step=0, root_trace_id=cid, custom_id=cid, kind="chat", error=error)
+
+
+async def run_request(
+    router: Router, request: ValidRequest, body: ChatCompletionBody, job: JobConfig, recorder: StepRecorder
+) -> RequestOutcome:
+    """Run one request and record its step; engine trouble becomes this request's failed outcome, never an exception."""
     request_id = new_id("chatcmpl")
     try:
-        result = await router.generate(to_step_request(request, job, request_id))
+        result = await router.generate(to_step_request(body, request.custom_id, job, request_id))
     except (StepRejected, NoWorkerAvailable) as exc:
-        return failed_outcome(request, engine_error_code(exc), exc)
-    response = ResponseEnvelope(
-        status_code=200, request_id=request_id, body=chat_completion_body(result, job.served_model_name, request_id)
-    )
-    return RequestOutcome(request.line, OutputLine(custom_id=request.custom_id, response=response), result)
+        code = engine_error_code(exc)
+        recorder.add(_chat_record(request, error=code))
+        return failed_outcome(request, code, exc)
+    recorder.add(_chat_record(request)).take(result)
+    completion = chat_completion(result, job.served_model_name, request_id)
+    return RequestOutcome(request.line, request.custom_id, completion)

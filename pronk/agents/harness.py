@@ -21,25 +21,15 @@ from typing import Any
 from engine.client import StepRejected
 from engine.protocol import ChatMessage, SamplingSpec, StepRequest, StepResult
 from engine.router import NoWorkerAvailable, Router
-from pronk.agents.completions import (
-    RequestOutcome,
-    engine_error_code,
-    failed_outcome,
-    run_request,
-)
+from pronk.agents.completions import engine_error_code, failed_outcome, run_request
+from pronk.agents.outcomes import Completion, RequestOutcome, Usage
 from pronk.agents.replay import run_shape
 from pronk.agents.spec import NamedToolChoice, ReplayBody
 from pronk.agents.step_records import StepRecord, StepRecorder, summarise
 from pronk.agents.tool_calls import parse_call, step_schema, system_prompt
 from pronk.agents.tools import SPAWN_SUBAGENTS, Tool, ToolContext, job_tools, run_tool
 from pronk.batches.input import ValidRequest
-from pronk.batches.schemas import (
-    ChatCompletionBody,
-    ErrorCode,
-    OutputLine,
-    ResponseEnvelope,
-    new_id,
-)
+from pronk.batches.schemas import ChatCompletionBody, ErrorCode, new_id
 from pronk.errors import PronkError
 from pronk.jobs import HarnessConfig, JobConfig
 
@@ -121,27 +111,14 @@ class Harness:
             return failed_outcome(request, ErrorCode.STEP_FAILED, f"{type(exc).__name__}: {exc}")
 
     async def _run_line(self, request: ValidRequest) -> RequestOutcome:
-        if isinstance(request.body, ReplayBody):
-            return await self.run_replay(request)
-        if request.body.tools is not None and request.body.tool_choice != "none":
-            return await self.run_agent(request)
-        outcome = await run_request(self.router, request, self.job)
-        record = StepRecord(
-            trace_id=request.custom_id,
-            step=0,
-            root_trace_id=request.custom_id,
-            custom_id=request.custom_id,
-            kind="chat",
-        )
-        if outcome.result is not None:
-            record.take(outcome.result)
-        else:
-            record.error = outcome.output.error.code
-        self.recorder.add(record)
-        return outcome
+        body = request.body
+        if isinstance(body, ReplayBody):
+            return await self.run_replay(request, body)
+        if body.tools is not None and body.tool_choice != "none":
+            return await self.run_agent(request, body)
+        return await run_request(self.router, request, body, self.job, self.recorder)
 
-    async def run_replay(self, request: ValidRequest) -> RequestOutcome:
-        body: ReplayBody = request.body
+    async def run_replay(self, request: ValidRequest, body: ReplayBody) -> RequestOutcome:
         ttl = self.job.harness.kv_pin_ttl_s if body.kv_pin_ttl_s is None else body.kv_pin_ttl_s
         try:
             trace = await run_shape(
@@ -156,38 +133,21 @@ class Harness:
             return failed_outcome(request, engine_error_code(exc), exc)
         summary = trace.summary()
         first = trace.records[0]
-        request_id = new_id("replay")
-        aggregate = StepResult(
-            request_id=request_id,
-            text="",
-            token_ids=[],
-            prompt_tokens=summary["prompt_tokens"],
-            cached_tokens=summary["cached_tokens"],
-            completion_tokens=summary["output_tokens"],
-            finish_reason="stop",
+        completion = Completion(
+            kind="replay",
+            request_id=new_id("replay"),
+            model=self.job.served_model_name,
             model_version=first.model_version or "",
             worker_id=first.worker_id or "",
-            queue_time_s=0.0,
-            engine_time_s=summary["engine_time_s"],
+            usage=Usage.of(summary),
+            engine_time_s=summary.engine_time_s,
+            trace_id=trace.trace_id,
+            duration_s=trace.duration_s,
+            summary=summary,
         )
-        body_out = {
-            "id": request_id,
-            "object": "pronk.replay",
-            "created": int(time.time()),
-            "model": self.job.served_model_name,
-            "usage": {
-                "prompt_tokens": aggregate.prompt_tokens,
-                "completion_tokens": aggregate.completion_tokens,
-                "total_tokens": aggregate.prompt_tokens + aggregate.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": aggregate.cached_tokens},
-            },
-            "pronk": {"model_version": aggregate.model_version, "worker_id": aggregate.worker_id, "trace": summary},
-        }
-        response = ResponseEnvelope(status_code=200, request_id=request_id, body=body_out)
-        return RequestOutcome(request.line, OutputLine(custom_id=request.custom_id, response=response), aggregate)
+        return RequestOutcome(request.line, request.custom_id, completion)
 
-    async def run_agent(self, request: ValidRequest) -> RequestOutcome:
-        body: ChatCompletionBody = request.body
+    async def run_agent(self, request: ValidRequest, body: ChatCompletionBody) -> RequestOutcome:
         limits = body.harness.applied_to(self.job.harness) if body.harness else self.job.harness
         views = tool_views(body, self.tools)
         family = Family(
@@ -272,7 +232,7 @@ class Harness:
             )
             step = StepRequest(
                 request_id=new_id("step"),
-                messages=[ChatMessage(**m) for m in state.messages],
+                messages=[ChatMessage.model_validate(m) for m in state.messages],
                 sampling=SamplingSpec(
                     max_tokens=family.max_tokens, temperature=family.temperature, seed=seed, json_schema=schema
                 ),
@@ -321,7 +281,7 @@ class Harness:
                 f"{parent.trace_id}.{parent.steps - 1}.{i}",
                 parent.trace_id,
                 parent.depth + 1,
-                parent.messages + [{"role": "user", "content": f"Sub-task {i + 1} of {len(tasks)}: {task}"}],
+                [*parent.messages, {"role": "user", "content": f"Sub-task {i + 1} of {len(tasks)}: {task}"}],
             )
             for i, task in enumerate(tasks)
         ]
@@ -341,54 +301,22 @@ class Harness:
     def _outcome(self, request: ValidRequest, family: Family, root: TraceState, seconds: float) -> RequestOutcome:
         summary = summarise(family.records)
         last = root.last_result
-        request_id = new_id("chatcmpl")
-        aggregate = StepResult(
-            request_id=request_id,
-            text=root.answer,
-            token_ids=[],
-            prompt_tokens=summary["prompt_tokens"],
-            cached_tokens=summary["cached_tokens"],
-            completion_tokens=summary["output_tokens"],
-            finish_reason=root.finish_reason,
+        completion = Completion(
+            kind="agent",
+            request_id=new_id("chatcmpl"),
+            model=self.job.served_model_name,
             model_version=last.model_version if last else "",
-            worker_id=summary["workers"][0] if summary["workers"] else "",
-            queue_time_s=0.0,
-            engine_time_s=summary["engine_time_s"],
+            worker_id=summary.workers[0] if summary.workers else "",
+            usage=Usage.of(summary),
+            text=root.answer,
+            finish_reason=root.finish_reason,
+            engine_time_s=summary.engine_time_s,
+            trace_id=root.trace_id,
+            duration_s=seconds,
+            summary=summary,
+            transcript=root.messages[1:],
         )
-        body = {
-            "id": request_id,
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": self.job.served_model_name,
-            "system_fingerprint": aggregate.model_version,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": root.answer},
-                    "finish_reason": root.finish_reason,
-                    "logprobs": None,
-                }
-            ],
-            "usage": {
-                "prompt_tokens": aggregate.prompt_tokens,
-                "completion_tokens": aggregate.completion_tokens,
-                "total_tokens": aggregate.prompt_tokens + aggregate.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": aggregate.cached_tokens},
-            },
-            "pronk": {
-                "model_version": aggregate.model_version,
-                "worker_id": aggregate.worker_id,
-                "trace": {
-                    "trace_id": root.trace_id,
-                    "finish_reason": root.finish_reason,
-                    "duration_s": round(seconds, 6),
-                    **summary,
-                },
-                "transcript": root.messages[1:],
-            },
-        }
-        response = ResponseEnvelope(status_code=200, request_id=request_id, body=body)
-        return RequestOutcome(request.line, OutputLine(custom_id=request.custom_id, response=response), aggregate)
+        return RequestOutcome(request.line, request.custom_id, completion)
 
 
 class _ContextFull(PronkError):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from engine.protocol import SamplingSpec, StepRequest
 from engine.router import Router
-from pronk.agents.step_records import StepRecord, StepRecorder, summarise
+from pronk.agents.step_records import StepRecord, StepRecorder, TraceSummary, summarise
 from pronk.agents.trace_shape import TraceShape
 from pronk.batches.schemas import new_id
 
@@ -36,8 +36,8 @@ class TraceRecord:
     records: list[StepRecord] = field(default_factory=list)
     duration_s: float = 0.0
 
-    def summary(self) -> dict:
-        return {"trace_id": self.trace_id, "duration_s": round(self.duration_s, 6), **summarise(self.records)}
+    def summary(self) -> TraceSummary:
+        return summarise(self.records)
 
 
 def filler_tokens(key: str, count: int) -> list[int]:

@@ -11,6 +11,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from engine.protocol import StepResult
 from pronk import storage
@@ -69,7 +70,28 @@ class StepRecorder:
         storage.write_bytes(uri, self.to_ndjson())
 
 
-def summarise(records: list[StepRecord]) -> dict:
+@dataclass(slots=True)
+class TraceSummary:
+    """Totals over the step records of one trace family; in this order, its fields end an output line's `trace`."""
+
+    steps: int
+    failed_attempts: int
+    traces: int
+    tool_calls: dict[str, int]
+    tool_errors: int
+    workers: list[str]
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    cached_ratio: float
+    engine_time_s: float
+    tool_time_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summarise(records: list[StepRecord]) -> TraceSummary:
     """Totals over the records of one trace family (a root trace and its children)."""
     failed = [r for r in records if r.error is not None and r.tool_name is None]
     done = [r for r in records if r.worker_id is not None]
@@ -79,20 +101,20 @@ def summarise(records: list[StepRecord]) -> dict:
     for r in records:
         if r.tool_name:
             tools[r.tool_name] = tools.get(r.tool_name, 0) + 1
-    return {
-        "steps": len(records) - len(failed),
-        "failed_attempts": len(failed),
-        "traces": len({r.trace_id for r in records}),
-        "tool_calls": tools,
-        "tool_errors": sum(1 for r in records if r.tool_ok is False),
-        "workers": sorted({r.worker_id for r in records if r.worker_id}),
-        "prompt_tokens": prompt,
-        "cached_tokens": cached,
-        "output_tokens": sum(r.output_tokens for r in done),
-        "cached_ratio": round(cached / prompt, 4) if prompt else 0.0,
-        "engine_time_s": round(sum(r.engine_time_s for r in done), 6),
-        "tool_time_s": round(sum(r.tool_time_s for r in records), 6),
-    }
+    return TraceSummary(
+        steps=len(records) - len(failed),
+        failed_attempts=len(failed),
+        traces=len({r.trace_id for r in records}),
+        tool_calls=tools,
+        tool_errors=sum(1 for r in records if r.tool_ok is False),
+        workers=sorted({r.worker_id for r in records if r.worker_id}),
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        output_tokens=sum(r.output_tokens for r in done),
+        cached_ratio=round(cached / prompt, 4) if prompt else 0.0,
+        engine_time_s=round(sum(r.engine_time_s for r in done), 6),
+        tool_time_s=round(sum(r.tool_time_s for r in records), 6),
+    )
 
 
 def log_mlflow_traces(
@@ -120,7 +142,10 @@ def log_mlflow_traces(
             name=f"trace {root_id}",
             span_type="AGENT",
             inputs={"custom_id": rows[0].custom_id},
-            attributes={"pronk.root_trace_id": root_id, **{f"pronk.{k}": str(v) for k, v in summarise(rows).items()}},
+            attributes={
+                "pronk.root_trace_id": root_id,
+                **{f"pronk.{k}": str(v) for k, v in summarise(rows).as_dict().items()},
+            },
             start_time_ns=int(start * 1e9),
         )
         for r in rows:
@@ -134,12 +159,13 @@ def log_mlflow_traces(
             llm.end(end_time_ns=int((r.started_at + r.engine_time_s) * 1e9))
             if r.tool_name:
                 tool_start = r.started_at + r.engine_time_s
+                attributes: dict[str, Any] = {"ok": bool(r.tool_ok), "trace_id": r.trace_id, "step": r.step}
                 span = mlflow.start_span_no_context(
                     name=r.tool_name,
                     span_type="TOOL",
                     parent_span=root,
                     start_time_ns=int(tool_start * 1e9),
-                    attributes={"ok": bool(r.tool_ok), "trace_id": r.trace_id, "step": r.step},
+                    attributes=attributes,
                 )
                 span.end(end_time_ns=int((tool_start + r.tool_time_s) * 1e9))
         root.end(end_time_ns=int(end * 1e9))

@@ -86,6 +86,7 @@ def test_a_raising_tool_a_runaway_python_call_and_a_stuck_tool_are_contained(sta
     from pronk.agents.harness import Harness
     from pronk.agents.step_records import StepRecorder
     from pronk.batches.input import validate_input
+    from pronk.batches.outputs import output_line
     from pronk.jobs import get_job
 
     base = get_job(JOB)
@@ -137,14 +138,14 @@ def test_a_raising_tool_a_runaway_python_call_and_a_stuck_tool_are_contained(sta
         finally:
             await router.aclose()
 
-    outcomes = {o.output.custom_id: o for o in asyncio.run(run_all())}
+    outcomes = {o.custom_id: o for o in asyncio.run(run_all())}
     expected = {
         "runaway": "CPU time limit of 1s exceeded",
         "raises": "RuntimeError: kaboom",
         "stuck": "timed out after 2s",
     }
     for cid, text in expected.items():
-        body = outcomes[cid].output.response.body
+        body = output_line(outcomes[cid]).response.body
         assert body["choices"][0]["finish_reason"] == "max_steps"
         tool_message = body["pronk"]["transcript"][2]
         assert (
@@ -168,12 +169,12 @@ def test_replay_shapes_produce_exact_token_counts(stack):
         finally:
             await router.aclose()
 
-    for shape, trace in zip(shapes, asyncio.run(replay_all())):
+    for shape, trace in zip(shapes, asyncio.run(replay_all()), strict=True):
         assert len(trace.records) == shape.total_steps()
         assert sum(r.output_tokens for r in trace.records) == shape.total_output_tokens()
         root = sorted((r for r in trace.records if r.trace_id == shape.trace_id), key=lambda r: r.step)
         expected_prompt = shape.system_prompt_tokens
-        for step, record in zip(shape.steps, root):
+        for step, record in zip(shape.steps, root, strict=False):
             expected_prompt += step.new_prompt_tokens
             assert (record.prompt_tokens, record.output_tokens) == (expected_prompt, step.output_tokens)
             expected_prompt += step.output_tokens

@@ -74,10 +74,10 @@ def test_ndjson_reads_into_polars_with_every_field(tmp_path):
 
 def test_summary_counts_steps_attempts_tools_and_cache():
     summary = summarise(records())
-    assert summary["steps"] == 3 and summary["failed_attempts"] == 1 and summary["traces"] == 2
-    assert summary["tool_calls"] == {"sql": 1, "spawn_subagents": 1, "python": 1} and summary["tool_errors"] == 1
-    assert summary["prompt_tokens"] == 1360 and summary["cached_tokens"] == 768
-    assert summary["cached_ratio"] == round(768 / 1360, 4) and summary["workers"] == ["w0"]
+    assert summary.steps == 3 and summary.failed_attempts == 1 and summary.traces == 2
+    assert summary.tool_calls == {"sql": 1, "spawn_subagents": 1, "python": 1} and summary.tool_errors == 1
+    assert summary.prompt_tokens == 1360 and summary.cached_tokens == 768
+    assert summary.cached_ratio == round(768 / 1360, 4) and summary.workers == ["w0"]
 
 
 def test_traces_land_in_mlflow_with_agent_llm_and_tool_spans(tmp_path):

@@ -1,0 +1,67 @@
+"""A line's typed outcome made into its OpenAI output or error line: the one builder of response bodies.
+
+Chat and agent lines get a `chat.completion` body, replay lines a `pronk.replay` object; both carry
+OpenAI's `usage` and a `pronk` object (model version, worker, and for traces the trace summary).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pronk.agents.outcomes import Completion, LineFailure, RequestOutcome
+from pronk.batches.input import error_line
+from pronk.batches.schemas import OutputLine, ResponseEnvelope
+
+
+def response_body(completion: Completion) -> dict[str, Any]:
+    """The OpenAI response body of a completed line."""
+    c = completion
+    body: dict[str, Any] = {
+        "id": c.request_id,
+        "object": "pronk.replay" if c.kind == "replay" else "chat.completion",
+        "created": c.created,
+        "model": c.model,
+    }
+    if c.kind != "replay":
+        body["system_fingerprint"] = c.model_version
+        body["choices"] = [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": c.text},
+                "finish_reason": c.finish_reason,
+                "logprobs": None,
+            }
+        ]
+    body["usage"] = {
+        "prompt_tokens": c.usage.prompt_tokens,
+        "completion_tokens": c.usage.completion_tokens,
+        "total_tokens": c.usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": c.usage.cached_tokens},
+    }
+    pronk: dict[str, Any] = {"model_version": c.model_version, "worker_id": c.worker_id}
+    if c.kind == "chat":
+        pronk["queue_time_s"] = round(c.queue_time_s, 6)
+        pronk["engine_time_s"] = round(c.engine_time_s, 6)
+    else:
+        trace: dict[str, Any] = {"trace_id": c.trace_id}
+        if c.kind == "agent":
+            trace["finish_reason"] = c.finish_reason
+        trace["duration_s"] = round(c.duration_s, 6)
+        if c.summary is not None:
+            trace.update(c.summary.as_dict())
+        pronk["trace"] = trace
+        if c.kind == "agent":
+            pronk["transcript"] = c.transcript
+    body["pronk"] = pronk
+    return body
+
+
+def output_line(outcome: RequestOutcome) -> OutputLine:
+    """The output-file line of a completed outcome, or the error-file line of a failed one."""
+    result = outcome.result
+    if isinstance(result, LineFailure):
+        return error_line(outcome.line, outcome.custom_id, result.code, result.message)
+    body = response_body(result)
+    return OutputLine(
+        custom_id=outcome.custom_id, response=ResponseEnvelope(status_code=200, request_id=result.request_id, body=body)
+    )
