@@ -19,8 +19,8 @@ from pronk.errors import PronkError
 from pronk.jobs import get_job
 from pronk.models.checkpoints import CheckpointMismatch
 from pronk.models.leap_records import LeapRecord, LeapStore, WorkerLeap
-from pronk.models.registry import alias_version, parse_models_uri, set_alias
-from pronk.models.versions import check_version_fits
+from pronk.models.registry import is_models_uri, models_uri, parse_models_uri, set_alias
+from pronk.models.versions import check_version_fits, resolve_version
 from pronk.settings import Settings, get_settings
 from tasks.leap import LeapRun, reload_weights, stage_weights
 
@@ -34,10 +34,12 @@ class LeapFailed(PronkError, RuntimeError):
 
 
 def _target_version(name: str, version: int | None, alias: str | None, settings: Settings) -> int:
-    if (version is None) == (alias is None):
+    if version is not None and alias is None:
+        return version
+    if version is not None or alias is None:
         raise LeapRefused("give exactly one of version or alias")
     try:
-        return alias_version(name, alias, settings) if alias else version
+        return resolve_version(name, models_uri(f"{name}@{alias}"), settings)
     except Exception as exc:
         raise LeapRefused(f"model {name} has no alias {alias!r}: {exc}") from exc
 
@@ -61,11 +63,14 @@ async def _publish(record: LeapRecord) -> None:
 
 
 async def _switch(run: LeapRun, original: dict[str, str]) -> list[str]:
-    """Stage on every worker, then swap every worker; return the workers that could not switch (none switched if staging failed)."""
+    """Stage on every worker, then swap every worker; return the workers that could not switch.
+
+    None switched when staging failed somewhere.
+    """
     record = run.record
     record.status = "staging"
     await run.save()
-    uri = f"models:/{record.to_version}"
+    uri = models_uri(record.to_version)
     staged = await asyncio.gather(*(stage_weights(run, w, uri) for w in original), return_exceptions=True)
     not_staged = [w for w, result in zip(original, staged) if isinstance(result, BaseException)]
     if not_staged:
@@ -94,12 +99,12 @@ async def _roll_back(run: LeapRun, original: dict[str, str]) -> list[str]:
 
 @flow(name="leap", log_prints=False)
 async def leap(job_id: str, version: int | None = None, alias: str | None = None, leap_id: str | None = None) -> dict:
-    """Swap a job's running workers to version N (or the version alias A names) of its model; the job's alias follows."""
+    """Swap a job's running workers to version N (or the version alias A names) of its model; its alias follows."""
     logger = get_run_logger()
     settings = get_settings()
     store = LeapStore(settings)
     job = get_job(job_id)
-    if not job.model.startswith("models:/"):
+    if not is_models_uri(job.model):
         raise LeapRefused(f"job {job.job_id} serves {job.model!r}; Leap needs an MLflow model (models:/NAME@ALIAS)")
     name, job_alias, _ = parse_models_uri(job.model)
     target = _target_version(name, version, alias, settings)
@@ -122,7 +127,7 @@ async def leap(job_id: str, version: int | None = None, alias: str | None = None
         if not workers:
             raise LeapRefused(f"no live workers for {job.job_id}")
         for current in sorted(set(original.values())):
-            await asyncio.to_thread(_check_fits, f"models:/{record.to_version}", current, settings)
+            await asyncio.to_thread(_check_fits, models_uri(record.to_version), current, settings)
     except LeapRefused as exc:
         record.finish("refused", str(exc))
         await asyncio.to_thread(store.save, record)

@@ -281,7 +281,7 @@ class Harness:
                 f"{parent.trace_id}.{parent.steps - 1}.{i}",
                 parent.trace_id,
                 parent.depth + 1,
-                [*parent.messages, {"role": "user", "content": f"Sub-task {i + 1} of {len(tasks)}: {task}"}],
+                parent.messages + [{"role": "user", "content": f"Sub-task {i + 1} of {len(tasks)}: {task}"}],
             )
             for i, task in enumerate(tasks)
         ]

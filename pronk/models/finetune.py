@@ -73,10 +73,10 @@ def _train(model_dir: Path, config: FinetuneConfig) -> tuple[float, float]:
 
 def finetune(config: FinetuneConfig, settings: Settings | None = None) -> FinetuneResult:
     """Train from `config.source` and register the result as the next version of the same model."""
-    from pronk.models.registry import parse_models_uri, resolve_model
+    from pronk.models.registry import is_models_uri, models_uri, parse_models_uri, resolve_model
 
     settings = settings or get_settings()
-    if not config.source.startswith("models:/"):
+    if not is_models_uri(config.source):
         raise ValueError(f"finetune source {config.source!r}: expected models:/NAME@ALIAS or models:/NAME/N")
     name = parse_models_uri(config.source)[0]
     parent = resolve_model(config.source, settings)
@@ -86,7 +86,7 @@ def finetune(config: FinetuneConfig, settings: Settings | None = None) -> Finetu
         started = time.monotonic()
         first, last = _train(work, config)
         seconds = time.monotonic() - started
-        parent_uri = f"models:/{parent.version}"
+        parent_uri = models_uri(parent.version)
         upload = upload_checkpoint(
             str(work), name, job_model=parent_uri, settings=settings, source_tag=f"finetune of {parent_uri}"
         )

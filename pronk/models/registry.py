@@ -13,6 +13,8 @@ from pronk.settings import Settings, get_settings
 
 MODELS_EXPERIMENT = "pronk-models"
 TINY_MODEL_NAME = "pronk-tiny"
+MODELS_SCHEME = "models:/"
+"""The prefix of MLflow model URIs: `models:/NAME@ALIAS`, `models:/NAME/N`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,9 +81,19 @@ def latest_version(name: str, settings: Settings | None = None) -> int | None:
     return max((int(v.version) for v in versions), default=None)
 
 
+def is_models_uri(uri: str) -> bool:
+    """Whether `uri` names an MLflow model version (`models:/…`) rather than a directory or `s3://` path."""
+    return uri.startswith(MODELS_SCHEME)
+
+
+def models_uri(label: str) -> str:
+    """`models:/` + `NAME/N` (a version label, as `resolve_model` and the workers report it) or `NAME@ALIAS`."""
+    return f"{MODELS_SCHEME}{label}"
+
+
 def parse_models_uri(uri: str) -> tuple[str, str | None, str | None]:
     """`models:/name@alias` or `models:/name/3` into (name, alias, version)."""
-    rest = uri.removeprefix("models:/")
+    rest = uri.removeprefix(MODELS_SCHEME)
     if "@" in rest:
         name, alias = rest.split("@", 1)
         return name, alias, None
@@ -103,7 +115,7 @@ def _publish(downloaded: Path, target: Path) -> None:
 def resolve_model(uri: str, settings: Settings | None = None) -> ResolvedModel:
     """Make any supported model URI a local directory, downloading into the data dir's cache once."""
     settings = settings or get_settings()
-    if uri.startswith("models:/"):
+    if is_models_uri(uri):
         client = _client(settings)
         name, alias, number = parse_models_uri(uri)
         version = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, number)

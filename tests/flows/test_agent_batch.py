@@ -169,12 +169,12 @@ def test_replay_shapes_produce_exact_token_counts(stack):
         finally:
             await router.aclose()
 
-    for shape, trace in zip(shapes, asyncio.run(replay_all()), strict=True):
+    for shape, trace in zip(shapes, asyncio.run(replay_all())):
         assert len(trace.records) == shape.total_steps()
         assert sum(r.output_tokens for r in trace.records) == shape.total_output_tokens()
         root = sorted((r for r in trace.records if r.trace_id == shape.trace_id), key=lambda r: r.step)
         expected_prompt = shape.system_prompt_tokens
-        for step, record in zip(shape.steps, root, strict=False):
+        for step, record in zip(shape.steps, root):
             expected_prompt += step.new_prompt_tokens
             assert (record.prompt_tokens, record.output_tokens) == (expected_prompt, step.output_tokens)
             expected_prompt += step.output_tokens

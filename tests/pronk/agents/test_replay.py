@@ -63,7 +63,7 @@ def test_replay_sends_exact_lengths_and_grows_the_prefix():
     (child,) = [r for r in router.requests if r.trace_id == "s.0.0"]
     assert child.affinity_key == first.affinity_key == "s"
     assert len(first.prompt_token_ids) == 13 and first.sampling.ignore_eos and first.sampling.max_tokens == 2
-    assert child.prompt_token_ids[:15] == [*first.prompt_token_ids, 9, 9] and len(child.prompt_token_ids) == 20
+    assert child.prompt_token_ids[:15] == first.prompt_token_ids + [9, 9] and len(child.prompt_token_ids) == 20
     assert last.trace_id == "s" and len(last.prompt_token_ids) == 13 + 2 + 6
     assert first.kv_pin_ttl_s == 3.0 and last.kv_pin_ttl_s == 0.0 and child.kv_pin_ttl_s == 0.0
     assert [
