@@ -11,10 +11,10 @@ from pronk.api.body_limits import BodyLimits
 from pronk.api.errors import install_error_handlers
 from pronk.api.keys import ApiKeyStore
 from pronk.api.routes import batches, files, weights
-from pronk.api.runs import PrefectRuns
 from pronk.batches.files import FileStore
 from pronk.batches.store import BatchStore
 from pronk.settings import Settings, get_settings
+from pronk.stack.deployments import PrefectDeployments
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -27,7 +27,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.files = FileStore(settings)
     app.state.batches = BatchStore(settings)
     app.state.keys = ApiKeyStore(settings)
-    app.state.runs = PrefectRuns(settings)
+    app.state.runs = PrefectDeployments(settings)
     install_error_handlers(app)
     app.add_middleware(BodyLimits, settings=settings)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Protocol
+from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -11,16 +11,12 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pronk.api.errors import ApiError
 from pronk.api.keys import ApiKeyStore
 from pronk.batches.files import FileStore
-from pronk.batches.schemas import Batch
 from pronk.batches.store import BatchStore
 from pronk.settings import Settings
+from pronk.stack.deployments import DeploymentStarter
 
 LOCAL_OWNER = "local"
 """The one owner of everything when auth is off (the embedded default)."""
-
-
-class RunStarter(Protocol):
-    async def start(self, batch: Batch, input_uri: str) -> str: ...
 
 
 def get_settings_dep(request: Request) -> Settings:
@@ -39,7 +35,7 @@ def get_keys(request: Request) -> ApiKeyStore:
     return request.app.state.keys
 
 
-def get_runs(request: Request) -> RunStarter:
+def get_runs(request: Request) -> DeploymentStarter:
     return request.app.state.runs
 
 
@@ -47,7 +43,8 @@ SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 FilesDep = Annotated[FileStore, Depends(get_files)]
 BatchesDep = Annotated[BatchStore, Depends(get_batches)]
 KeysDep = Annotated[ApiKeyStore, Depends(get_keys)]
-RunsDep = Annotated[RunStarter, Depends(get_runs)]
+RunsDep = Annotated[DeploymentStarter, Depends(get_runs)]
+"""Starts Prefect deployment runs: batch runs and Leaps (`pronk.api.runs`)."""
 
 _bearer = HTTPBearer(auto_error=False, description="An API key from `pronk keys create` (when PRONK_API_AUTH=true).")
 

@@ -1,30 +1,22 @@
-"""Start a batch's run as a run of the `run-batch` Prefect deployment, without waiting for it."""
+"""What the API starts as Prefect deployment runs: a batch's run (`run-batch`) and a Leap (`leap`)."""
 
 from __future__ import annotations
 
 from pronk.batches.schemas import Batch
-from pronk.settings import Settings
-from pronk.stack.prefect_env import configure_prefect
+from pronk.stack.deployments import DeploymentStarter
 
-DEPLOYMENT = "run-batch/run-batch"
+RUN_BATCH = "run-batch/run-batch"
+LEAP = "leap/leap"
+TAG = "pronk-api"
 
 
-class PrefectRuns:
-    """The process work pool's worker picks the run up; the flow finds the batch record the API saved."""
+async def start_batch_run(runs: DeploymentStarter, batch: Batch, input_uri: str) -> str:
+    """The flow finds the batch record the API saved."""
+    parameters = {"input_uri": input_uri, "job_id": batch.job_id, "batch_id": batch.id}
+    return await runs.start(RUN_BATCH, parameters, batch.id, [TAG, batch.job_id])
 
-    def __init__(self, settings: Settings):
-        configure_prefect(settings)
 
-    async def start(self, batch: Batch, input_uri: str) -> str:
-        from prefect.deployments import arun_deployment
-
-        flow_run = await arun_deployment(
-            name=DEPLOYMENT,
-            parameters={"input_uri": input_uri, "job_id": batch.job_id, "batch_id": batch.id},
-            timeout=0,
-            as_subflow=False,
-            flow_run_name=batch.id,
-            idempotency_key=batch.id,
-            tags=["pronk-api", batch.job_id],
-        )
-        return str(flow_run.id)
+async def start_leap(runs: DeploymentStarter, job_id: str, version: int, leap_id: str) -> str:
+    """The flow keeps the Leap's record under `leap_id`, where the API saved it `queued`."""
+    parameters = {"job_id": job_id, "version": version, "leap_id": leap_id}
+    return await runs.start(LEAP, parameters, leap_id, [TAG, job_id])

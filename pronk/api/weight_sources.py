@@ -10,9 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from pronk.api.errors import ApiError
+from pronk.models.registry import MODELS_SCHEME
 from pronk.settings import Settings
 
-REMOTE_SCHEMES = ("models:/", "s3://")
+REMOTE_SCHEMES = (MODELS_SCHEME, "s3://")
 MAX_SOURCE = 1024
 
 

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pronk.api.deps import BatchesDep, FilesDep, OwnerDep, RunsDep
 from pronk.api.errors import ApiError, not_found
 from pronk.api.routes.files import ID_PATTERN, owned_file
+from pronk.api.runs import start_batch_run
 from pronk.batches.files import FileRecord
 from pronk.batches.schemas import (
     SERVED_URLS,
@@ -154,7 +155,7 @@ async def create_batch(
     batch.request_counts.total = file.lines
     await run_in_threadpool(batches.create, batch)
     try:
-        batch.flow_run_id = await runs.start(batch, file.uri)
+        batch.flow_run_id = await start_batch_run(runs, batch, file.uri)
     except Exception as exc:
         logger.exception("could not start the run of %s", batch.id)
         batch.errors = BatchErrors(

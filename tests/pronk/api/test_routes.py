@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
 from pronk.api.app import create_app
 from pronk.api.keys import ApiKeyStore
-from pronk.batches.schemas import Batch
+from pronk.api.runs import RUN_BATCH
 from pronk.settings import Settings
 
 
@@ -20,14 +21,17 @@ def line(i: int, model: str = "pronk-tiny", url: str = "/v1/chat/completions") -
 
 
 class RecordingRuns:
+    """A `DeploymentStarter` that records (batch id, input URI) of each run-batch run it is asked to start."""
+
     def __init__(self):
         self.started: list[tuple[str, str]] = []
         self.fail = False
 
-    async def start(self, batch: Batch, input_uri: str) -> str:
+    async def start(self, deployment: str, parameters: dict[str, Any], run_name: str, tags: list[str]) -> str:
         if self.fail:
             raise ConnectionError("Prefect is down")
-        self.started.append((batch.id, input_uri))
+        assert deployment == RUN_BATCH and run_name == parameters["batch_id"] and parameters["job_id"] in tags
+        self.started.append((parameters["batch_id"], parameters["input_uri"]))
         return "flow-run-1"
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from engine.protocol import WorkerStats
 from engine.registry import Registry, WorkerEntry
 from pronk.api.app import create_app
 from pronk.api.keys import ApiKeyStore
+from pronk.api.runs import LEAP
 from pronk.models.registry import latest_version, register_model_dir, set_alias
 from pronk.settings import Settings
 
@@ -33,11 +35,14 @@ def checkpoint(path: Path, shapes=SHAPES) -> Path:
 
 
 class RecordingLeaps:
+    """A `DeploymentStarter` that records (job id, version, Leap id) of each leap run it is asked to start."""
+
     def __init__(self):
         self.started: list[tuple[str, int, str]] = []
 
-    async def start(self, job_id: str, version: int, leap_id: str) -> str:
-        self.started.append((job_id, version, leap_id))
+    async def start(self, deployment: str, parameters: dict[str, Any], run_name: str, tags: list[str]) -> str:
+        assert deployment == LEAP and run_name == parameters["leap_id"] and parameters["job_id"] in tags
+        self.started.append((parameters["job_id"], parameters["version"], parameters["leap_id"]))
         return "flow-run-1"
 
 
@@ -58,10 +63,10 @@ def api(tmp_path: Path):
     )
     set_alias("m", "live", register_model_dir(checkpoint(tmp_path / "v1"), "m", settings=settings), settings)
     app = create_app(settings)
-    app.state.leaps = RecordingLeaps()
+    app.state.runs = RecordingLeaps()
     key, _ = ApiKeyStore(settings).create(admin=True)
     with TestClient(app) as client:
-        yield client, {"Authorization": f"Bearer {key}"}, settings, app.state.leaps, tmp_path
+        yield client, {"Authorization": f"Bearer {key}"}, settings, app.state.runs, tmp_path
 
 
 def announce(settings: Settings, version: str = "m/1") -> None:
