@@ -300,7 +300,7 @@ def test_weights_over_http_refuse_a_wrong_shape_and_leap_through_the_deployment(
     from pronk.api.keys import ApiKeyStore
 
     v1, v2 = on_v1
-    key, _ = ApiKeyStore(stack).create(name="leap")
+    key, _ = ApiKeyStore(stack).create(name="leap", admin=True)
     api = httpx.Client(
         base_url=f"http://127.0.0.1:{stack.api_port}/v1", headers={"Authorization": f"Bearer {key}"}, timeout=120
     )
