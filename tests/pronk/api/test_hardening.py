@@ -220,7 +220,7 @@ def test_without_a_weights_root_no_server_path_is_accepted(tmp_path):
     from pronk.api.errors import ApiError
     from pronk.api.weight_sources import allowed_source
 
-    settings = Settings(data_dir=tmp_path, storage_uri=str(tmp_path / "store"))
+    settings = Settings(data_dir=tmp_path, storage_uri=str(tmp_path / "store"), weights_root=None)
     assert allowed_source("models:/m@live", settings, "source") == "models:/m@live"
     assert allowed_source("s3://b/ckpt", settings, "source") == "s3://b/ckpt"
     with pytest.raises(ApiError, match="PRONK_WEIGHTS_ROOT"):
