@@ -14,6 +14,10 @@ class EchoRouter:
 
     def __init__(self):
         self.requests: list[StepRequest] = []
+        self.finished: list[str] = []
+
+    async def finish(self, trace_id: str) -> None:
+        self.finished.append(trace_id)
 
     async def generate(self, request: StepRequest) -> StepResult:
         self.requests.append(request)
