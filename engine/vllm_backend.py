@@ -110,7 +110,10 @@ class VllmBackend:
         self._tokenizer = self._engine.get_tokenizer()
         await self._engine.update_weight_version(self.model_version)
         cache = self._engine.vllm_config.cache_config
-        capacity = (cache.num_gpu_blocks or 0) * cache.block_size
+        capacity = (cache.num_gpu_blocks or 0) * (cache.block_size or 0)
+        if capacity <= 0:
+            log.warning("%s: the engine did not report its KV cache size; steps run without admission", self.worker_id)
+            return
         self.budget = KvBudget(capacity, float(os.environ.get(HEADROOM_ENV, "0.1")), on_pause=self._drop_pins)
         log.info("%s: KV cache holds %d tokens, admission budget %d", self.worker_id, capacity, self.budget.limit)
 
