@@ -268,7 +268,7 @@ class VllmBackend:
         return versions.pop() if versions else self.model_version
 
     async def swap_weights(self, path: str, version: str) -> WeightSwap:
-        """At a step boundary: drain in-flight generations (new ones queue), reload weights, reset the prefix cache, resume.
+        """At a step boundary: drain in-flight generations (new ones queue), reload, reset the prefix cache, resume.
 
         Draining instead of freezing is what keeps every generation on one version. If the reload
         fails, the previous weights are reloaded before resuming, and the error is raised.
