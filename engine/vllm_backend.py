@@ -186,12 +186,13 @@ class VllmBackend:
                 since=since,
                 timeout_s=request.admission.wait_s,
             )
-        priority = int(since * 1000) if self.priority_scheduling else 0
+        # vLLM's priority queue runs the lowest number first: the trace's start time in ms, earlier first
+        ordering = {"priority": int(since * 1000)} if self.priority_scheduling else {}
         self.in_flight += 1
         final = None
         try:
             async for output in self._engine.generate(
-                {"prompt_token_ids": prompt_ids}, params, request.request_id, priority=priority
+                {"prompt_token_ids": prompt_ids}, params, request.request_id, **ordering
             ):
                 final = output
         except bad_request as exc:

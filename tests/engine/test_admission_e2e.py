@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -12,6 +13,7 @@ from engine.router import Router
 from pronk.agents.replay import run_shape
 from pronk.agents.trace_shape import TraceShape
 
+log = logging.getLogger(__name__)
 pytestmark = pytest.mark.e2e
 JOB = "job-c0ffee01"
 TRACES_PER_RUN = 10
@@ -58,6 +60,15 @@ def test_two_concurrent_runs_share_the_budget_and_complete_every_trace(stack):
         assert s.admission_limit_tokens > 0 and s.admission_limit_tokens < s.kv_capacity_tokens
         assert 0 < s.admission_peak_tokens <= s.admission_limit_tokens
         assert s.admission_resident == 0 and s.admission_waiting == 0  # every trace was released at its end
+    for s in stats:
+        log.info(
+            "%s: capacity %d, limit %d, peak %d, counts %s",
+            s.worker_id,
+            s.kv_capacity_tokens,
+            s.admission_limit_tokens,
+            s.admission_peak_tokens,
+            s.admission_counts,
+        )
     counts = [s.admission_counts for s in stats]
     assert sum(c["admitted"] for c in counts) >= 2 * TRACES_PER_RUN * 3
     assert sum(c["waited"] for c in counts) > 0, f"the runs never contended for the budget: {stats}"
