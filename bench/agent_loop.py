@@ -34,6 +34,9 @@ class OpenAIServers:
             timeout=httpx.Timeout(600.0, connect=5.0), limits=httpx.Limits(max_connections=1024)
         )
 
+    async def finish(self, trace_id: str) -> None:
+        """A trace ended; stock servers keep no per-trace state."""
+
     async def generate(self, request: StepRequest) -> StepResult:
         index = next(self._next)
         spec = request.sampling

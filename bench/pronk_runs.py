@@ -26,7 +26,9 @@ def pronk_router(job: JobConfig, settings: Settings):
     from engine.registry import Registry
     from engine.router import Router
 
-    return Router(job.job_id, Registry.from_settings(settings), policy=job.harness.routing)
+    return Router(
+        job.job_id, Registry.from_settings(settings), policy=job.harness.routing, admission=job.harness.admission
+    )
 
 
 async def bare_loop(shapes: list[TraceShape], job: JobConfig, settings: Settings, concurrency: int) -> ReplayResult:

@@ -12,6 +12,14 @@ class StepRejected(EngineError):
     """The worker refused the step itself (bad request): retrying elsewhere will not help."""
 
 
+class ContextTooLong(StepRejected):
+    """The step's context is larger than the worker's whole KV budget: the trace ends with `context_length`."""
+
+
+class NotAdmitted(EngineError):
+    """The worker had no room for the step within its bounded wait: retry, here or on another worker."""
+
+
 class WorkerUnavailable(EngineError):
     """The worker died or could not serve: the step can go to another worker."""
 
@@ -33,8 +41,11 @@ class WorkerClient:
             raise WorkerUnavailable(f"{url}: {type(exc).__name__}: {exc}") from exc
         if response.status_code >= 500:
             raise WorkerUnavailable(f"{url}: HTTP {response.status_code}: {response.text[:200]}")
+        if response.status_code == 429:
+            raise NotAdmitted(f"{url}: {response.text[:300]}")
         if response.status_code >= 400:
-            raise StepRejected(f"HTTP {response.status_code}: {response.text[:500]}")
+            rejected = ContextTooLong if "context_length" in response.text[:500] else StepRejected
+            raise rejected(f"HTTP {response.status_code}: {response.text[:500]}")
         return StepResult.model_validate_json(response.content)
 
     async def release(self, url: str, trace_ids: list[str]) -> None:

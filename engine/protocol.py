@@ -33,6 +33,15 @@ class SamplingSpec(BaseModel):
     json_schema: dict[str, Any] | None = Field(default=None, description="Constrain output to this JSON schema.")
 
 
+class AdmissionHints(BaseModel):
+    """How a step asks to be admitted (`engine.admission.KvBudget`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    started: bool = Field(default=False, description="The trace already ran a step: it goes before new traces.")
+    wait_s: float = Field(default=5.0, ge=0, le=60, description="Longest wait for room before 'not admitted'.")
+
+
 class StepRequest(BaseModel):
     """One generation: chat messages or prompt token ids, never both."""
 
@@ -52,6 +61,15 @@ class StepRequest(BaseModel):
         ge=0,
         description="Keep this trace's prefix pinned in the KV cache this long after the step (a tool-call gap "
         "follows).",
+    )
+
+    trace_started_at: float | None = Field(
+        default=None,
+        description="Wall time the trace's family first asked for a step: its place in the admission queue and, "
+        "under the engine's priority scheduling, its priority (earlier runs first).",
+    )
+    admission: AdmissionHints | None = Field(
+        default=None, description="Ask the worker to admit this step by its KV budget before running it."
     )
 
     @model_validator(mode="after")
@@ -101,4 +119,15 @@ class WorkerStats(BaseModel):
     )
     staged_version: str | None = Field(
         default=None, description="Leap: the weight version staged on disk, ready to reload."
+    )
+    kv_capacity_tokens: int = Field(default=0, description="Tokens the engine's KV cache holds.")
+    admission_limit_tokens: int = Field(default=0, description="Admission budget: capacity minus headroom.")
+    admission_free_tokens: int = Field(default=0, description="Budget not reserved by admitted traces.")
+    admission_resident_tokens: int = Field(default=0, description="Tokens reserved by admitted traces.")
+    admission_peak_tokens: int = Field(default=0, description="Most tokens ever reserved at once.")
+    admission_resident: int = Field(default=0, description="Admitted traces (running or in a tool gap).")
+    admission_waiting: int = Field(default=0, description="Steps waiting for room.")
+    admission_paused: int = Field(default=0, description="Traces paused to make room (their next step re-admits).")
+    admission_counts: dict[str, int] = Field(
+        default_factory=dict, description="Cumulative: admitted, waited, timed_out, refused, paused."
     )

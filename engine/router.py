@@ -1,4 +1,9 @@
-"""The router: sends each step to a live worker of its job, and re-sends it if that worker dies."""
+"""The router: sends each step to a live worker of its job, and re-sends it if that worker dies.
+
+With an admission strategy (`engine.admission`), it also asks the worker to admit each step by its KV
+budget, places new traces by room and keeps started ones on the worker that holds their prefix. Callers
+tell it when a trace ends (`finish`), so the worker drops the trace's pin and admission at once.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +11,10 @@ import asyncio
 import time
 from collections import defaultdict
 
-from engine.client import WorkerClient, WorkerUnavailable
+from engine.admission import KvBudgetAdmission, NoAdmission, make_admission
+from engine.client import NotAdmitted, WorkerClient, WorkerUnavailable
 from engine.errors import EngineError
-from engine.protocol import StepRequest, StepResult
+from engine.protocol import AdmissionHints, StepRequest, StepResult
 from engine.registry import Registry, WorkerEntry
 from engine.routing import RoutingPolicy, make_policy
 
@@ -27,6 +33,10 @@ class Router:
         max_attempts: int = 3,
         refresh_interval_s: float = 0.5,
         wait_for_worker_s: float = 30.0,
+        admission: NoAdmission | KvBudgetAdmission | str = "none",
+        admission_wait_s: float = 5.0,
+        admission_timeout_s: float = 3600.0,
+        max_families: int = 100_000,
     ):
         self.job_id = job_id
         self.registry = registry
@@ -37,8 +47,17 @@ class Router:
         self.wait_for_worker_s = wait_for_worker_s
         self.in_flight: dict[str, int] = defaultdict(int)
         self.failed: dict[str, float] = {}
+        self.admission = make_admission(admission) if isinstance(admission, str) else admission
+        self.admission_wait_s = admission_wait_s
+        self.admission_timeout_s = admission_timeout_s
+        self.max_families = max_families
         self._workers: list[WorkerEntry] = []
         self._read_at = 0.0
+        self._since: dict[str, float] = {}
+        self._homes: dict[str, str] = {}
+        self._served: dict[str, str] = {}
+        self._pinned: set[str] = set()
+        self._pending: dict[str, int] = defaultdict(int)
 
     def workers(self) -> list[WorkerEntry]:
         """Live workers, re-read from the registry at most every `refresh_interval_s`.
@@ -49,20 +68,98 @@ class Router:
         if now - self._read_at >= self.refresh_interval_s:
             self._workers = self.registry.live(self.job_id, now)
             self._read_at = now
+            self._pending.clear()
         return [w for w in self._workers if w.heartbeat_at > self.failed.get(w.worker_id, 0.0)]
 
-    async def _pick(self, excluded: set[str], request: StepRequest) -> WorkerEntry:
+    async def _live(self, excluded: set[str]) -> list[WorkerEntry]:
+        """Live workers not in `excluded`, waiting up to `wait_for_worker_s` for one to appear."""
         deadline = time.monotonic() + self.wait_for_worker_s
         while True:
             candidates = [w for w in self.workers() if w.worker_id not in excluded]
             if candidates:
-                return self.policy.choose(candidates, self.in_flight, request)
+                return candidates
             if time.monotonic() >= deadline:
                 raise NoWorkerAvailable(f"no live worker for job {self.job_id} (tried {sorted(excluded) or 'none'})")
             await asyncio.sleep(self.refresh_interval_s)
             self._read_at = 0.0
 
+    async def _pick(self, excluded: set[str], request: StepRequest) -> WorkerEntry:
+        return self.policy.choose(await self._live(excluded), self.in_flight, request)
+
+    def _remember(self, table: dict, key: str, value) -> None:
+        if key not in table and len(table) >= self.max_families:
+            table.pop(next(iter(table)))
+        table[key] = value
+
     async def generate(self, request: StepRequest) -> StepResult:
+        """Run one step on a worker of the job; the request is stamped with its family's start time."""
+        family = request.affinity_key or request.trace_id
+        if family is not None and request.trace_started_at is None:
+            if family not in self._since:
+                self._remember(self._since, family, time.time())
+            request = request.model_copy(update={"trace_started_at": self._since[family]})
+        if self.admission.enabled and request.trace_id is not None:
+            result = await self._generate_admitted(request, request.trace_id, family or request.trace_id)
+        else:
+            result = await self._generate_routed(request)
+        trace = request.trace_id
+        if trace is not None and (self.admission.enabled or request.kv_pin_ttl_s > 0 or trace in self._served):
+            self._remember(self._served, trace, result.worker_id)
+            if request.kv_pin_ttl_s > 0:
+                self._pinned.add(trace)
+            else:
+                self._pinned.discard(trace)
+        return result
+
+    async def _generate_admitted(self, request: StepRequest, trace: str, family: str) -> StepResult:
+        """Ask workers to admit the step until one does: a started trace waits at the worker holding its prefix,
+        a new one at its family's home, else at the worker with the most free budget, then the next."""
+        started = trace in self._served
+        hints = AdmissionHints(started=started, wait_s=self.admission_wait_s)
+        deadline = time.monotonic() + self.admission_timeout_s
+        busy: set[str] = set()
+        errors: list[str] = []
+        sent = request.model_copy(update={"admission": hints})
+        while True:
+            candidates = await self._live(set())
+            home = self._served.get(trace) or self._homes.get(family)
+            at_home = next((w for w in candidates if w.worker_id == home), None)
+            if started and at_home is not None:
+                worker = at_home
+            else:
+                pool = [w for w in candidates if w.worker_id not in busy]
+                if not pool:
+                    busy.clear()
+                    pool = candidates
+                placed = self.admission.place(pool, home if home not in busy else None, self._pending)
+                worker = placed if placed is not None else pool[0]
+                self._pending[worker.worker_id] += _token_estimate(request)
+            self.in_flight[worker.worker_id] += 1
+            try:
+                result = await self.client.generate(worker.url, sent)
+            except NotAdmitted:
+                busy.add(worker.worker_id)
+                if time.monotonic() >= deadline:
+                    raise NoWorkerAvailable(
+                        f"step {request.request_id} of trace {trace} not admitted within {self.admission_timeout_s}s"
+                    ) from None
+                continue
+            except WorkerUnavailable as exc:
+                self.failed[worker.worker_id] = time.time()
+                errors.append(str(exc))
+                if len(errors) >= self.max_attempts:
+                    raise NoWorkerAvailable(
+                        f"step {request.request_id} failed on {len(errors)} workers: {'; '.join(errors)}"
+                    ) from None
+                sent = sent.model_copy(update={"request_id": f"{request.request_id}-r{len(errors)}"})
+                continue
+            finally:
+                self.in_flight[worker.worker_id] -= 1
+            if not started:
+                self._remember(self._homes, family, result.worker_id)
+            return result.model_copy(update={"request_id": request.request_id})
+
+    async def _generate_routed(self, request: StepRequest) -> StepResult:
         tried: set[str] = set()
         errors: list[str] = []
         for attempt in range(self.max_attempts):
@@ -84,6 +181,16 @@ class Router:
                 self.in_flight[worker.worker_id] -= 1
         raise NoWorkerAvailable(f"step {request.request_id} failed on {self.max_attempts} workers: {'; '.join(errors)}")
 
+    async def finish(self, trace_id: str) -> None:
+        """The trace ended: its worker drops its KV pin and its admission now, not at the TTL or idle expiry."""
+        worker_id = self._served.pop(trace_id, None)
+        pinned = trace_id in self._pinned
+        self._pinned.discard(trace_id)
+        self._since.pop(trace_id, None)
+        self._homes.pop(trace_id, None)
+        if worker_id is not None and (pinned or self.admission.enabled):
+            await self.release(worker_id, [trace_id])
+
     async def release(self, worker_id: str, trace_ids: list[str]) -> bool:
         """Tell the worker these traces ended so it drops their KV pins; best effort (the TTL is the fallback)."""
         worker = next((w for w in self.workers() if w.worker_id == worker_id), None)
@@ -97,3 +204,12 @@ class Router:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+def _token_estimate(request: StepRequest) -> int:
+    """Tokens a step will hold: exact for token ids, about four characters a token for messages."""
+    if request.prompt_token_ids is not None:
+        prompt = len(request.prompt_token_ids)
+    else:
+        prompt = sum(len(m.text()) for m in request.messages or []) // 4
+    return prompt + request.sampling.max_tokens

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.admission import KvBudget
 from engine.errors import EngineError
 from engine.kv_retention import release_request_id, retention_hints
 from engine.protocol import SamplingSpec, StepRequest, StepResult, WorkerStats
+
+log = logging.getLogger(__name__)
+
+HEADROOM_ENV = "PRONK_KV_BUDGET_HEADROOM"
 
 
 @dataclass(slots=True)
@@ -88,8 +96,10 @@ class VllmBackend:
     requests_served: int = 0
     leap_state: str = "ready"
     staged_version: str | None = None
+    budget: KvBudget | None = None
     _engine: Any = None
     _tokenizer: Any = None
+    _pin_drops: set[asyncio.Task] = field(default_factory=set)
 
     async def start(self) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -99,6 +109,23 @@ class VllmBackend:
         self._engine = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(self.snapshot)])
         self._tokenizer = self._engine.get_tokenizer()
         await self._engine.update_weight_version(self.model_version)
+        cache = self._engine.vllm_config.cache_config
+        capacity = (cache.num_gpu_blocks or 0) * (cache.block_size or 0)
+        if capacity <= 0:
+            log.warning("%s: the engine did not report its KV cache size; steps run without admission", self.worker_id)
+            return
+        self.budget = KvBudget(capacity, float(os.environ.get(HEADROOM_ENV, "0.1")), on_pause=self._drop_pins)
+        log.info("%s: KV cache holds %d tokens, admission budget %d", self.worker_id, capacity, self.budget.limit)
+
+    @property
+    def priority_scheduling(self) -> bool:
+        return self.engine_kwargs.get("scheduling_policy") == "priority"
+
+    def _drop_pins(self, trace_ids: list[str]) -> None:
+        """Admission paused these gapped traces: their pinned prefix blocks go back to the cache."""
+        task = asyncio.get_running_loop().create_task(self._abort_pins(trace_ids))
+        self._pin_drops.add(task)
+        task.add_done_callback(self._pin_drops.discard)
 
     def shutdown(self) -> None:
         if self._engine is not None:
@@ -136,7 +163,8 @@ class VllmBackend:
             )
 
     async def generate(self, request: StepRequest) -> StepResult:
-        """One step; a request vLLM refuses raises `StepInvalid`, whatever vLLM's own exception type."""
+        """One step; with admission hints, first wait (bounded) for room in the KV budget. A request vLLM refuses
+        raises `StepInvalid`, whatever vLLM's own exception type."""
         started = time.monotonic()
         bad_request = _client_errors()
         try:
@@ -147,15 +175,33 @@ class VllmBackend:
             raise StepInvalid(f"{type(exc).__name__}: {exc}") from exc
         if request.trace_id:
             params.extra_args = retention_hints(request.trace_id, request.kv_pin_ttl_s)
+        since = request.trace_started_at or time.time()
+        trace_id = request.trace_id
+        budget = self.budget if request.admission is not None and trace_id is not None else None
+        if budget is not None and request.admission is not None and trace_id is not None:
+            await budget.admit(
+                trace_id,
+                len(prompt_ids) + request.sampling.max_tokens,
+                started=request.admission.started,
+                since=since,
+                timeout_s=request.admission.wait_s,
+            )
+        # vLLM's priority queue runs the lowest number first: the trace's start time in ms, earlier first
+        ordering = {"priority": int(since * 1000)} if self.priority_scheduling else {}
         self.in_flight += 1
         final = None
         try:
-            async for output in self._engine.generate({"prompt_token_ids": prompt_ids}, params, request.request_id):
+            async for output in self._engine.generate(
+                {"prompt_token_ids": prompt_ids}, params, request.request_id, **ordering
+            ):
                 final = output
         except bad_request as exc:
             raise StepInvalid(f"{type(exc).__name__}: {exc}") from exc
         finally:
             self.in_flight -= 1
+            if budget is not None and trace_id is not None:
+                output_tokens = len(final.outputs[0].token_ids) if final is not None else 0
+                budget.step_done(trace_id, len(prompt_ids) + output_tokens)
         if final is None:
             raise EngineError(f"{self.worker_id}: the engine ended request {request.request_id} without output")
         self.requests_served += 1
@@ -177,12 +223,18 @@ class VllmBackend:
         )
 
     async def release(self, trace_ids: list[str]) -> None:
-        """Drop the KV pins of traces that ended: an abort of ids the pinning scheduler recognises, sent straight
-        to the engine core (the output processor would drop ids of requests it does not know)."""
+        """Traces that ended: they leave the admission budget and their KV pins are dropped."""
+        if self.budget is not None:
+            self.budget.release(trace_ids)
+        await self._abort_pins(trace_ids)
+
+    async def _abort_pins(self, trace_ids: list[str]) -> None:
+        """An abort of ids the pinning scheduler recognises, sent straight to the engine core (the output
+        processor would drop ids of requests it does not know)."""
         await self._engine.engine_core.abort_requests_async([release_request_id(t) for t in trace_ids])
 
     def stats(self) -> WorkerStats:
-        return WorkerStats(
+        stats = WorkerStats(
             worker_id=self.worker_id,
             job_id=self.job_id,
             model_version=self.model_version,
@@ -196,6 +248,18 @@ class VllmBackend:
             leap_state=self.leap_state,
             staged_version=self.staged_version,
         )
+        budget = self.budget
+        if budget is not None:
+            stats.kv_capacity_tokens = budget.capacity_tokens
+            stats.admission_limit_tokens = budget.limit
+            stats.admission_free_tokens = budget.free
+            stats.admission_resident_tokens = budget.used
+            stats.admission_peak_tokens = budget.peak
+            stats.admission_resident = len(budget.resident)
+            stats.admission_waiting = len(budget.waiters)
+            stats.admission_paused = len(budget.paused)
+            stats.admission_counts = dict(budget.counts)
+        return stats
 
     def _generation_version(self, completion: Any) -> str:
         """The weight version that sampled this generation's tokens, as vLLM tracked it token by token."""
@@ -205,7 +269,7 @@ class VllmBackend:
         return versions.pop() if versions else self.model_version
 
     async def swap_weights(self, path: str, version: str) -> WeightSwap:
-        """At a step boundary: drain in-flight generations (new ones queue), reload weights, reset the prefix cache, resume.
+        """At a step boundary: drain in-flight generations (new ones queue), reload, reset the prefix cache, resume.
 
         Draining instead of freezing is what keeps every generation on one version. If the reload
         fails, the previous weights are reloaded before resuming, and the error is raised.

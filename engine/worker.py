@@ -16,6 +16,7 @@ import time
 
 from fastapi import FastAPI, HTTPException
 
+from engine.admission import AdmissionTimeout, BudgetExceeded
 from engine.protocol import ReleaseRequest, StepRequest, StepResult, WorkerStats
 from engine.registry import Registry, WorkerEntry
 from engine.vllm_backend import VllmBackend
@@ -84,11 +85,14 @@ def create_app(
     async def generate(request: StepRequest) -> StepResult:
         try:
             return await backend.generate(request)
-        except ValueError as exc:
+        except AdmissionTimeout as exc:
+            raise HTTPException(status_code=429, detail=str(exc)) from exc
+        except (ValueError, BudgetExceeded) as exc:
             raise HTTPException(status_code=400, detail=str(exc)) from exc
 
     @app.post("/release")
     async def release(request: ReleaseRequest) -> dict[str, int]:
+        """Traces that ended: drop their KV pins and their admission."""
         await backend.release(request.trace_ids)
         return {"released": len(request.trace_ids)}
 

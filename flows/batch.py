@@ -213,7 +213,9 @@ async def run_batch(
     store.save(batch)
     logger.info("batch %s: %d lines, %d invalid, job %s", batch.id, validated.total, len(validated.errors), job.job_id)
 
-    router = Router(job.job_id, Registry.from_settings(settings), policy=job.harness.routing)
+    router = Router(
+        job.job_id, Registry.from_settings(settings), policy=job.harness.routing, admission=job.harness.admission
+    )
     run = BatchRun(
         batch, job, Harness(router, job, StepRecorder(), scratch_dir(settings, batch.id)), validated.requests
     )

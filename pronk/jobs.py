@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -33,6 +33,11 @@ class EngineArgs(BaseModel):
     tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs per worker.")
     enable_prefix_caching: bool = Field(default=True, description="Reuse KV of shared prefixes across steps.")
     enforce_eager: bool = Field(default=True, description="Skip graph capture (faster start, fine for small models).")
+    scheduling_policy: Literal["fcfs", "priority"] = Field(
+        default="fcfs",
+        description="vLLM's queue order; `priority` runs steps of earlier-started traces first (a returning step "
+        "does not queue behind first steps of new traces).",
+    )
     seed: int = Field(default=0, description="Engine seed.")
 
     def as_vllm_kwargs(self) -> dict[str, Any]:
@@ -92,8 +97,18 @@ class HarnessConfig(BaseModel):
         ge=0,
         description="Keep a trace's prefix pinned in its worker's KV cache this long across a tool-call gap (0 = off).",
     )
+    kv_pin_ttl: Literal["fixed", "auto"] = Field(
+        default="fixed",
+        description="`fixed`: pins last `kv_pin_ttl_s`; `auto`: per tool, from the run's measured tool-call gaps "
+        "(p90 x 1.25, clamped; `kv_pin_ttl_s` until a tool has 5 samples).",
+    )
     routing: str = Field(
         default="trace_affinity", description="Routing policy for this job's steps (engine.routing.POLICIES)."
+    )
+    admission: Literal["none", "kv_budget"] = Field(
+        default="none",
+        description="`kv_budget`: workers admit traces by KV capacity (shared by every run of the job), new traces "
+        "go to the worker with the most room, started traces before new ones (engine.admission).",
     )
     tables_dir: str = Field(
         default="data/tables", description="Tables the `sql` tool sees (csv/parquet; relative to the project root)."

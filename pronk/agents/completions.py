@@ -5,7 +5,7 @@ Prefect-free, so the batch flow and the benchmarks' bare asyncio loop run exactl
 
 from __future__ import annotations
 
-from engine.client import StepRejected
+from engine.client import ContextTooLong, StepRejected
 from engine.protocol import SamplingSpec, StepRequest, StepResult
 from engine.router import NoWorkerAvailable, Router
 from pronk.agents.outcomes import Completion, LineFailure, RequestOutcome, Usage
@@ -50,7 +50,10 @@ def failed_outcome(request: ValidRequest, code: str, reason: object) -> RequestO
 
 
 def engine_error_code(exc: StepRejected | NoWorkerAvailable) -> str:
-    """A step the engine refused is the request's fault; no worker to run it is the fleet's."""
+    """A step the engine refused is the request's fault (one too big for any worker's KV budget is
+    `context_length`); no worker to run it is the fleet's."""
+    if isinstance(exc, ContextTooLong):
+        return ErrorCode.CONTEXT_LENGTH
     return ErrorCode.REQUEST_REJECTED if isinstance(exc, StepRejected) else ErrorCode.ENGINE_UNAVAILABLE
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.client import StepRejected
+from engine.client import ContextTooLong, StepRejected
 from engine.protocol import ChatMessage, SamplingSpec, StepRequest, StepResult
 from engine.router import NoWorkerAvailable, Router
 from pronk.agents.completions import engine_error_code, failed_outcome, run_request
@@ -27,6 +27,7 @@ from pronk.agents.replay import run_shape
 from pronk.agents.spec import NamedToolChoice, ReplayBody
 from pronk.agents.step_records import StepRecord, StepRecorder, summarise
 from pronk.agents.tool_calls import parse_call, step_schema, system_prompt
+from pronk.agents.tool_gaps import ToolGaps
 from pronk.agents.tools import SPAWN_SUBAGENTS, Tool, ToolContext, job_tools, run_tool
 from pronk.batches.input import ValidRequest
 from pronk.batches.schemas import ChatCompletionBody, ErrorCode, new_id
@@ -99,6 +100,7 @@ class Harness:
         self.recorder = recorder
         self.scratch_root = scratch_root
         self.tools = job_tools(job.harness)
+        self.gaps = ToolGaps(job.harness.kv_pin_ttl_s) if job.harness.kv_pin_ttl == "auto" else None
 
     async def run_line(self, request: ValidRequest) -> RequestOutcome:
         """Any valid line: a replay, an agent task, or a plain chat completion (a one-step trace).
@@ -128,6 +130,7 @@ class Harness:
                 recorder=self.recorder,
                 custom_id=request.custom_id,
                 trace_id=request.custom_id,
+                gaps=self.gaps,
             )
         except (StepRejected, NoWorkerAvailable) as exc:
             return failed_outcome(request, engine_error_code(exc), exc)
@@ -179,9 +182,13 @@ class Harness:
         return self._outcome(request, family, root, time.monotonic() - started)
 
     async def _release(self, family: Family, state: TraceState) -> None:
-        """The trace ended: drop its KV pin now instead of at the TTL."""
-        if family.limits.kv_pin_ttl_s > 0 and state.last_result is not None:
-            await self.router.release(state.last_result.worker_id, [state.trace_id])
+        """The trace ended: its worker drops its KV pin and admission now instead of at the TTL."""
+        await self.router.finish(state.trace_id)
+
+    def _pin_ttl(self, family: Family, tools: list[ToolView]) -> float:
+        """How long the step's prefix stays pinned through the tool gap that may follow it."""
+        fixed = family.limits.kv_pin_ttl_s
+        return self.gaps.ttl(t.name for t in tools) if self.gaps is not None and fixed > 0 else fixed
 
     async def _trace(self, family: Family, state: TraceState, first_choice: Any) -> None:
         limits = family.limits
@@ -197,6 +204,8 @@ class Harness:
                 record.tool_name, record.tool_ok, record.error = call["tool"], False, "max_steps reached: tool not run"
                 break
             text, ok, seconds = await self._call_tool(family, state, call)
+            if self.gaps is not None:
+                self.gaps.observe(call["tool"], seconds)
             record.tool_name, record.tool_ok, record.tool_time_s = call["tool"], ok, round(seconds, 6)
             state.messages.append({"role": "tool", "content": f"[{call['tool']} {'ok' if ok else 'error'}] {text}"})
         state.finish_reason = "max_steps"
@@ -238,14 +247,15 @@ class Harness:
                 ),
                 trace_id=state.trace_id,
                 affinity_key=family.root_id,
-                kv_pin_ttl_s=family.limits.kv_pin_ttl_s if pin else 0.0,
+                kv_pin_ttl_s=self._pin_ttl(family, tools) if pin else 0.0,
             )
             try:
                 result = await asyncio.wait_for(self.router.generate(step), family.limits.step_timeout_s)
             except StepRejected as exc:
                 record.error = f"rejected: {exc}"
                 if state.steps == 0:
-                    raise TraceFailed(ErrorCode.REQUEST_REJECTED, str(exc)) from exc
+                    code = ErrorCode.CONTEXT_LENGTH if isinstance(exc, ContextTooLong) else ErrorCode.REQUEST_REJECTED
+                    raise TraceFailed(code, str(exc)) from exc
                 state.finish_reason = "context_length"
                 raise _ContextFull from exc
             except (TimeoutError, NoWorkerAvailable) as exc:

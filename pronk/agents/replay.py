@@ -22,6 +22,7 @@ from pathlib import Path
 from engine.protocol import SamplingSpec, StepRequest
 from engine.router import Router
 from pronk.agents.step_records import StepRecord, StepRecorder, TraceSummary, summarise
+from pronk.agents.tool_gaps import ToolGaps
 from pronk.agents.trace_shape import TraceShape
 from pronk.batches.schemas import new_id
 
@@ -55,18 +56,44 @@ async def run_shape(
     custom_id: str | None = None,
     trace_id: str | None = None,
     time_scale: float = 1.0,
+    gaps: ToolGaps | None = None,
 ) -> TraceRecord:
-    """Replay `shape` (and its fan-out) on `router`; `time_scale` multiplies its tool gaps."""
+    """Replay `shape` (and its fan-out) on `router`; `time_scale` multiplies its tool gaps.
+
+    With `gaps` (`kv_pin_ttl: auto`), each pin lasts what `gaps` estimates for the step's gap kind
+    (`replay_gap` or `fan_out`) instead of `kv_pin_ttl_s`, and every gap is measured into it.
+    """
     record = TraceRecord(trace_id or shape.trace_id)
     started = time.monotonic()
+    ttl = _PinTtl(kv_pin_ttl_s, gaps)
     await _replay(
-        router, shape, record.trace_id, record.trace_id, None, [], record, recorder, custom_id, kv_pin_ttl_s, time_scale
+        router, shape, record.trace_id, record.trace_id, None, [], record, recorder, custom_id, ttl, time_scale
     )
     record.duration_s = time.monotonic() - started
     return record
 
 
+@dataclass(slots=True)
+class _PinTtl:
+    fixed_s: float
+    gaps: ToolGaps | None
+
+    def for_gap(self, kind: str) -> float:
+        return self.gaps.ttl([kind]) if self.gaps is not None and self.fixed_s > 0 else self.fixed_s
+
+
 async def _replay(router, shape, trace_id, root_id, parent_id, prefix, record, recorder, custom_id, ttl, scale) -> None:
+    try:
+        await _replay_steps(
+            router, shape, trace_id, root_id, parent_id, prefix, record, recorder, custom_id, ttl, scale
+        )
+    finally:
+        await router.finish(trace_id)
+
+
+async def _replay_steps(
+    router, shape, trace_id, root_id, parent_id, prefix, record, recorder, custom_id, ttl: _PinTtl, scale
+) -> None:
     tokens = prefix + filler_tokens(f"{trace_id}/system", shape.system_prompt_tokens)
     for index, step in enumerate(shape.steps):
         tokens = tokens + filler_tokens(f"{trace_id}/{index}", step.new_prompt_tokens)
@@ -85,7 +112,7 @@ async def _replay(router, shape, trace_id, root_id, parent_id, prefix, record, r
             sampling=SamplingSpec(max_tokens=step.output_tokens, ignore_eos=True, temperature=0.0),
             trace_id=trace_id,
             affinity_key=root_id,
-            kv_pin_ttl_s=ttl if more else 0.0,
+            kv_pin_ttl_s=ttl.for_gap("fan_out" if step.fan_out else "replay_gap") if more else 0.0,
         )
         try:
             result = await router.generate(request)
@@ -122,6 +149,8 @@ async def _replay(router, shape, trace_id, root_id, parent_id, prefix, record, r
             await asyncio.gather(*waits)
             row.tool_name = "fan_out" if step.fan_out else "replay_gap"
             row.tool_ok, row.tool_time_s = True, round(time.monotonic() - gap_started, 6)
+            if ttl.gaps is not None:
+                ttl.gaps.observe(row.tool_name, row.tool_time_s)
 
 
 def load_shapes(path: Path) -> list[TraceShape]:

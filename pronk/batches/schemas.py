@@ -38,6 +38,7 @@ class ErrorCode:
     LINE_TOO_LARGE = "line_too_large"
     REQUEST_REJECTED = "request_rejected"
     ENGINE_UNAVAILABLE = "engine_unavailable"
+    CONTEXT_LENGTH = "context_length"
     UNKNOWN_TOOL = "unknown_tool"
     INVALID_TOOL_SCHEMA = "invalid_tool_schema"
     HARNESS_LIMIT_EXCEEDED = "harness_limit_exceeded"

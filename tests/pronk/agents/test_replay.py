@@ -6,6 +6,7 @@ import asyncio
 
 from engine.protocol import StepRequest, StepResult
 from pronk.agents.replay import filler_tokens, run_shape
+from pronk.agents.tool_gaps import ToolGaps
 from pronk.agents.trace_shape import TraceShape
 
 
@@ -14,6 +15,10 @@ class EchoRouter:
 
     def __init__(self):
         self.requests: list[StepRequest] = []
+        self.finished: list[str] = []
+
+    async def finish(self, trace_id: str) -> None:
+        self.finished.append(trace_id)
 
     async def generate(self, request: StepRequest) -> StepResult:
         self.requests.append(request)
@@ -72,6 +77,16 @@ def test_replay_sends_exact_lengths_and_grows_the_prefix():
     ] == [("s", 0, 13, 2), ("s", 1, 21, 7), ("s.0.0", 0, 20, 5)]
     assert trace.summary().output_tokens == SHAPE.total_output_tokens() == 14
     assert all(r.custom_id == "line-1" and r.kind == "replay" for r in trace.records)
+    assert router.finished == ["s.0.0", "s"]  # each trace tells the router it ended, children first
+
+
+def test_auto_pin_ttl_comes_from_measured_gaps():
+    router = EchoRouter()
+    gaps = ToolGaps(default_s=30.0, min_samples=1, floor_s=0.0)
+    gaps.observe("fan_out", 2.0)
+    asyncio.run(run_shape(router, SHAPE, kv_pin_ttl_s=30.0, gaps=gaps))
+    assert router.requests[0].kv_pin_ttl_s == 2.5
+    assert len(gaps.gaps["fan_out"]) == 2  # the replay's own gap was measured in
 
 
 def test_filler_tokens_are_deterministic_and_ordinary():

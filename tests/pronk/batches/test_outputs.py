@@ -60,7 +60,7 @@ class StandInRouter:
             engine_time_s=0.0098765432,
         )
 
-    async def release(self, worker_id: str, trace_ids: list[str]) -> None:
+    async def finish(self, trace_id: str) -> None:
         pass
 
 

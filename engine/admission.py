@@ -1,0 +1,249 @@
+"""Admission by KV capacity: which traces a worker holds, and where a router places a new trace.
+
+The worker side is `KvBudget`. Each engine worker owns one, sized from its engine's KV cache, so the
+admission state is shared by every run of the job that sends steps to it, survives a flow-run restart,
+works across hosts, and a worker that dies takes its budget with it. A trace's resident context
+(last prompt + output tokens) is counted from its first admitted step until it ends, through its tool
+gaps. A step is admitted only while the resident sum stays under capacity minus headroom; otherwise it
+waits, started traces first and then oldest first (by the time the trace's family first asked), never
+newest first, and for a bounded time: the caller then hears "not admitted" and may try elsewhere. When a
+waiting started trace cannot fit, traces in a tool gap are paused smallest-first: their KV pins are
+dropped and they stop counting; their next step re-admits them (and recomputes their prefix). A step
+larger than the whole budget is refused at once (`context_length`), never queued.
+
+The router side is a small strategy chosen per job (`ADMISSION`): `none` sends steps as the routing
+policy says; `kv_budget` asks workers to admit each step, places a new trace on the worker with the most
+free budget (or its family's home), and keeps a started trace on the worker holding its prefix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import itertools
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from engine.errors import EngineError
+from engine.registry import WorkerEntry
+
+
+class AdmissionTimeout(EngineError):
+    """The step waited its bounded time without fitting: retry later or on another worker."""
+
+
+class BudgetExceeded(EngineError):
+    """The step alone needs more tokens than the worker's whole budget: it can never be admitted here."""
+
+
+@dataclass(slots=True)
+class Resident:
+    """An admitted trace: its reserved context in tokens and how many of its steps are in flight."""
+
+    tokens: int
+    since: float
+    running: int = 0
+    touched_at: float = field(default_factory=time.monotonic)
+
+
+@dataclass(slots=True)
+class _Waiter:
+    key: tuple[int, float, int]
+    trace_id: str
+    tokens: int
+    since: float
+    future: asyncio.Future[None]
+
+    def __lt__(self, other: _Waiter) -> bool:
+        return self.key < other.key
+
+
+class KvBudget:
+    """One worker's admission state (module docstring); every method runs on the worker's event loop."""
+
+    def __init__(
+        self,
+        capacity_tokens: int,
+        headroom: float = 0.1,
+        on_pause: Callable[[list[str]], None] | None = None,
+        idle_s: float = 1800.0,
+        max_paused: int = 100_000,
+    ):
+        self.capacity_tokens = capacity_tokens
+        self.limit = max(1, int(capacity_tokens * (1.0 - headroom)))
+        self.on_pause = on_pause
+        self.idle_s = idle_s
+        self.max_paused = max_paused
+        self.resident: dict[str, Resident] = {}
+        self.paused: OrderedDict[str, None] = OrderedDict()
+        self.waiters: list[_Waiter] = []
+        self.used = 0
+        self.peak = 0
+        self.counts = {"admitted": 0, "waited": 0, "timed_out": 0, "refused": 0, "paused": 0}
+        self._seq = itertools.count()
+
+    @property
+    def free(self) -> int:
+        return max(0, self.limit - self.used)
+
+    def _extra(self, trace_id: str, tokens: int) -> int:
+        entry = self.resident.get(trace_id)
+        return max(0, tokens - entry.tokens) if entry else tokens
+
+    async def admit(self, trace_id: str, tokens: int, *, started: bool, since: float, timeout_s: float) -> None:
+        """Reserve `tokens` (the step's prompt plus its most output) for the trace; growth of an admitted trace
+        reserves only the difference. Returns once admitted; raises `BudgetExceeded` or `AdmissionTimeout`."""
+        if tokens > self.limit:
+            self.counts["refused"] += 1
+            raise BudgetExceeded(f"context_length: step needs {tokens} tokens, worker budget is {self.limit}")
+        self._expire(time.monotonic())
+        started = started or trace_id in self.resident or trace_id in self.paused
+        waiter = _Waiter(
+            (0 if started else 1, since, next(self._seq)),
+            trace_id,
+            tokens,
+            since,
+            asyncio.get_running_loop().create_future(),
+        )
+        bisect.insort(self.waiters, waiter)
+        self._serve()
+        if waiter.future.done():
+            return
+        self.counts["waited"] += 1
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter.future), timeout_s)
+        except TimeoutError:
+            if waiter.future.done():  # admitted in the same tick the wait ran out
+                return
+            self._leave(waiter)
+            self.counts["timed_out"] += 1
+            raise AdmissionTimeout(
+                f"trace {trace_id}: {tokens} tokens did not fit within {timeout_s}s ({self.free} of {self.limit} free)"
+            ) from None
+        except asyncio.CancelledError:  # the caller went away: its step will not run
+            entry = self.resident.get(trace_id)
+            if waiter.future.done() and entry is not None:
+                self.step_done(trace_id, entry.tokens)
+            else:
+                self._leave(waiter)
+            raise
+
+    def _leave(self, waiter: _Waiter) -> None:
+        self.waiters.remove(waiter)
+        waiter.future.cancel()
+        self._serve()
+
+    def step_done(self, trace_id: str, tokens: int) -> None:
+        """A step of the trace finished: its resident context is now `tokens` (prompt + output) and, with no
+        other step in flight, it is in a tool gap (pausable)."""
+        entry = self.resident.get(trace_id)
+        if entry is None:
+            return
+        entry.running = max(0, entry.running - 1)
+        entry.touched_at = time.monotonic()
+        self.used += tokens - entry.tokens
+        entry.tokens = tokens
+        self._serve()
+
+    def release(self, trace_ids: Iterable[str]) -> None:
+        """The traces ended: stop counting them."""
+        for trace_id in trace_ids:
+            entry = self.resident.pop(trace_id, None)
+            if entry is not None:
+                self.used -= entry.tokens
+            self.paused.pop(trace_id, None)
+        self._serve()
+
+    def _take(self, waiter: _Waiter) -> None:
+        entry = self.resident.get(waiter.trace_id)
+        if entry is None:
+            entry = self.resident[waiter.trace_id] = Resident(0, waiter.since)
+            self.paused.pop(waiter.trace_id, None)
+        self.used += max(0, waiter.tokens - entry.tokens)
+        entry.tokens = max(entry.tokens, waiter.tokens)
+        entry.running += 1
+        entry.touched_at = time.monotonic()
+        self.peak = max(self.peak, self.used)
+        self.counts["admitted"] += 1
+        waiter.future.set_result(None)
+
+    def _serve(self) -> None:
+        """Admit waiters in order while the head fits; a started head that does not fit pauses gapped traces."""
+        while self.waiters:
+            head = self.waiters[0]
+            extra = self._extra(head.trace_id, head.tokens)
+            if self.used + extra > self.limit and head.key[0] == 0:
+                self._pause_for(self.used + extra - self.limit, head.trace_id)
+            if self.used + extra > self.limit:
+                return
+            self.waiters.pop(0)
+            self._take(head)
+
+    def _pause_for(self, shortfall: int, keep: str) -> None:
+        gapped = sorted(
+            (e.tokens, t) for t, e in self.resident.items() if e.running == 0 and t != keep and e.tokens > 0
+        )
+        if sum(tokens for tokens, _ in gapped) < shortfall:
+            return  # pausing all of them would not make room: wait for running steps to finish instead
+        paused: list[str] = []
+        for tokens, trace_id in gapped:
+            if shortfall <= 0:
+                break
+            del self.resident[trace_id]
+            self.used -= tokens
+            shortfall -= tokens
+            self.paused[trace_id] = None
+            paused.append(trace_id)
+        while len(self.paused) > self.max_paused:
+            self.paused.popitem(last=False)
+        self.counts["paused"] += len(paused)
+        if paused and self.on_pause:
+            self.on_pause(paused)
+
+    def _expire(self, now: float) -> None:
+        """Drop gapped traces untouched for `idle_s`: their run died without releasing them."""
+        stale = [t for t, e in self.resident.items() if e.running == 0 and now - e.touched_at > self.idle_s]
+        for trace_id in stale:
+            self.used -= self.resident.pop(trace_id).tokens
+
+
+class NoAdmission:
+    """Steps go where the routing policy sends them, as many at once as the run keeps in flight."""
+
+    enabled = False
+
+    def place(self, candidates: list[WorkerEntry], home: str | None, pending: dict[str, int]) -> WorkerEntry | None:
+        return None
+
+
+class KvBudgetAdmission:
+    """Workers admit each step by KV budget; a new trace goes to its family's home, else to the most room.
+
+    `pending` holds tokens this router placed on each worker since it last read the workers' stats, so a
+    burst of new traces spreads instead of all landing on the worker that advertised the most room.
+    """
+
+    enabled = True
+
+    def place(self, candidates: list[WorkerEntry], home: str | None, pending: dict[str, int]) -> WorkerEntry | None:
+        if not candidates:
+            return None
+        at_home = next((w for w in candidates if w.worker_id == home), None)
+        if at_home is not None:
+            return at_home
+        return min(
+            candidates,
+            key=lambda w: (pending.get(w.worker_id, 0) - w.stats.admission_free_tokens, w.stats.waiting, w.worker_id),
+        )
+
+
+ADMISSION: dict[str, type] = {"none": NoAdmission, "kv_budget": KvBudgetAdmission}
+
+
+def make_admission(name: str) -> NoAdmission | KvBudgetAdmission:
+    try:
+        return ADMISSION[name]()
+    except KeyError:
+        raise ValueError(f"unknown admission strategy {name!r}; choose one of {sorted(ADMISSION)}") from None
