@@ -14,7 +14,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from pronk.errors import PronkError
-from pronk.models.leap_records import LeapRecord, LeapStore
+from pronk.models.leap_records import LeapRecord, LeapStore, WorkerLeapState
 
 ATTEMPTS = 3
 
@@ -52,7 +52,7 @@ class LeapRun:
         await self.http.aclose()
 
 
-async def _attempt(run: LeapRun, worker_id: str, state: str, path: str, payload: dict) -> dict:
+async def _attempt(run: LeapRun, worker_id: str, state: WorkerLeapState, path: str, payload: dict) -> dict:
     """One attempt of a worker call, with the worker's state and attempt count saved before and after."""
     worker = run.record.workers[worker_id]
     worker.state, worker.attempts, worker.error = state, worker.attempts + 1, None

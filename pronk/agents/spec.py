@@ -29,7 +29,7 @@ class ToolFunction(BaseModel):
     description: str | None = Field(default=None, description="Overrides the tool's own description in the prompt.")
     parameters: dict[str, Any] | None = Field(
         default=None,
-        description="JSON schema of the arguments; narrows the tool's own schema for this line. Omit to use the tool's.",
+        description="JSON schema of the arguments; narrows the tool's own schema for this line (omit: the tool's).",
     )
 
 
@@ -110,7 +110,8 @@ def check_tools(
         if schema.get("type") != "object":
             return (
                 "invalid_tool_schema",
-                f"tool {tool.function.name!r}: parameters must have type 'object', got {json.dumps(schema.get('type'))}",
+                f"tool {tool.function.name!r}: parameters must have type 'object', "
+                f"got {json.dumps(schema.get('type'))}",
             )
     if isinstance(tool_choice, NamedToolChoice) and tool_choice.function.name not in names:
         return (

@@ -1,4 +1,4 @@
-"""Tool calls as constrained JSON: the step schema built from the tools' schemas, the prompt that lists them, the parser.
+"""Tool calls as constrained JSON: the step schema built from the tools' schemas, the prompt listing them, the parser.
 
 A step's output is `{"tool": NAME, "arguments": {...}}` or `{"final": TEXT}`. Every string and array
 in the schema gets a bound so the whole object fits the step's `max_tokens` (xgrammar enforces

@@ -101,9 +101,10 @@ def _imported(path: str, harness: HarnessConfig) -> Tool:
     module_name, _, attribute = path.partition(":")
     if not module_name or not attribute:
         raise ValueError(f"tool {path!r} is neither a built-in nor a 'package.module:object' import path")
-    obj = getattr(importlib.import_module(module_name), attribute)
+    obj: Any = getattr(importlib.import_module(module_name), attribute)
     if inspect.isclass(obj):
-        obj = obj(harness) if inspect.signature(obj).parameters else obj()
+        factory: Any = obj
+        obj = factory(harness) if inspect.signature(factory).parameters else factory()
     missing = [a for a in ("name", "description", "parameters", "run") if not hasattr(obj, a)]
     if missing:
         raise ValueError(f"tool {path!r} lacks {missing}")
