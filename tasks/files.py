@@ -1,4 +1,4 @@
-"""Prefect tasks that read batch input files and write output and error files."""
+"""Prefect tasks that read and validate batch input files."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from prefect.cache_policies import NO_CACHE
 from pronk import storage
 from pronk.batches.input import BatchInputError, InputLimits, ValidatedInput, validate_input
 from pronk.batches.prompt_length import PromptLength
-from pronk.batches.schemas import OutputLine
 from pronk.jobs import JobConfig
 from pronk.settings import get_settings
 
@@ -40,14 +39,3 @@ def validate_lines(data: bytes, job: JobConfig) -> ValidatedInput:
         max_line_bytes=get_settings().max_line_bytes, prompt_tokens=PromptLength(job, lambda: job_tokenizer(job))
     )
     return validate_input(data, job, limits)
-
-
-def _jsonl(lines: list[OutputLine]) -> bytes:
-    return b"".join(line.model_dump_json().encode() + b"\n" for line in lines)
-
-
-@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
-def write_result_files(output_uri: str, error_uri: str, outputs: list[OutputLine], errors: list[OutputLine]) -> None:
-    """Write the output and error files (both always exist, possibly empty)."""
-    storage.write_bytes(output_uri, _jsonl(outputs))
-    storage.write_bytes(error_uri, _jsonl(errors))

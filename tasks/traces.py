@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 from pathlib import Path
 
-from prefect import get_run_logger, task
 from prefect.artifacts import acreate_table_artifact
-from prefect.cache_policies import NO_CACHE
 
-from pronk.agents.outcomes import LineFailure, RequestOutcome
-from pronk.agents.step_records import StepRecorder, log_mlflow_traces
-from pronk.batches.schemas import Batch
-from pronk.jobs import JobConfig
+from pronk.agents.step_records import log_mlflow_traces
+from pronk.batches.run import BatchRun
+from pronk.batches.schemas import OutputLine
 from pronk.settings import Settings
+from tasks.prefect_calls import best_effort
+
+logger = logging.getLogger(__name__)
 
 TABLE_ROWS = 500
 
@@ -24,56 +25,64 @@ def scratch_dir(settings: Settings, batch_id: str) -> Path:
     return settings.data_dir / "scratch" / batch_id
 
 
-def steps_uri(output_uri: str) -> str:
-    """`<batch id>_steps.jsonl` beside `<batch id>_output.jsonl`."""
-    return output_uri.removesuffix("_output.jsonl") + "_steps.jsonl"
-
-
-def trace_rows(outcomes: list[RequestOutcome]) -> list[dict[str, object]]:
+def trace_rows(lines: list[OutputLine]) -> list[dict[str, object]]:
     """One row per line: its final state, as the Prefect UI shows it."""
     rows: list[dict[str, object]] = []
-    for outcome in outcomes[:TABLE_ROWS]:
-        result = outcome.result
-        if isinstance(result, LineFailure):
-            rows.append({"custom_id": outcome.custom_id, "state": "error", "finish_reason": result.code, "steps": 0})
+    for line in lines[:TABLE_ROWS]:
+        if line.error is not None or line.response is None:
+            rows.append(
+                {
+                    "custom_id": line.custom_id,
+                    "state": "error",
+                    "finish_reason": line.error.code if line.error else None,
+                    "steps": 0,
+                }
+            )
             continue
-        trace = result.summary
+        body = line.response.body
+        trace = body.get("pronk", {}).get("trace", {})
         rows.append(
             {
-                "custom_id": outcome.custom_id,
+                "custom_id": line.custom_id,
                 "state": "completed",
-                "finish_reason": "replayed" if result.kind == "replay" else result.finish_reason,
-                "steps": trace.steps if trace else 1,
-                "traces": trace.traces if trace else 1,
-                "tool_calls": sum(trace.tool_calls.values()) if trace else 0,
-                "workers": ",".join(trace.workers if trace else [result.worker_id]),
-                "cached_ratio": trace.cached_ratio if trace else None,
+                "finish_reason": body["choices"][0]["finish_reason"] if "choices" in body else "replayed",
+                "steps": trace.get("steps", 1),
+                "traces": trace.get("traces", 1),
+                "tool_calls": sum(trace.get("tool_calls", {}).values()),
+                "workers": ",".join(trace.get("workers", [body.get("pronk", {}).get("worker_id", "")])),
+                "cached_ratio": trace.get("cached_ratio"),
             }
         )
     return rows
 
 
-@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
-async def write_trace_outputs(
-    recorder: StepRecorder, outcomes: list[RequestOutcome], batch: Batch, job: JobConfig, settings: Settings
-) -> None:
-    """Write `<batch>_steps.jsonl`, drop the tools' scratch folder, publish the per-trace table, log MLflow traces.
+async def publish_traces(run: BatchRun, settings: Settings) -> None:
+    """Drop the tools' scratch folder, publish the per-trace table, log MLflow traces if the job asks.
 
-    MLflow traces only when the job's harness asks for them. The batch's output URI is set before this runs.
+    Runs after the batch is terminal: the Prefect table is best effort, and MLflow trouble is logged,
+    never a reason to fail a batch whose results are written.
     """
-    batch.steps_uri = steps_uri(str(batch.output_uri))
-    await asyncio.to_thread(recorder.write, batch.steps_uri)
+    batch, job = run.batch, run.job
     await asyncio.to_thread(shutil.rmtree, scratch_dir(settings, batch.id), True)
-    await acreate_table_artifact(
-        table=trace_rows(outcomes), key=None, description=f"batch {batch.id}: traces (first {TABLE_ROWS})"
+    lines = [f.output for f in sorted(run.finished.values(), key=lambda f: f.line)]
+    await best_effort(
+        "trace table",
+        acreate_table_artifact(
+            table=trace_rows(lines), key=None, description=f"batch {batch.id}: traces (first {TABLE_ROWS})"
+        ),
     )
-    if job.harness.mlflow_traces:
+    if not job.harness.mlflow_traces:
+        return
+    try:
         logged = await asyncio.to_thread(
             log_mlflow_traces,
-            recorder.records,
+            run.step_records(),
             settings.tracking_uri,
             f"pronk-{job.job_id}",
             settings.artifact_root,
             job.harness.mlflow_traces,
         )
-        get_run_logger().info("logged %d traces to MLflow", logged)
+    except Exception as exc:  # noqa: BLE001 - the batch's own results are already written
+        logger.warning("batch %s: logging MLflow traces failed: %s", batch.id, exc)
+        return
+    logger.info("batch %s: logged %d traces to MLflow", batch.id, logged)

@@ -57,10 +57,16 @@ class StepRecorder:
 
     def __init__(self) -> None:
         self.records: list[StepRecord] = []
+        self._by_line: dict[str | None, list[StepRecord]] = {}
 
     def add(self, record: StepRecord) -> StepRecord:
         self.records.append(record)
+        self._by_line.setdefault(record.custom_id, []).append(record)
         return record
+
+    def take_line(self, custom_id: str) -> list[StepRecord]:
+        """The records of one finished line (its whole trace family), handed over once to be persisted with it."""
+        return self._by_line.pop(custom_id, [])
 
     def to_ndjson(self) -> bytes:
         rows = sorted(self.records, key=lambda r: (r.root_trace_id, r.trace_id, r.step, r.attempt))

@@ -45,6 +45,7 @@ class ErrorCode:
     STEP_FAILED = "step_failed"
     CANCELLED = "batch_cancelled"
     EXPIRED = "batch_expired"
+    RUN_FAILED = "batch_run_failed"
 
 
 class ChatCompletionBody(BaseModel):

@@ -1,11 +1,11 @@
-"""The batch flow's cancellation and expiry decisions, on a local store (no server)."""
+"""The batch run's cancellation and expiry decisions, on a local store (no server)."""
 
 from __future__ import annotations
 
 import time
 
-from flows.batch import BatchRun, check_stop, final_status, unstarted_lines
 from pronk.batches.input import ValidRequest
+from pronk.batches.run import BatchRun
 from pronk.batches.schemas import Batch, ChatCompletionBody
 from pronk.batches.store import BatchStore
 from pronk.jobs import get_job
@@ -20,33 +20,33 @@ def make_run(tmp_path, expires_at: int | None = None) -> tuple[BatchRun, BatchSt
     store.save(batch)
     body = ChatCompletionBody(model="pronk-tiny", messages=[{"role": "user", "content": "hi"}])
     requests = [ValidRequest(line=i + 1, custom_id=f"r{i}", body=body) for i in range(3)]
-    return BatchRun(batch, get_job("job-c0ffee01"), harness=None, requests=requests), store
+    return BatchRun(batch, get_job("job-c0ffee01"), requests=requests), store
 
 
 def test_a_cancel_request_stops_the_run_and_the_record_cannot_lose_it(tmp_path):
     run, store = make_run(tmp_path)
-    check_stop(run, store)
+    run.check_stop(store)
     assert run.stop_reason is None
     store.request_cancel(run.batch.id)
     store.save(run.batch)  # the flow saving progress after the API's request keeps showing it
     assert store.load(run.batch.id).status == "cancelling"
-    check_stop(run, store)
+    run.check_stop(store)
     assert run.stop_reason == "cancelled" and run.batch.status == "cancelling" and run.batch.cancelling_at
     run.unstarted = run.requests[1:]
-    lines = unstarted_lines(run)
+    lines = run.unstarted_lines()
     assert [(line.custom_id, line.error.code, line.error.line) for line in lines] == [
         ("r1", "batch_cancelled", 2),
         ("r2", "batch_cancelled", 3),
     ]
-    assert run.batch.request_counts.failed == 2 and final_status(run) == "cancelled"
+    assert run.batch.request_counts.failed == 2 and run.final_status() == "cancelled"
 
 
 def test_the_window_ending_stops_the_run_but_a_run_with_nothing_cut_off_completes(tmp_path):
     run, store = make_run(tmp_path, expires_at=int(time.time()) - 1)
-    check_stop(run, store)
-    assert run.stop_reason == "expired" and final_status(run) == "completed"
+    run.check_stop(store)
+    assert run.stop_reason == "expired" and run.final_status() == "completed"
     run.unstarted = run.requests[2:]
-    assert [line.error.code for line in unstarted_lines(run)] == ["batch_expired"] and final_status(run) == "expired"
+    assert [line.error.code for line in run.unstarted_lines()] == ["batch_expired"] and run.final_status() == "expired"
 
 
 def test_a_finished_batch_ignores_a_late_cancel_request(tmp_path):

@@ -1,0 +1,371 @@
+"""The bookkeeping of one run of a batch: counts, usage, cost, stop checks, persisted results and the final files.
+
+Prefect-free, so the flow stays a recipe and all of this is unit-tested without a server. A run
+starts from what earlier runs of the same batch persisted (`ResultParts`): those lines never run
+again, and `request_counts` and `usage` are recomputed from the persisted lines, never added twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import asdict
+from typing import Literal
+
+from pronk import storage
+from pronk.agents.outcomes import RequestOutcome
+from pronk.agents.step_records import StepRecord
+from pronk.batches.files import FileStore
+from pronk.batches.input import BatchInputError, ValidatedInput, ValidRequest, error_line, validate_input
+from pronk.batches.outputs import output_line
+from pronk.batches.results import FinishedLine, ResultParts, RunRecord, jsonl, new_run_tag
+from pronk.batches.schemas import (
+    TERMINAL_STATUSES,
+    Batch,
+    BatchErrorData,
+    BatchErrors,
+    BatchUsage,
+    ErrorCode,
+    OutputLine,
+    new_id,
+)
+from pronk.batches.store import BatchStore
+from pronk.jobs import JobConfig, get_job
+from pronk.settings import Settings, get_settings
+
+logger = logging.getLogger(__name__)
+
+StopReason = Literal["cancelled", "expired", "failed"]
+
+# Cancellation and expiry are cooperative: the run stops starting requests, lets those in flight
+# finish, and writes one error line per request it never started. `failed`: the run ended without
+# finishing them (its process died too often, or it raised), so its partial results are written.
+STOP_ERRORS: dict[StopReason, tuple[str, str]] = {
+    "cancelled": (ErrorCode.CANCELLED, "the batch was cancelled before this request started"),
+    "expired": (ErrorCode.EXPIRED, "the batch's completion window ended before this request started"),
+    "failed": (ErrorCode.RUN_FAILED, "the batch's run ended before this request finished"),
+}
+
+
+def finished_line(outcome: RequestOutcome, steps: list[StepRecord]) -> FinishedLine:
+    """The one place that reads a `RequestOutcome`: what of it is persisted and counted."""
+    rows = [_row(s) for s in steps]
+    completion = outcome.completion
+    if completion is None:
+        return FinishedLine(line=outcome.line, output=output_line(outcome), ok=False, steps=rows)
+    usage = completion.usage
+    return FinishedLine(
+        line=outcome.line,
+        output=output_line(outcome),
+        ok=True,
+        prompt_tokens=usage.prompt_tokens,
+        cached_tokens=usage.cached_tokens,
+        completion_tokens=usage.completion_tokens,
+        worker_id=completion.worker_id or None,
+        steps=rows,
+    )
+
+
+def _row(record: StepRecord) -> dict:
+    return asdict(record)
+
+
+def _input_line(line: OutputLine) -> int:
+    return (line.error.line or 0) if line.error is not None else 0
+
+
+def steps_uri(batch: Batch) -> str:
+    return (batch.output_uri or "").removesuffix("_output.jsonl") + "_steps.jsonl"
+
+
+class BatchRun:
+    """Live state of one run: shared by its chunk tasks, saved to the store about once a second."""
+
+    def __init__(
+        self,
+        batch: Batch,
+        job: JobConfig,
+        requests: list[ValidRequest],
+        invalid: list[OutputLine] | None = None,
+        parts: ResultParts | None = None,
+        finished: dict[int, FinishedLine] | None = None,
+        prior_worker_seconds: float = 0.0,
+    ):
+        self.batch = batch
+        self.job = job
+        self.requests = requests
+        self.invalid = invalid or []
+        self.parts = parts
+        self.finished: dict[int, FinishedLine] = dict(finished or {})
+        self.todo = [r for r in requests if r.line not in self.finished]
+        """The requests no earlier run finished: the only ones this run starts."""
+        self.run_tag = new_run_tag()
+        self.slots = asyncio.Semaphore(job.max_concurrency)
+        self.pending: list[FinishedLine] = []
+        self.parts_written = 0
+        self.workers_seen: set[str] = set()
+        self.stop_reason: StopReason | None = None
+        self.unstarted: list[ValidRequest] = []
+        self.prior_worker_seconds = prior_worker_seconds
+        self.started = time.monotonic()
+        self.recount()
+
+    @classmethod
+    def resume(
+        cls, batch: Batch, job: JobConfig, validated: ValidatedInput, parts: ResultParts, flow_run_id: str | None
+    ) -> BatchRun:
+        """A run that starts from everything earlier runs of this batch persisted, and registers itself."""
+        prior = sum(r.worker_seconds for r in parts.runs())
+        run = cls(batch, job, validated.requests, validated.errors, parts, parts.load(), prior)
+        batch.request_counts.total = validated.total
+        parts.save_run(RunRecord(run=run.run_tag, flow_run_id=flow_run_id))
+        return run
+
+    def recount(self) -> None:
+        """`request_counts` and `usage` from the finished lines: exact however many runs the batch took."""
+        counts = self.batch.request_counts
+        done = list(self.finished.values())
+        counts.completed = sum(1 for f in done if f.ok)
+        unstarted = len(self.unstarted) if self.stop_reason is not None else 0
+        counts.failed = len(self.invalid) + len(done) - counts.completed + unstarted
+        usage = BatchUsage()
+        for f in done:
+            if f.ok:
+                usage.add(f.prompt_tokens, f.cached_tokens, f.completion_tokens)
+        self.batch.usage = usage
+
+    def record(self, outcome: RequestOutcome, steps: list[StepRecord]) -> None:
+        line = finished_line(outcome, steps)
+        self.finished[line.line] = line
+        self.pending.append(line)
+        counts = self.batch.request_counts
+        if not line.ok:
+            counts.failed += 1
+            return
+        counts.completed += 1
+        if line.worker_id:
+            self.workers_seen.add(line.worker_id)
+        self.batch.usage.add(line.prompt_tokens, line.cached_tokens, line.completion_tokens)
+
+    @property
+    def done(self) -> int:
+        return self.batch.request_counts.completed + self.batch.request_counts.failed
+
+    def take_pending(self) -> tuple[int, list[FinishedLine]]:
+        """Hand over the lines finished since the last call, with their part number (call on the event loop)."""
+        lines, self.pending = self.pending, []
+        if lines:
+            self.parts_written += 1
+        return self.parts_written, lines
+
+    def persist(self, seq: int, lines: list[FinishedLine]) -> None:
+        """Write one part (when there are lines) and this run's worker time so far."""
+        if self.parts is None:
+            return
+        if lines:
+            self.parts.write_part(self.run_tag, seq, lines)
+        self.parts.save_run(RunRecord(run=self.run_tag, worker_seconds=self.run_worker_seconds()))
+
+    def flush(self) -> None:
+        self.persist(*self.take_pending())
+
+    def run_worker_seconds(self) -> float:
+        return max(len(self.workers_seen), 1) * (time.monotonic() - self.started)
+
+    def check_stop(self, store: BatchStore) -> None:
+        """Stop when the API asked to cancel (the batch shows `cancelling`) or the completion window is over."""
+        batch = self.batch
+        if self.stop_reason is not None:
+            return
+        if store.cancel_requested(batch.id):
+            self.stop_reason = "cancelled"
+            batch.mark("cancelling")
+        elif batch.expires_at is not None and time.time() >= batch.expires_at:
+            self.stop_reason = "expired"
+
+    def unstarted_lines(self) -> list[OutputLine]:
+        """One error line per request the stopped run never started; they count as failed."""
+        if self.stop_reason is None:
+            return []
+        code, reason = STOP_ERRORS[self.stop_reason]
+        self.recount()
+        return [error_line(r.line, r.custom_id, code, reason) for r in self.unstarted]
+
+    def final_status(self) -> Literal["completed", "cancelled", "expired", "failed"]:
+        """`expired` only when the window cut requests off; a cancel request always ends `cancelled`."""
+        if self.stop_reason == "expired" and not self.unstarted:
+            return "completed"
+        return self.stop_reason or "completed"
+
+    def account(self, ran: bool = True) -> None:
+        """Worker time of every run of the batch, each counted once; cost and tasks per dollar from it."""
+        batch = self.batch
+        batch.worker_seconds = self.prior_worker_seconds + (self.run_worker_seconds() if ran else 0.0)
+        batch.processing_cost = batch.worker_seconds / 3600.0 * self.job.price_per_worker_hour
+        completed = batch.request_counts.completed
+        batch.tasks_per_dollar = completed / batch.processing_cost if batch.processing_cost > 0 else None
+
+    def result_lines(self) -> tuple[list[OutputLine], list[OutputLine]]:
+        """Output and error lines sorted by input line: exactly one per input line of a finished batch."""
+        finished = sorted(self.finished.values(), key=lambda f: f.line)
+        outputs = [f.output for f in finished if f.ok]
+        failures = [f.output for f in finished if not f.ok]
+        errors = sorted(self.invalid + failures + self.unstarted_lines(), key=_input_line)
+        return outputs, errors
+
+    def step_records(self) -> list[StepRecord]:
+        rows = [StepRecord(**row) for f in self.finished.values() for row in f.steps]
+        return sorted(rows, key=lambda r: (r.root_trace_id, r.trace_id, r.step, r.attempt))
+
+    def write_results(self, files: FileStore) -> None:
+        """The output, error and step files, assembled from every run's finished lines; Files for the API."""
+        batch = self.batch
+        assert batch.output_uri is not None and batch.error_uri is not None
+        outputs, errors = self.result_lines()
+        settings = files.settings
+        storage.write_bytes(batch.output_uri, jsonl(outputs), settings)
+        storage.write_bytes(batch.error_uri, jsonl(errors), settings)
+        batch.steps_uri = steps_uri(batch)
+        rows = b"".join(json.dumps(_row(r)).encode() + b"\n" for r in self.step_records())
+        storage.write_bytes(batch.steps_uri, rows, settings)
+        files.attach_results(batch)
+
+    def summary_table(self) -> list[dict[str, object]]:
+        batch = self.batch
+        usage = batch.usage
+        rows = {
+            "status": batch.status,
+            "requests total": batch.request_counts.total,
+            "requests completed": batch.request_counts.completed,
+            "requests failed": batch.request_counts.failed,
+            "prompt tokens": usage.input_tokens,
+            "cached prompt tokens": usage.input_tokens_details.cached_tokens,
+            "completion tokens": usage.output_tokens,
+            "worker seconds": round(batch.worker_seconds, 3),
+            "processing cost (USD)": round(batch.processing_cost, 8),
+            "tasks per dollar": batch.tasks_per_dollar,
+        }
+        return [{"figure": k, "value": v} for k, v in rows.items()]
+
+
+def default_result_uris(batch: Batch, settings: Settings, output_dir: str | None = None) -> None:
+    """Where the output and error files go (kept when an earlier run already chose)."""
+    base = output_dir or storage.join(settings.store_uri, "outputs", batch.id)
+    batch.output_uri = batch.output_uri or storage.join(base, f"{batch.id}_output.jsonl")
+    batch.error_uri = batch.error_uri or storage.join(base, f"{batch.id}_error.jsonl")
+
+
+def input_uri_of(batch: Batch, files: FileStore) -> str:
+    """An API batch names an uploaded File; a command-line batch names its input's URI."""
+    record = files.get(batch.input_file_id) if batch.input_file_id.startswith("file_") else None
+    return record.uri if record is not None else batch.input_file_id
+
+
+def end_batch(
+    batch_id: str,
+    status: Literal["failed", "cancelled"],
+    message: str,
+    input_uri: str | None = None,
+    settings: Settings | None = None,
+) -> Batch | None:
+    """End a batch whose run is gone: its persisted lines in the output/error files, the rest as error lines.
+
+    Called by the flow's failure and cancellation hooks and by the API's reconcile loop; a batch
+    already terminal (or unknown) is left alone.
+    """
+    settings = settings or get_settings()
+    store = BatchStore(settings)
+    try:
+        batch = store.load(batch_id)
+    except FileNotFoundError:
+        return None
+    if batch.status in TERMINAL_STATUSES:
+        return batch
+    files = FileStore(settings)
+    job = get_job(batch.job_id)
+    try:
+        validated = validate_input(storage.read_bytes(input_uri or input_uri_of(batch, files), settings), job)
+    except (OSError, ValueError, BatchInputError) as exc:
+        logger.warning("batch %s: cannot read its input again (%s); ending it with what was persisted", batch_id, exc)
+        validated = ValidatedInput([], [], batch.request_counts.total)
+    parts = ResultParts(batch.id, settings)
+    run = BatchRun(
+        batch,
+        job,
+        validated.requests,
+        validated.errors,
+        parts,
+        parts.load(),
+        sum(r.worker_seconds for r in parts.runs()),
+    )
+    run.stop_reason = "cancelled" if status == "cancelled" else "failed"
+    run.unstarted = list(run.todo)
+    run.recount()
+    run.account(ran=False)
+    default_result_uris(batch, settings)
+    if status == "failed":
+        batch.errors = BatchErrors(data=[BatchErrorData(code=ErrorCode.RUN_FAILED, message=message)])
+    run.write_results(files)
+    batch.mark(status)
+    store.save(batch)
+    parts.delete()
+    logger.warning("batch %s ended %s: %s", batch_id, status, message)
+    return batch
+
+
+def open_batch(
+    store: BatchStore,
+    settings: Settings,
+    job: JobConfig,
+    input_uri: str,
+    batch_id: str | None,
+    flow_run_id: str | None,
+    output_dir: str | None = None,
+    completion_window: Literal["24h", "unlimited"] = "24h",
+    metadata: dict[str, str] | None = None,
+) -> Batch:
+    """The batch's record: the one the API (or an earlier run) saved, else a new one; now owned by this flow run."""
+    if batch_id and store.exists(batch_id):
+        batch = store.load(batch_id)
+    else:
+        batch = Batch(
+            id=batch_id or new_id("batch"),
+            input_file_id=input_uri,
+            job_id=job.job_id,
+            model=job.served_model_name,
+            completion_window=completion_window,
+            metadata=metadata,
+        )
+    if batch.status in TERMINAL_STATUSES:
+        return batch
+    batch.price_per_worker_hour = job.price_per_worker_hour
+    batch.flow_run_id = flow_run_id
+    default_result_uris(batch, settings, output_dir)
+    store.save(batch)
+    return batch
+
+
+def reject_input(batch: Batch, store: BatchStore, exc: Exception) -> None:
+    """The input file as a whole is unusable (or reading it broke): the batch fails with the reason."""
+    message = str(exc) if isinstance(exc, BatchInputError) else f"cannot validate the input: {type(exc).__name__}"
+    batch.errors = BatchErrors(data=[BatchErrorData(code="invalid_input_file", message=message, param="input_file_id")])
+    batch.mark("failed")
+    store.save(batch)
+
+
+def finish_run(run: BatchRun, store: BatchStore, files: FileStore) -> None:
+    """After the last chunk: account, write the final files from every run's lines, end the record, drop the parts."""
+    batch = run.batch
+    run.check_stop(store)
+    run.flush()
+    run.account()
+    if run.stop_reason != "cancelled":
+        batch.mark("finalizing")
+    store.save(batch)
+    run.write_results(files)
+    batch.mark(run.final_status())
+    store.save(batch)
+    if run.parts is not None:
+        run.parts.delete()
