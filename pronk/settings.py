@@ -85,6 +85,14 @@ class Settings(BaseSettings):
         default=None,
         description="Server paths `/v1/weights/*` accepts as sources must be under it; unset: only s3:// and models:/.",
     )
+    reconcile_interval_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="How often `pronk api` looks for batches whose flow run ended without ending them (0: never).",
+    )
+    max_batch_runs: int = Field(
+        default=3, ge=1, description="Runs a batch may take: a crashed run is resumed until then, else it ends failed."
+    )
 
     @property
     def tracking_uri(self) -> str:

@@ -5,12 +5,18 @@ Run it with `pronk api` (127.0.0.1, `PRONK_API_PORT`); the embedded stack starts
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
 from fastapi import FastAPI
 
 from pronk.api.body_limits import BodyLimits
 from pronk.api.errors import install_error_handlers
 from pronk.api.keys import ApiKeyStore
+from pronk.api.reconcile import Reconciler
 from pronk.api.routes import batches, files, weights
+from pronk.api.runs import BatchFlowRuns
 from pronk.batches.files import FileStore
 from pronk.batches.store import BatchStore
 from pronk.settings import Settings, get_settings
@@ -19,15 +25,28 @@ from pronk.stack.deployments import PrefectDeployments
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        """The reconcile loop runs while the API serves."""
+        checker = None
+        if settings.reconcile_interval_s > 0:
+            checker = asyncio.create_task(app.state.reconciler.loop())
+        yield
+        if checker is not None:
+            checker.cancel()
+
     app = FastAPI(
         title="pronk",
         summary="OpenAI-compatible Files and Batches API; batches are addressed to jobs and run through Prefect.",
+        lifespan=lifespan,
     )
     app.state.settings = settings
     app.state.files = FileStore(settings)
     app.state.batches = BatchStore(settings)
     app.state.keys = ApiKeyStore(settings)
     app.state.runs = PrefectDeployments(settings)
+    app.state.reconciler = Reconciler(settings, BatchFlowRuns(), app.state.runs, app.state.batches)
     install_error_handlers(app)
     app.add_middleware(BodyLimits, settings=settings)
 

@@ -1,10 +1,16 @@
-"""What the API starts as Prefect deployment runs: a batch's run (`run-batch`) and a Leap (`leap`)."""
+"""What the API starts as Prefect deployment runs (a batch's run, a resumed run, a Leap) and finds of ended runs."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from pronk.batches.schemas import Batch
 from pronk.stack.deployments import DeploymentStarter
 
+if TYPE_CHECKING:
+    from prefect.client.schemas.objects import FlowRun
+
+FLOW = "run-batch"
 RUN_BATCH = "run-batch/run-batch"
 LEAP = "leap/leap"
 TAG = "pronk-api"
@@ -20,3 +26,42 @@ async def start_leap(runs: DeploymentStarter, job_id: str, version: int, leap_id
     """The flow keeps the Leap's record under `leap_id`, where the API saved it `queued`."""
     parameters = {"job_id": job_id, "version": version, "leap_id": leap_id}
     return await runs.start(LEAP, parameters, leap_id, [TAG, job_id])
+
+
+async def resume_batch_run(runs: DeploymentStarter, batch: Batch, parameters: dict[str, Any], attempt: int) -> str:
+    """Another run of the batch with its first run's parameters; it runs only what no run persisted."""
+    return await runs.start(RUN_BATCH, parameters, f"{batch.id}-run-{attempt}", [TAG, batch.job_id, "resumed"])
+
+
+class BatchFlowRuns:
+    """What the Prefect server knows of run-batch flow runs: which ended badly, and how many a batch has had."""
+
+    async def ended(self, limit: int = 200) -> list[FlowRun]:
+        """The latest run-batch flow runs that crashed, failed or were cancelled."""
+        from prefect import get_client
+        from prefect.client.schemas.filters import (
+            FlowFilter,
+            FlowFilterName,
+            FlowRunFilter,
+            FlowRunFilterState,
+            FlowRunFilterStateType,
+        )
+        from prefect.client.schemas.objects import StateType
+        from prefect.client.schemas.sorting import FlowRunSort
+
+        states = [StateType.CRASHED, StateType.FAILED, StateType.CANCELLED]
+        async with get_client() as client:
+            return await client.read_flow_runs(
+                flow_filter=FlowFilter(name=FlowFilterName(any_=[FLOW])),
+                flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=states))),
+                sort=FlowRunSort.EXPECTED_START_TIME_DESC,
+                limit=limit,
+            )
+
+    async def count(self, batch_id: str) -> int:
+        """How many flow runs the batch has had (each is named by the batch's id, a resumed one `<id>-run-<n>`)."""
+        from prefect import get_client
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+        async with get_client() as client:
+            return await client.count_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=batch_id)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -172,16 +173,12 @@ def batch_run(
     chunk_size: Annotated[int, typer.Option(min=1, help="Requests per Prefect task run.")] = 64,
 ) -> None:
     """Run a batch to completion; print the final batch object as one JSON line last on stdout."""
-    import asyncio
-
     from pronk.stack.prefect_env import configure_prefect
 
     settings = get_settings()
     configure_prefect(settings)
     from engine.registry import Registry
-    from flows.batch import BatchFailed, run_batch
     from pronk.batches.schemas import new_id
-    from pronk.batches.store import BatchStore
     from pronk.jobs import get_job
 
     try:
@@ -196,29 +193,34 @@ def batch_run(
     input_uri = str(Path(input).resolve()) if local_input else input
     out_uri = str(Path(out).resolve()) if "://" not in out else out
 
-    batch_id = new_id("batch")
+    _run_locally(
+        new_id("batch"),
+        job_config.name,
+        dict(input_uri=input_uri, job_id=job_config.job_id, output_dir=out_uri, chunk_size=chunk_size),
+    )
+
+
+def _run_locally(batch_id: str, label: str, parameters: dict) -> None:
+    """Run the batch flow here with a progress bar; print the final batch object last; exit 0 if it completed."""
+    import asyncio
+
+    from flows.batch import BatchFailed, run_batch
+    from pronk.batches.store import BatchStore
+
     stop = threading.Event()
     watcher = None
     if sys.stderr.isatty():
-        watcher = threading.Thread(target=_watch_progress, args=(batch_id, job_config.name, stop), daemon=True)
+        watcher = threading.Thread(target=_watch_progress, args=(batch_id, label, stop), daemon=True)
         watcher.start()
     try:
-        asyncio.run(
-            run_batch(
-                input_uri=input_uri,
-                job_id=job_config.job_id,
-                output_dir=out_uri,
-                batch_id=batch_id,
-                chunk_size=chunk_size,
-            )
-        )
+        asyncio.run(run_batch(batch_id=batch_id, **parameters))
     except BatchFailed as exc:
         typer.echo(f"pronk: {exc}", err=True)
     finally:
         stop.set()
         if watcher:
             watcher.join()
-    batch = BatchStore(settings).load(batch_id)
+    batch = BatchStore().load(batch_id)
     counts = batch.request_counts
     typer.echo(
         f"batch {batch.id} {batch.status}: {counts.completed} completed, {counts.failed} failed of {counts.total}; "
@@ -227,6 +229,47 @@ def batch_run(
     )
     typer.echo(json.dumps(batch.model_dump(mode="json")))
     raise typer.Exit(0 if batch.status == "completed" else 1)
+
+
+@batch_app.command("resume")
+def batch_resume(
+    batch_id: Annotated[str, typer.Argument(help="The batch's id (`batch_…`).")],
+    deployment: Annotated[
+        bool, typer.Option(help="Start a run of the run-batch deployment instead of running here.")
+    ] = False,
+) -> None:
+    """Run a batch again: only the lines no earlier run persisted; the output files then hold every line once."""
+    import asyncio
+
+    from pronk.stack.prefect_env import configure_prefect
+
+    settings = get_settings()
+    configure_prefect(settings)
+    from pronk.batches.files import FileStore
+    from pronk.batches.run import input_uri_of
+    from pronk.batches.schemas import TERMINAL_STATUSES
+    from pronk.batches.store import BatchStore
+
+    store = BatchStore(settings)
+    try:
+        batch = store.load(batch_id)
+    except FileNotFoundError:
+        _fail(f"no batch {batch_id}")
+    if batch.status in TERMINAL_STATUSES:
+        _fail(f"batch {batch_id} is already {batch.status}; only a batch that has not ended can be resumed")
+    parameters = {"input_uri": input_uri_of(batch, FileStore(settings)), "job_id": batch.job_id}
+    if batch.output_uri:
+        parameters["output_dir"] = batch.output_uri.rsplit("/", 1)[0]
+    if not deployment:
+        _run_locally(batch_id, batch.job_id, parameters)
+    from pronk.api.runs import resume_batch_run
+    from pronk.stack.deployments import PrefectDeployments
+
+    starter = PrefectDeployments(settings)
+    flow_run_id = asyncio.run(
+        resume_batch_run(starter, batch, {**parameters, "batch_id": batch_id}, attempt=int(time.time()))
+    )
+    typer.echo(f"batch {batch_id}: started flow run {flow_run_id} of the run-batch deployment")
 
 
 @app.command("api")

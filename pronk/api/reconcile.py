@@ -1,0 +1,96 @@
+"""Keep batch records true to their flow runs: no batch stays non-terminal after its flow run has ended.
+
+A flow run's own hooks end its batch when the flow raises or is cancelled, but a process killed
+outright (SIGKILL, OOM, a lost machine) runs no hook: the Prefect worker only marks the flow run
+`Crashed`. So `pronk api` checks, every `reconcile_interval_s`, the latest run-batch flow runs that
+crashed, failed or were cancelled; a batch still owned by such a run is resumed when it crashed
+(a new run of the deployment, which runs only what no run persisted; at most `max_batch_runs` runs
+in all), else ended `failed` (or `cancelled`) with its persisted lines in its output file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Literal
+
+from fastapi.concurrency import run_in_threadpool
+
+from pronk.api.runs import resume_batch_run
+from pronk.batches.run import end_batch
+from pronk.batches.schemas import TERMINAL_STATUSES
+from pronk.batches.store import BatchStore
+from pronk.settings import Settings
+
+if TYPE_CHECKING:
+    from prefect.client.schemas.objects import FlowRun
+
+    from pronk.api.runs import BatchFlowRuns
+    from pronk.stack.deployments import DeploymentStarter
+
+logger = logging.getLogger(__name__)
+
+FIRST_CHECK_S = 5.0
+"""The first check comes soon after start: batches may have lost their run while the API was down."""
+
+
+class Reconciler:
+    def __init__(self, settings: Settings, runs: BatchFlowRuns, starter: DeploymentStarter, store: BatchStore):
+        self.settings = settings
+        self.runs = runs
+        self.starter = starter
+        self.store = store
+        self.settled: set[str] = set()
+        """Flow runs already looked at by this process: each ended run is acted on once."""
+
+    async def check(self) -> list[str]:
+        """One pass; returns the ids of the batches it resumed or ended."""
+        acted = []
+        for flow_run in await self.runs.ended():
+            run_id = str(flow_run.id)
+            if run_id in self.settled:
+                continue
+            if await self._settle(flow_run):
+                acted.append(str(flow_run.parameters.get("batch_id")))
+            self.settled.add(run_id)
+        return acted
+
+    async def _settle(self, flow_run: FlowRun) -> bool:
+        batch_id = flow_run.parameters.get("batch_id")
+        if not isinstance(batch_id, str):
+            return False
+        try:
+            batch = await run_in_threadpool(self.store.load, batch_id)
+        except FileNotFoundError:
+            return False
+        if batch.status in TERMINAL_STATUSES or batch.flow_run_id not in (None, str(flow_run.id)):
+            return False  # ended already, or a newer run owns it
+        state = flow_run.state_type.value if flow_run.state_type else "UNKNOWN"
+        why = f"its flow run {flow_run.id} ended {state}" + (f": {flow_run.state.message}" if flow_run.state else "")
+        runs = await self.runs.count(batch_id)
+        if state == "CRASHED" and runs < self.settings.max_batch_runs:
+            batch.flow_run_id = await resume_batch_run(self.starter, batch, dict(flow_run.parameters), runs + 1)
+            await run_in_threadpool(self.store.save, batch)
+            logger.warning("batch %s resumed as flow run %s (run %d): %s", batch_id, batch.flow_run_id, runs + 1, why)
+            return True
+        status: Literal["failed", "cancelled"] = "cancelled" if state == "CANCELLED" else "failed"
+        if state == "CRASHED":
+            why += f" (run {runs} of at most {self.settings.max_batch_runs})"
+        input_uri = flow_run.parameters.get("input_uri")
+        await run_in_threadpool(
+            end_batch, batch_id, status, why, input_uri if isinstance(input_uri, str) else None, self.settings
+        )
+        return True
+
+    async def loop(self) -> None:
+        """Check every `reconcile_interval_s` until cancelled; trouble (Prefect down) waits for the next check."""
+        await asyncio.sleep(min(FIRST_CHECK_S, self.settings.reconcile_interval_s))
+        while True:
+            try:
+                acted = await self.check()
+            except Exception as exc:  # noqa: BLE001 - the next check tries again
+                logger.warning("reconciling batches with their flow runs failed: %s: %s", type(exc).__name__, exc)
+            else:
+                if acted:
+                    logger.info("reconciled batches %s", acted)
+            await asyncio.sleep(self.settings.reconcile_interval_s)

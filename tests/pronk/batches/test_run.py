@@ -1,0 +1,141 @@
+"""The batch run's bookkeeping and its persisted parts, on a local store (no server)."""
+
+from __future__ import annotations
+
+import json
+
+from engine.protocol import StepResult
+from pronk import storage
+from pronk.agents.completions import RequestOutcome, failed_outcome
+from pronk.agents.step_records import StepRecord
+from pronk.batches.files import FileStore
+from pronk.batches.input import validate_input
+from pronk.batches.results import FinishedLine, ResultParts
+from pronk.batches.run import BatchRun, end_batch, finish_run
+from pronk.batches.schemas import Batch, OutputLine, ResponseEnvelope
+from pronk.batches.store import BatchStore
+from pronk.jobs import get_job
+from pronk.settings import Settings
+
+JOB = "job-c0ffee01"
+
+
+def input_file(tmp_path, lines: int) -> str:
+    rows = [
+        json.dumps(
+            {
+                "custom_id": f"r{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": "pronk-tiny", "messages": [{"role": "user", "content": f"hi {i}"}]},
+            }
+        )
+        for i in range(1, lines + 1)
+    ]
+    rows.insert(2, "not json")  # input line 3 is invalid: an error line, never run
+    path = tmp_path / "input.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    return str(path)
+
+
+def setup(tmp_path, lines: int = 5):
+    settings = Settings(data_dir=tmp_path, storage_uri=str(tmp_path / "store"))
+    store = BatchStore(settings)
+    uri = input_file(tmp_path, lines)
+    batch = Batch(input_file_id=uri, job_id=JOB, model="pronk-tiny", completion_window="unlimited")
+    batch.output_uri = str(tmp_path / "out" / f"{batch.id}_output.jsonl")
+    batch.error_uri = str(tmp_path / "out" / f"{batch.id}_error.jsonl")
+    batch.mark("in_progress")
+    store.save(batch)
+    job = get_job(JOB)
+    validated = validate_input(storage.read_bytes(uri), job)
+    return settings, store, batch, job, validated, uri
+
+
+def done(request, tokens: int, worker: str = "w1") -> tuple[RequestOutcome, list[StepRecord]]:
+    result = StepResult(
+        request_id=f"chatcmpl-{request.custom_id}",
+        text="ok",
+        token_ids=[],
+        prompt_tokens=tokens,
+        cached_tokens=1,
+        completion_tokens=2,
+        finish_reason="stop",
+        model_version="1",
+        worker_id=worker,
+        queue_time_s=0.0,
+        engine_time_s=0.01,
+    )
+    output = OutputLine(
+        custom_id=request.custom_id,
+        response=ResponseEnvelope(status_code=200, request_id=result.request_id, body={"usage": {}}),
+    )
+    step = StepRecord(trace_id=request.custom_id, step=0, root_trace_id=request.custom_id, custom_id=request.custom_id)
+    step.take(result)
+    return RequestOutcome(request.line, output, result), [step]
+
+
+def test_parts_keep_every_run_and_skip_rows_that_do_not_parse(tmp_path):
+    settings = Settings(data_dir=tmp_path, storage_uri=str(tmp_path / "store"))
+    parts = ResultParts("batch_x", settings)
+    line = FinishedLine(line=2, output=OutputLine(custom_id="a"), ok=False)
+    parts.write_part("run-a", 1, [line])
+    parts.write_part("run-b", 1, [FinishedLine(line=5, output=OutputLine(custom_id="b"), ok=False)])
+    storage.write_bytes(storage.join(parts.root, "run-b-000002.jsonl"), b'{"line": "x"}\n\n')
+    assert sorted(parts.load()) == [2, 5]
+    parts.delete()
+    assert parts.load() == {}
+
+
+def test_a_resumed_run_runs_only_the_rest_and_counts_each_line_and_worker_second_once(tmp_path):
+    settings, store, batch, job, validated, _ = setup(tmp_path)
+    parts = ResultParts(batch.id, settings)
+    first = BatchRun.resume(batch, job, validated, parts, "flow-1")
+    assert [r.line for r in first.todo] == [1, 2, 4, 5, 6]
+    for request in first.todo[:2]:
+        first.record(*done(request, tokens=10))
+    first.record(failed_outcome(first.todo[2], "step_failed", "boom"), [])
+    first.flush()  # then the process dies: nothing more is written
+
+    batch = store.load(batch.id)
+    second = BatchRun.resume(batch, job, validated, parts, "flow-2")
+    assert [r.line for r in second.todo] == [5, 6]
+    counts = batch.request_counts
+    assert (counts.total, counts.completed, counts.failed) == (6, 2, 2)  # line 3 invalid, line 4 failed
+    assert batch.usage.input_tokens == 20 and batch.usage.output_tokens == 4
+    for request in second.todo:
+        second.record(*done(request, tokens=100, worker="w2"))
+    finish_run(second, store, FileStore(settings))
+
+    final = store.load(batch.id)
+    assert final.status == "completed"
+    assert (final.request_counts.completed, final.request_counts.failed) == (4, 2)
+    assert final.usage.input_tokens == 220 and final.usage.total_tokens == 220 + 8
+    assert final.worker_seconds >= sum(r.worker_seconds for r in parts.runs() if r.run == first.run_tag)
+    outputs = [json.loads(x) for x in open(final.output_uri)]
+    errors = [json.loads(x) for x in open(final.error_uri)]
+    assert [o["custom_id"] for o in outputs] == ["r1", "r2", "r4", "r5"]  # input lines 1, 2, 5, 6
+    assert [(e["error"]["line"], e["error"]["code"]) for e in errors] == [(3, "invalid_json"), (4, "step_failed")]
+    steps = [json.loads(x) for x in open(final.steps_uri)]
+    assert sorted(s["custom_id"] for s in steps) == ["r1", "r2", "r4", "r5"]
+    assert not storage.exists(parts.root)
+
+
+def test_a_batch_whose_run_is_gone_ends_failed_with_its_finished_lines(tmp_path):
+    settings, store, batch, job, validated, uri = setup(tmp_path, lines=3)
+    parts = ResultParts(batch.id, settings)
+    run = BatchRun.resume(batch, job, validated, parts, "flow-1")
+    run.record(*done(run.todo[0], tokens=7))
+    run.flush()
+    ended = end_batch(batch.id, "failed", "the flow run crashed 3 times", uri, settings)
+    assert ended is not None and ended.status == "failed" and ended.failed_at
+    assert ended.errors.data[0].code == "batch_run_failed" and "crashed" in ended.errors.data[0].message
+    assert (ended.request_counts.completed, ended.request_counts.failed) == (1, 3)
+    assert [json.loads(x)["custom_id"] for x in open(ended.output_uri)] == ["r1"]
+    errors = [json.loads(x)["error"] for x in open(ended.error_uri)]
+    assert [(e["line"], e["code"]) for e in errors] == [
+        (2, "batch_run_failed"),
+        (3, "invalid_json"),
+        (4, "batch_run_failed"),
+    ]
+    assert end_batch(batch.id, "cancelled", "late", uri, settings).status == "failed"  # terminal stays terminal
