@@ -26,6 +26,7 @@ os.environ.update(
         "PRONK_API_PORT": str(free_port()),
         "PRONK_API_AUTH": "true",
         "PRONK_WEIGHTS_ROOT": tempfile.gettempdir(),  # checkpoints the tests upload over HTTP live in tmp dirs
+        "PRONK_RECONCILE_INTERVAL_S": "3",
     }
 )
 for key in [k for k in os.environ if k.startswith("PREFECT_")]:
