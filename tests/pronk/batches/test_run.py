@@ -20,6 +20,10 @@ from pronk.settings import Settings
 JOB = "job-c0ffee01"
 
 
+def read_lines(uri: str) -> list[str]:
+    return storage.read_bytes(uri).decode().splitlines()
+
+
 def input_file(tmp_path, lines: int) -> str:
     rows = [
         json.dumps(
@@ -112,17 +116,17 @@ def test_a_resumed_run_runs_only_the_rest_and_counts_each_line_and_worker_second
     assert (final.request_counts.completed, final.request_counts.failed) == (4, 2)
     assert final.usage.input_tokens == 220 and final.usage.total_tokens == 220 + 8
     assert final.worker_seconds >= sum(r.worker_seconds for r in parts.runs() if r.run == first.run_tag)
-    outputs = [json.loads(x) for x in open(final.output_uri)]
-    errors = [json.loads(x) for x in open(final.error_uri)]
+    outputs = [json.loads(x) for x in read_lines(final.output_uri)]
+    errors = [json.loads(x) for x in read_lines(final.error_uri)]
     assert [o["custom_id"] for o in outputs] == ["r1", "r2", "r4", "r5"]  # input lines 1, 2, 5, 6
     assert [(e["error"]["line"], e["error"]["code"]) for e in errors] == [(3, "invalid_json"), (4, "step_failed")]
-    steps = [json.loads(x) for x in open(final.steps_uri)]
+    steps = [json.loads(x) for x in read_lines(final.steps_uri)]
     assert sorted(s["custom_id"] for s in steps) == ["r1", "r2", "r4", "r5"]
     assert not storage.exists(parts.root)
 
 
 def test_a_batch_whose_run_is_gone_ends_failed_with_its_finished_lines(tmp_path):
-    settings, store, batch, job, validated, uri = setup(tmp_path, lines=3)
+    settings, _, batch, job, validated, uri = setup(tmp_path, lines=3)
     parts = ResultParts(batch.id, settings)
     run = BatchRun.resume(batch, job, validated, parts, "flow-1")
     run.record(*done(run.todo[0], tokens=7))
@@ -131,8 +135,8 @@ def test_a_batch_whose_run_is_gone_ends_failed_with_its_finished_lines(tmp_path)
     assert ended is not None and ended.status == "failed" and ended.failed_at
     assert ended.errors.data[0].code == "batch_run_failed" and "crashed" in ended.errors.data[0].message
     assert (ended.request_counts.completed, ended.request_counts.failed) == (1, 3)
-    assert [json.loads(x)["custom_id"] for x in open(ended.output_uri)] == ["r1"]
-    errors = [json.loads(x)["error"] for x in open(ended.error_uri)]
+    assert [json.loads(x)["custom_id"] for x in read_lines(ended.output_uri)] == ["r1"]
+    errors = [json.loads(x)["error"] for x in read_lines(ended.error_uri)]
     assert [(e["line"], e["code"]) for e in errors] == [
         (2, "batch_run_failed"),
         (3, "invalid_json"),

@@ -1,0 +1,90 @@
+"""The API's reconcile check on a local store, with a double for Prefect's flow runs (no server)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+from prefect.client.schemas.objects import StateType
+
+from pronk.api.reconcile import Reconciler
+from pronk.batches.schemas import Batch
+from pronk.batches.store import BatchStore
+from pronk.settings import Settings
+
+
+class FakeRuns:
+    def __init__(self, ended: list[SimpleNamespace], counts: dict[str, int]):
+        self._ended = ended
+        self.counts = counts
+        self.resumed: list[tuple[str, dict, int]] = []
+
+    async def ended(self) -> list[SimpleNamespace]:
+        return self._ended
+
+    async def count(self, batch_id: str) -> int:
+        return self.counts.get(batch_id, 1)
+
+    async def resume(self, batch: Batch, parameters: dict, attempt: int) -> str:
+        self.resumed.append((batch.id, parameters, attempt))
+        return f"resumed-{attempt}"
+
+
+def flow_run(run_id: str, batch_id: str, state: StateType, input_uri: str) -> SimpleNamespace:
+    return SimpleNamespace(
+        id=run_id,
+        parameters={"batch_id": batch_id, "input_uri": input_uri, "job_id": "job-c0ffee01"},
+        state_type=state,
+        state=SimpleNamespace(message="Flow run process exited with non-zero status code -9."),
+    )
+
+
+def test_a_crashed_run_is_resumed_until_the_limit_then_its_batch_ends_failed(tmp_path):
+    settings = Settings(data_dir=tmp_path, storage_uri=str(tmp_path / "store"), max_batch_runs=3)
+    store = BatchStore(settings)
+    path = tmp_path / "input.jsonl"
+    body = {"model": "pronk-tiny", "messages": [{"role": "user", "content": "hi"}]}
+    path.write_text(json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": body}))
+    batches = {}
+    for name, status, owner_run in [
+        ("crashed", "in_progress", "run-crashed"),
+        ("crashed_too_often", "in_progress", "run-3"),
+        ("failed", "finalizing", "run-failed"),
+        ("done", "completed", "run-done"),
+        ("moved_on", "in_progress", "a-newer-run"),
+    ]:
+        batch = Batch(id=f"batch_{name}", input_file_id=str(path), job_id="job-c0ffee01", model="pronk-tiny")
+        batch.mark(status)
+        batch.flow_run_id = owner_run
+        batch.output_uri = str(tmp_path / f"{batch.id}_output.jsonl")
+        batch.error_uri = str(tmp_path / f"{batch.id}_error.jsonl")
+        store.save(batch)
+        batches[name] = batch
+    runs = FakeRuns(
+        [
+            flow_run("run-crashed", "batch_crashed", StateType.CRASHED, str(path)),
+            flow_run("run-3", "batch_crashed_too_often", StateType.CRASHED, str(path)),
+            flow_run("run-failed", "batch_failed", StateType.FAILED, str(path)),
+            flow_run("run-done", "batch_done", StateType.CRASHED, str(path)),
+            flow_run("run-old", "batch_moved_on", StateType.CRASHED, str(path)),
+        ],
+        {"batch_crashed_too_often": 3},
+    )
+    reconciler = Reconciler(settings, runs, store)
+
+    acted = asyncio.run(reconciler.check())
+
+    assert sorted(acted) == ["batch_crashed", "batch_crashed_too_often", "batch_failed"]
+    assert [(batch_id, attempt) for batch_id, _, attempt in runs.resumed] == [("batch_crashed", 2)]
+    resumed = store.load("batch_crashed")
+    assert resumed.status == "in_progress" and resumed.flow_run_id == "resumed-2"
+    for name in ("crashed_too_often", "failed"):
+        ended = store.load(f"batch_{name}")
+        assert ended.status == "failed" and ended.errors.data[0].code == "batch_run_failed"
+        errors = [json.loads(x)["error"]["code"] for x in Path(ended.error_uri).read_text().splitlines()]
+        assert errors == ["batch_run_failed"]
+    assert "run 3 of at most 3" in store.load("batch_crashed_too_often").errors.data[0].message
+    assert store.load("batch_moved_on").status == "in_progress"
+    assert asyncio.run(reconciler.check()) == []  # each ended flow run is acted on once
