@@ -26,7 +26,7 @@ from pronk.errors import PronkError
 from pronk.jobs import get_job
 from pronk.settings import get_settings
 from tasks.chunks import run_chunks
-from tasks.files import read_input_file, validate_lines
+from tasks.files import input_limits, read_input_file, validate_lines
 from tasks.prefect_calls import best_effort
 from tasks.traces import publish_traces, scratch_dir
 
@@ -35,16 +35,21 @@ class BatchFailed(PronkError, RuntimeError):
     """The batch ended `failed`; its record says why."""
 
 
+def _end_batch(flow_run, status: Literal["failed", "cancelled"], message: str) -> None:
+    parameters = flow_run.parameters
+    if batch_id := parameters.get("batch_id"):
+        limits = input_limits(get_job(parameters["job_id"]))
+        end_batch(batch_id, status, message, parameters.get("input_uri"), limits=limits)
+
+
 def _end_on_failure(flow, flow_run, state) -> None:
     """The flow raised: end its batch `failed` with what finished (a no-op when the batch is already terminal)."""
-    if batch_id := flow_run.parameters.get("batch_id"):
-        end_batch(batch_id, "failed", f"the run raised: {state.message}", flow_run.parameters.get("input_uri"))
+    _end_batch(flow_run, "failed", f"the run raised: {state.message}")
 
 
 def _end_on_cancellation(flow, flow_run, state) -> None:
     """The flow run was cancelled in Prefect: end its batch `cancelled` with what finished."""
-    if batch_id := flow_run.parameters.get("batch_id"):
-        end_batch(batch_id, "cancelled", "the flow run was cancelled", flow_run.parameters.get("input_uri"))
+    _end_batch(flow_run, "cancelled", "the flow run was cancelled")
 
 
 @flow(name="run-batch", log_prints=False, on_failure=[_end_on_failure], on_cancellation=[_end_on_cancellation])

@@ -35,7 +35,11 @@ def job_tokenizer(job: JobConfig) -> Any:
 @task(cache_policy=NO_CACHE)
 def validate_lines(data: bytes, job: JobConfig) -> ValidatedInput:
     """Split the input into valid requests and error lines; prompts too long for the job are rejected here."""
-    limits = InputLimits(
+    return validate_input(data, job, input_limits(job))
+
+
+def input_limits(job: JobConfig) -> InputLimits:
+    """The limits every line of a batch for `job` is validated against (the job's tokenizer loads on first need)."""
+    return InputLimits(
         max_line_bytes=get_settings().max_line_bytes, prompt_tokens=PromptLength(job, lambda: job_tokenizer(job))
     )
-    return validate_input(data, job, limits)

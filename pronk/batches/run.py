@@ -18,7 +18,7 @@ from pronk import storage
 from pronk.agents.outcomes import RequestOutcome
 from pronk.agents.step_records import StepRecord
 from pronk.batches.files import FileStore
-from pronk.batches.input import BatchInputError, ValidatedInput, ValidRequest, error_line, validate_input
+from pronk.batches.input import BatchInputError, InputLimits, ValidatedInput, ValidRequest, error_line, validate_input
 from pronk.batches.outputs import output_line
 from pronk.batches.results import FinishedLine, ResultParts, RunRecord, jsonl, new_run_tag
 from pronk.batches.schemas import (
@@ -269,11 +269,14 @@ def end_batch(
     message: str,
     input_uri: str | None = None,
     settings: Settings | None = None,
+    limits: InputLimits | None = None,
 ) -> Batch | None:
     """End a batch whose run is gone: its persisted lines in the output/error files, the rest as error lines.
 
-    Called by the flow's failure and cancellation hooks and by the API's reconcile loop; a batch
-    already terminal (or unknown) is left alone.
+    Called by the flow's failure and cancellation hooks (with the run's own `limits`) and by the
+    API's reconcile loop, which validates without the job's tokenizer: there, a line whose prompt
+    only the tokenizer would find too long ends `batch_run_failed` instead. A batch already
+    terminal (or unknown) is left alone.
     """
     settings = settings or get_settings()
     store = BatchStore(settings)
@@ -286,7 +289,8 @@ def end_batch(
     files = FileStore(settings)
     job = get_job(batch.job_id)
     try:
-        validated = validate_input(storage.read_bytes(input_uri or input_uri_of(batch, files), settings), job)
+        data = storage.read_bytes(input_uri or input_uri_of(batch, files), settings)
+        validated = validate_input(data, job, limits or InputLimits(max_line_bytes=settings.max_line_bytes))
     except (OSError, ValueError, BatchInputError) as exc:
         logger.warning("batch %s: cannot read its input again (%s); ending it with what was persisted", batch_id, exc)
         validated = ValidatedInput([], [], batch.request_counts.total)
