@@ -16,6 +16,7 @@ from pronk.batches.input import ValidRequest
 from pronk.batches.run import BatchRun
 from pronk.batches.store import BatchStore
 from tasks.prefect_calls import best_effort
+from tasks.traces import trace_row
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ async def run_chunk(run: BatchRun, harness: Harness, start: int, stop: int) -> i
                 run.unstarted.append(request)
                 return
             outcome = await harness.run_line(request)
-            run.record(outcome, harness.recorder.take_line(request.custom_id))
+            run.record(outcome, harness.recorder.take_line(request.custom_id), trace_row(outcome))
 
     await asyncio.gather(*(one(r) for r in run.todo[start:stop]))
     return stop - start

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from prefect.artifacts import acreate_table_artifact
 
+from pronk.agents.outcomes import LineFailure, RequestOutcome
 from pronk.agents.step_records import log_mlflow_traces
 from pronk.batches.run import BatchRun
-from pronk.batches.schemas import OutputLine
 from pronk.settings import Settings
 from tasks.prefect_calls import best_effort
 
@@ -25,35 +25,27 @@ def scratch_dir(settings: Settings, batch_id: str) -> Path:
     return settings.data_dir / "scratch" / batch_id
 
 
-def trace_rows(lines: list[OutputLine]) -> list[dict[str, object]]:
+def trace_rows(outcomes: list[RequestOutcome]) -> list[dict[str, object]]:
     """One row per line: its final state, as the Prefect UI shows it."""
-    rows: list[dict[str, object]] = []
-    for line in lines[:TABLE_ROWS]:
-        if line.error is not None or line.response is None:
-            rows.append(
-                {
-                    "custom_id": line.custom_id,
-                    "state": "error",
-                    "finish_reason": line.error.code if line.error else None,
-                    "steps": 0,
-                }
-            )
-            continue
-        body = line.response.body
-        trace = body.get("pronk", {}).get("trace", {})
-        rows.append(
-            {
-                "custom_id": line.custom_id,
-                "state": "completed",
-                "finish_reason": body["choices"][0]["finish_reason"] if "choices" in body else "replayed",
-                "steps": trace.get("steps", 1),
-                "traces": trace.get("traces", 1),
-                "tool_calls": sum(trace.get("tool_calls", {}).values()),
-                "workers": ",".join(trace.get("workers", [body.get("pronk", {}).get("worker_id", "")])),
-                "cached_ratio": trace.get("cached_ratio"),
-            }
-        )
-    return rows
+    return [trace_row(outcome) for outcome in outcomes[:TABLE_ROWS]]
+
+
+def trace_row(outcome: RequestOutcome) -> dict[str, object]:
+    """A line's row of the per-trace table; kept with the line's persisted result, so a resumed run shows it too."""
+    result = outcome.result
+    if isinstance(result, LineFailure):
+        return {"custom_id": outcome.custom_id, "state": "error", "finish_reason": result.code, "steps": 0}
+    trace = result.summary
+    return {
+        "custom_id": outcome.custom_id,
+        "state": "completed",
+        "finish_reason": "replayed" if result.kind == "replay" else result.finish_reason,
+        "steps": trace.steps if trace else 1,
+        "traces": trace.traces if trace else 1,
+        "tool_calls": sum(trace.tool_calls.values()) if trace else 0,
+        "workers": ",".join(trace.workers if trace else [result.worker_id]),
+        "cached_ratio": trace.cached_ratio if trace else None,
+    }
 
 
 async def publish_traces(run: BatchRun, settings: Settings) -> None:
@@ -64,12 +56,10 @@ async def publish_traces(run: BatchRun, settings: Settings) -> None:
     """
     batch, job = run.batch, run.job
     await asyncio.to_thread(shutil.rmtree, scratch_dir(settings, batch.id), True)
-    lines = [f.output for f in sorted(run.finished.values(), key=lambda f: f.line)]
+    rows = [f.row for f in sorted(run.finished.values(), key=lambda f: f.line)[:TABLE_ROWS]]
     await best_effort(
         "trace table",
-        acreate_table_artifact(
-            table=trace_rows(lines), key=None, description=f"batch {batch.id}: traces (first {TABLE_ROWS})"
-        ),
+        acreate_table_artifact(table=rows, key=None, description=f"batch {batch.id}: traces (first {TABLE_ROWS})"),
     )
     if not job.harness.mlflow_traces:
         return

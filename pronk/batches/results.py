@@ -34,6 +34,7 @@ class FinishedLine(BaseModel):
     completion_tokens: int = Field(default=0, ge=0)
     worker_id: str | None = None
     steps: list[dict[str, Any]] = Field(default_factory=list, description="The line's step records.")
+    row: dict[str, Any] = Field(default_factory=dict, description="The line's row of the run's per-trace table.")
 
 
 class RunRecord(BaseModel):

@@ -49,12 +49,12 @@ STOP_ERRORS: dict[StopReason, tuple[str, str]] = {
 }
 
 
-def finished_line(outcome: RequestOutcome, steps: list[StepRecord]) -> FinishedLine:
+def finished_line(outcome: RequestOutcome, steps: list[StepRecord], row: dict | None = None) -> FinishedLine:
     """The one place that reads a `RequestOutcome`: what of it is persisted and counted."""
     rows = [_row(s) for s in steps]
     completion = outcome.completion
     if completion is None:
-        return FinishedLine(line=outcome.line, output=output_line(outcome), ok=False, steps=rows)
+        return FinishedLine(line=outcome.line, output=output_line(outcome), ok=False, steps=rows, row=row or {})
     usage = completion.usage
     return FinishedLine(
         line=outcome.line,
@@ -65,6 +65,7 @@ def finished_line(outcome: RequestOutcome, steps: list[StepRecord]) -> FinishedL
         completion_tokens=usage.completion_tokens,
         worker_id=completion.worker_id or None,
         steps=rows,
+        row=row or {},
     )
 
 
@@ -136,8 +137,9 @@ class BatchRun:
                 usage.add(f.prompt_tokens, f.cached_tokens, f.completion_tokens)
         self.batch.usage = usage
 
-    def record(self, outcome: RequestOutcome, steps: list[StepRecord]) -> None:
-        line = finished_line(outcome, steps)
+    def record(self, outcome: RequestOutcome, steps: list[StepRecord], row: dict | None = None) -> None:
+        """A line finished: counted now, persisted with its step records (and table row) at the next flush."""
+        line = finished_line(outcome, steps, row)
         self.finished[line.line] = line
         self.pending.append(line)
         counts = self.batch.request_counts

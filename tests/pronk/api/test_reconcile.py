@@ -27,9 +27,9 @@ class FakeRuns:
     async def count(self, batch_id: str) -> int:
         return self.counts.get(batch_id, 1)
 
-    async def resume(self, batch: Batch, parameters: dict, attempt: int) -> str:
-        self.resumed.append((batch.id, parameters, attempt))
-        return f"resumed-{attempt}"
+    async def start(self, deployment: str, parameters: dict, run_name: str, tags: list[str]) -> str:
+        self.resumed.append((parameters["batch_id"], deployment, run_name))
+        return f"resumed-{run_name}"
 
 
 def flow_run(run_id: str, batch_id: str, state: StateType, input_uri: str) -> SimpleNamespace:
@@ -72,14 +72,14 @@ def test_a_crashed_run_is_resumed_until_the_limit_then_its_batch_ends_failed(tmp
         ],
         {"batch_crashed_too_often": 3},
     )
-    reconciler = Reconciler(settings, runs, store)
+    reconciler = Reconciler(settings, runs, runs, store)
 
     acted = asyncio.run(reconciler.check())
 
     assert sorted(acted) == ["batch_crashed", "batch_crashed_too_often", "batch_failed"]
-    assert [(batch_id, attempt) for batch_id, _, attempt in runs.resumed] == [("batch_crashed", 2)]
+    assert runs.resumed == [("batch_crashed", "run-batch/run-batch", "batch_crashed-run-2")]
     resumed = store.load("batch_crashed")
-    assert resumed.status == "in_progress" and resumed.flow_run_id == "resumed-2"
+    assert resumed.status == "in_progress" and resumed.flow_run_id == "resumed-batch_crashed-run-2"
     for name in ("crashed_too_often", "failed"):
         ended = store.load(f"batch_{name}")
         assert ended.status == "failed" and ended.errors.data[0].code == "batch_run_failed"

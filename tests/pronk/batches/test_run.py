@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 
-from engine.protocol import StepResult
 from pronk import storage
-from pronk.agents.completions import RequestOutcome, failed_outcome
+from pronk.agents.completions import failed_outcome
+from pronk.agents.outcomes import Completion, RequestOutcome, Usage
 from pronk.agents.step_records import StepRecord
 from pronk.batches.files import FileStore
 from pronk.batches.input import validate_input
 from pronk.batches.results import FinishedLine, ResultParts
 from pronk.batches.run import BatchRun, end_batch, finish_run
-from pronk.batches.schemas import Batch, OutputLine, ResponseEnvelope
+from pronk.batches.schemas import Batch, OutputLine
 from pronk.batches.store import BatchStore
 from pronk.jobs import get_job
 from pronk.settings import Settings
@@ -57,26 +57,19 @@ def setup(tmp_path, lines: int = 5):
 
 
 def done(request, tokens: int, worker: str = "w1") -> tuple[RequestOutcome, list[StepRecord]]:
-    result = StepResult(
+    usage = Usage(prompt_tokens=tokens, cached_tokens=1, completion_tokens=2)
+    completion = Completion(
+        kind="chat",
         request_id=f"chatcmpl-{request.custom_id}",
-        text="ok",
-        token_ids=[],
-        prompt_tokens=tokens,
-        cached_tokens=1,
-        completion_tokens=2,
-        finish_reason="stop",
+        model="pronk-tiny",
         model_version="1",
         worker_id=worker,
-        queue_time_s=0.0,
-        engine_time_s=0.01,
-    )
-    output = OutputLine(
-        custom_id=request.custom_id,
-        response=ResponseEnvelope(status_code=200, request_id=result.request_id, body={"usage": {}}),
+        usage=usage,
+        text="ok",
     )
     step = StepRecord(trace_id=request.custom_id, step=0, root_trace_id=request.custom_id, custom_id=request.custom_id)
-    step.take(result)
-    return RequestOutcome(request.line, output, result), [step]
+    step.worker_id, step.prompt_tokens, step.output_tokens = worker, tokens, 2
+    return RequestOutcome(request.line, request.custom_id, completion), [step]
 
 
 def test_parts_keep_every_run_and_skip_rows_that_do_not_parse(tmp_path):
