@@ -131,6 +131,7 @@ def test_leap_during_a_running_batch_switches_every_step_cleanly(stack, on_v1, t
     before = probe(w0.url)
     asyncio.run(greedy(w0.url, LONG_PROMPT, 2))
     assert asyncio.run(greedy(w0.url, LONG_PROMPT, 2)).cached_tokens > 0
+    time.sleep(2 * stack.heartbeat_interval_s + 0.5)  # the probes' own requests reach the heartbeats first
     served_at_start = sum(w.stats.requests_served for w in fleet(stack))
 
     async def batch_with_a_leap_in_the_middle():
