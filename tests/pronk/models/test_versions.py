@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
-import torch
-from safetensors.torch import save_file
 
 from pronk.jobs import JobConfig
 from pronk.models.checkpoints import CheckpointMismatch
@@ -20,15 +15,7 @@ from pronk.models.versions import (
     resolve_version,
 )
 from pronk.settings import Settings
-
-SHAPES = {"model.embed_tokens.weight": (16, 8), "lm_head.weight": (16, 8)}
-
-
-def checkpoint(path: Path, shapes=SHAPES) -> Path:
-    path.mkdir(parents=True)
-    (path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
-    save_file({name: torch.randn(shape) for name, shape in shapes.items()}, path / "model.safetensors")
-    return path
+from tests.pronk.api.test_weights_routes import checkpoint
 
 
 def job(model: str) -> JobConfig:
