@@ -9,6 +9,7 @@ args, prefix caching on and the same KV cache size. `run_vllm_batch` runs vLLM's
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -23,12 +24,14 @@ from pronk.stack.processes import spawn, stop, wait_healthy
 
 
 def engine_flags(job: JobConfig) -> list[str]:
-    """The job's engine args as vLLM command-line flags."""
+    """The job's engine args as vLLM command-line flags, with vLLM's stock first-come-first-served order."""
     flags = ["--served-model-name", job.served_model_name]
-    for key, value in job.engine.as_vllm_kwargs().items():
+    for key, value in {**job.engine.as_vllm_kwargs(), "scheduling_policy": "fcfs"}.items():
         flag = "--" + key.replace("_", "-")
         if isinstance(value, bool):
             flags.append(flag if value else "--no-" + key.replace("_", "-"))
+        elif isinstance(value, dict):
+            flags += [flag, json.dumps(value)]
         else:
             flags += [flag, str(value)]
     return flags

@@ -17,6 +17,9 @@ Where the ranges come from (the `reference` profile; GPU-sized):
   as research agents and SWE "explore" subagents do. Estimated.
 - system prompt plus tool schemas 1,000–4,000 tokens (typical for tool-using agents).
 
+`agent-long` is the prefill-dominated regime of a GPU agent fleet (system 2–4k, +300–1,500 per step,
+8–32 out, 6–12 steps, contexts up to 16k), run on the tiny model with 16k positions.
+
 The tiny CPU model has `max_model_len` 4,096, so the `cpu` profile scales the token ranges down
 (system 200–600, new 30–300, output 16–128, 8–20 steps) and caps every trace's context at
 `max_context_tokens`: a trace stops adding steps before it would pass the cap (the generator
@@ -82,6 +85,23 @@ PROFILES: dict[str, WorkloadProfile] = {
         child_steps=(2, 4),
         child_prompt_tokens=(20, 100),
         max_context_tokens=3840,
+    ),
+    # Prefill-dominated as on a GPU (bench/RESULTS.md "Calibration": recomputing a ~6k context costs
+    # 17x decoding a step's 24 tokens alone on these CPUs, 89x its share of a 16-sequence batch). Run with
+    # the `agent-long` job (16k positions through hf_overrides). No fan-out, so every trace is one chain.
+    "agent-long": WorkloadProfile(
+        name="agent-long",
+        traces=30,
+        steps=(6, 12),
+        system_prompt_tokens=(2000, 4000),
+        new_prompt_tokens=(300, 1500),
+        output_tokens=(8, 32),
+        tool_gap_s=(0.05, 2.0),
+        fan_out_share=0.0,
+        children=(0, 0),
+        child_steps=(1, 1),
+        child_prompt_tokens=(0, 0),
+        max_context_tokens=16000,
     ),
     "smoke": WorkloadProfile(
         name="smoke",

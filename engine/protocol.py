@@ -113,6 +113,9 @@ class WorkerStats(BaseModel):
     kv_cache_usage: float = 0.0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    preemptions: int = Field(
+        default=0, description="Requests the engine preempted (KV freed, recomputed when resumed); cumulative."
+    )
     requests_served: int = 0
     leap_state: str = Field(
         default="ready", description="Leap: ready, uploading (staging new weights), reloading or failed."

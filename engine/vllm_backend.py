@@ -28,6 +28,7 @@ class SchedulerSnapshot:
     kv_cache_usage: float = 0.0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    preemptions: int = 0
 
 
 def _stat_logger_factory(snapshot: SchedulerSnapshot):
@@ -39,6 +40,8 @@ def _stat_logger_factory(snapshot: SchedulerSnapshot):
             pass
 
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+            if iteration_stats is not None:
+                snapshot.preemptions += iteration_stats.num_preempted_reqs
             if scheduler_stats is None:
                 return
             snapshot.running = scheduler_stats.num_running_reqs
@@ -244,6 +247,7 @@ class VllmBackend:
             kv_cache_usage=self.snapshot.kv_cache_usage,
             prefix_cache_queries=self.snapshot.prefix_cache_queries,
             prefix_cache_hits=self.snapshot.prefix_cache_hits,
+            preemptions=self.snapshot.preemptions,
             requests_served=self.requests_served,
             leap_state=self.leap_state,
             staged_version=self.staged_version,

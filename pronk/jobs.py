@@ -39,6 +39,11 @@ class EngineArgs(BaseModel):
         "does not queue behind first steps of new traces).",
     )
     seed: int = Field(default=0, description="Engine seed.")
+    hf_overrides: dict[str, int | float | str | bool] | None = Field(
+        default=None,
+        description="Overrides of the model's Hugging Face config, e.g. `max_position_embeddings` to run a "
+        "RoPE model past its trained context (RoPE has no weights, so the checkpoint is unchanged).",
+    )
 
     def as_vllm_kwargs(self) -> dict[str, Any]:
         return self.model_dump(exclude_none=True)
