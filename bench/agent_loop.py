@@ -20,6 +20,7 @@ import httpx
 
 from engine.protocol import StepRequest, StepResult
 from pronk.agents.replay import TraceRecord, run_shape
+from pronk.agents.tool_gaps import ToolGaps
 from pronk.agents.trace_shape import TraceShape
 
 
@@ -78,24 +79,29 @@ class ReplayResult:
     wall_s: float
     traces: list[TraceRecord] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    finished_s: list[float] = field(default_factory=list)  # each finished trace's end, in s from the start
 
 
-async def replay(shapes: list[TraceShape], backend, concurrency: int, kv_pin_ttl_s: float = 0.0) -> ReplayResult:
+async def replay(
+    shapes: list[TraceShape], backend, concurrency: int, kv_pin_ttl_s: float = 0.0, gaps: ToolGaps | None = None
+) -> ReplayResult:
     """Run every shape on `backend` (anything with `generate` and `aclose`), `concurrency` root traces at a time.
 
-    A trace that fails is recorded in `errors`, not raised; the backend is closed at the end.
+    A trace that fails is recorded in `errors`, not raised; the backend is closed at the end. With `gaps`, pins
+    last what the measured tool gaps suggest (`kv_pin_ttl: auto`).
     """
     result = ReplayResult(wall_s=0.0)
     slots = asyncio.Semaphore(concurrency)
+    started = time.monotonic()
 
     async def one(shape: TraceShape) -> None:
         async with slots:
             try:
-                result.traces.append(await run_shape(backend, shape, kv_pin_ttl_s=kv_pin_ttl_s))
+                result.traces.append(await run_shape(backend, shape, kv_pin_ttl_s=kv_pin_ttl_s, gaps=gaps))
+                result.finished_s.append(time.monotonic() - started)
             except Exception as exc:  # noqa: BLE001 - one trace's failure is counted, never stops the round
                 result.errors.append(f"{shape.trace_id}: {type(exc).__name__}: {exc}"[:300])
 
-    started = time.monotonic()
     try:
         await asyncio.gather(*(one(shape) for shape in shapes))
     finally:

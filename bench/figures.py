@@ -8,6 +8,11 @@ from dataclasses import dataclass, field
 
 from bench.agent_loop import ReplayResult
 
+BASELINE = "stock vLLM: round-robin"
+BATCH = "pronk batch flow (Prefect, full)"
+LIMIT = "offline limit (LLM.generate, no gaps)"
+FULL = "pronk: + priority"  # the bare loop with every mechanism on (bench.pronk_runs.ABLATIONS)
+
 
 def worker_moves(steps: list[tuple[str, int, str]]) -> tuple[int, int]:
     """(steps that ran on a different worker than their trace's previous step, steps that had a previous step).
@@ -34,6 +39,20 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
+def steady_rate(finished_s: list[float], trim: float = 0.1) -> float:
+    """Traces per second in steady state: completions between the first and the last of the middle 80%.
+
+    With at least 3x as many traces as are in flight, this leaves out the start (all slots filling at
+    once) and the tail (the last traces finishing alone); with fewer than 5 completions it is NaN.
+    """
+    ordered = sorted(finished_s)
+    if len(ordered) < 5:
+        return math.nan
+    first, last = math.floor(len(ordered) * trim), math.ceil(len(ordered) * (1 - trim)) - 1
+    span = ordered[last] - ordered[first]
+    return (last - first) / span if span > 0 else math.nan
+
+
 @dataclass(slots=True)
 class AgentRun:
     """One replay of the agent workload on one setup."""
@@ -51,11 +70,13 @@ class AgentRun:
     errors: list[str] = field(default_factory=list)
     orchestration_overhead: float | None = None
     prefect_lag_s: float | None = None
+    finished_s: list[float] = field(default_factory=list)
+    preemptions: int | None = None
 
     @classmethod
     def from_replay(cls, name: str, result: ReplayResult, workers: int) -> AgentRun:
         steps = [r for trace in result.traces for r in trace.records if r.worker_id is not None]
-        moves, transitions = worker_moves([(r.trace_id, r.step, r.worker_id) for r in steps])
+        moves, transitions = worker_moves([(r.trace_id, r.step, r.worker_id or "") for r in steps])
         return cls(
             name=name,
             wall_s=result.wall_s,
@@ -68,11 +89,21 @@ class AgentRun:
             trace_seconds=[t.duration_s for t in result.traces],
             moved_steps=moves / transitions if transitions else math.nan,
             errors=list(result.errors),
+            finished_s=list(result.finished_s),
         )
 
     @property
     def traces_per_s(self) -> float:
+        """Finished traces over the whole wall time: start-up and tail included."""
         return self.traces / self.wall_s
+
+    @property
+    def steady_traces_per_s(self) -> float:
+        return steady_rate(self.finished_s)
+
+    @property
+    def recomputed_prompt_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
 
     @property
     def tasks_per_worker_hour(self) -> float:
@@ -158,7 +189,8 @@ class Comparison:
 
 def agent_comparisons(pronk: AgentRun, bare: AgentRun, baseline: AgentRun, price: float) -> list[Comparison]:
     rows = [
-        ("traces per second", "traces/s", lambda r: r.traces_per_s, True),
+        ("traces per second (steady state)", "traces/s", lambda r: r.steady_traces_per_s, True),
+        ("traces per second (all traces / wall time)", "traces/s", lambda r: r.traces_per_s, True),
         ("tasks per worker-hour", "traces/worker-h", lambda r: r.tasks_per_worker_hour, True),
         (f"tasks per dollar (at ${price}/worker-h)", "traces/USD", lambda r: r.tasks_per_dollar(price), True),
         ("output tokens per second", "tokens/s", lambda r: r.output_tokens_per_s, True),
@@ -200,3 +232,87 @@ def single_step_comparisons(pronk: SingleStepRun, baseline: SingleStepRun) -> li
 
 def median_of(values: list[float]) -> float:
     return statistics.median(values) if values else math.nan
+
+
+def spread(values: list[float]) -> dict:
+    """Every round's value and their min/median/max (NaN rounds kept in `rounds`, left out of the summary)."""
+    clean = [v for v in values if v is not None and not math.isnan(v)]
+    rounded = [None if v is None or math.isnan(v) else round(v, 6) for v in values]
+    if not clean:
+        return {"rounds": rounded, "min": None, "median": None, "max": None}
+    return {
+        "rounds": rounded,
+        "min": round(min(clean), 6),
+        "median": round(statistics.median(clean), 6),
+        "max": round(max(clean), 6),
+    }
+
+
+def run_figures(run: AgentRun, ideal_cached_ratio: float) -> dict[str, float]:
+    """One setup's figures in one round."""
+    return {
+        "traces_per_s_steady": run.steady_traces_per_s,
+        "traces_per_s_wall": run.traces_per_s,
+        "cached_ratio": run.cached_ratio,
+        "cached_ratio_of_ideal": run.cached_ratio / ideal_cached_ratio if ideal_cached_ratio else math.nan,
+        "recomputed_prompt_tokens": float(run.recomputed_prompt_tokens),
+        "preemptions": math.nan if run.preemptions is None else float(run.preemptions),
+        "p50_trace_s": percentile(run.trace_seconds, 50),
+        "p90_trace_s": percentile(run.trace_seconds, 90),
+        "moved_steps": run.moved_steps,
+        "traces": float(run.traces),
+        "errors": float(len(run.errors)),
+    }
+
+
+def rounds_table(rounds: list[dict[str, AgentRun]], ideals: list[float]) -> dict[str, dict[str, dict]]:
+    """setup -> figure -> spread over rounds, plus each setup's steady traces/s over the baseline's and the
+    limit's in the same round (the first setup of a round is the baseline; the limit is named so)."""
+    table: dict[str, dict[str, dict]] = {}
+    for name in rounds[0]:
+        per_round = [run_figures(r[name], ideal) for r, ideal in zip(rounds, ideals, strict=True)]
+        table[name] = {key: spread([f[key] for f in per_round]) for key in per_round[0]}
+        for ref, key in ((BASELINE, "over_baseline"), (LIMIT, "over_limit")):
+            if ref in rounds[0] and name != ref:
+                table[name][key] = spread(
+                    [_ratio(r[name].steady_traces_per_s, r[ref].steady_traces_per_s) for r in rounds]
+                )
+    return table
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b and not math.isnan(a) and not math.isnan(b) else math.nan
+
+
+GOALS = (
+    # (figure, profiles it applies to, setup, key in the setup's table, goal)
+    ("agent-long traces/s, pronk / stock vLLM round-robin", ("agent-long",), "over_baseline", 3.0),
+    ("traces/s, pronk / offline limit", ("agent-long", "cpu"), "over_limit", 0.80),
+    ("cached-token ratio / ideal", ("agent-long", "cpu"), "cached_ratio_of_ideal", 0.90),
+    ("today's CPU profile traces/s, pronk / baseline", ("cpu",), "over_baseline", 1.4),
+)
+
+
+def goals(rounds: list[dict[str, AgentRun]], ideals: list[float], profile: str) -> list[dict]:
+    """The issue's goals for this profile, measured on pronk's batch flow (the product) and on the bare loop with
+    every mechanism on; each with every round's value and whether the median meets the goal."""
+    table = rounds_table(rounds, ideals)
+    out = []
+    for figure, profiles, key, goal in GOALS:
+        if profile not in profiles:
+            continue
+        for setup in (BATCH, FULL):
+            values = table.get(setup, {}).get(key)
+            if values is None:
+                continue
+            median = values["median"]
+            out.append(
+                {
+                    "figure": figure,
+                    "setup": setup,
+                    "goal": goal,
+                    **values,
+                    "met": median is not None and median >= goal,
+                }
+            )
+    return out

@@ -1,39 +1,122 @@
 """pronk's side of the benchmark: a bare asyncio loop over its workers, its batch flow, and Prefect's lag.
 
 The bare loop runs the same replay loop as the baseline, through `engine.router.Router` with the
-job's routing policy and gap-KV pin, so the difference between it and the batch flow on the same
-shapes is what the orchestration (Prefect flow and task runs, batch records, step records, result
-files) costs.
+job's routing policy, so setups differ only in the mechanism switched on (`ABLATIONS`: pins, admission,
+priority), and the difference between the full one and the batch flow on the same shapes is what the
+orchestration (Prefect flow and task runs, batch records, step records, result files) costs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
+from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from uuid import UUID
 
+import httpx
+
 from bench.agent_loop import ReplayResult, replay
-from bench.figures import AgentRun, worker_moves
+from bench.figures import FULL, AgentRun, worker_moves
+from engine.protocol import StepRequest, StepResult
 from pronk.agents.spec import REPLAY_URL
+from pronk.agents.tool_gaps import ToolGaps
 from pronk.agents.trace_shape import TraceShape
 from pronk.jobs import JobConfig
 from pronk.settings import Settings
 
 
-def pronk_router(job: JobConfig, settings: Settings):
+@dataclass(frozen=True, slots=True)
+class Ablation:
+    """Which of the Herd's mechanisms a bare-loop setup switches on (routing is always the job's)."""
+
+    name: str
+    pins: bool
+    admission: str
+    priority: bool
+
+
+ABLATIONS = (
+    Ablation("pronk: affinity only", pins=False, admission="none", priority=False),
+    Ablation("pronk: + pins", pins=True, admission="none", priority=False),
+    Ablation("pronk: + admission", pins=True, admission="kv_budget", priority=False),
+    Ablation(FULL, pins=True, admission="kv_budget", priority=True),
+)
+
+
+class OneOrder:
+    """The router with every step stamped with one trace start time, so priority is off even on workers that run
+    vLLM's priority queue: equal priorities run in arrival order (fcfs), and admission's waiting line falls back
+    to started traces first, then arrival."""
+
+    def __init__(self, router):
+        self.router = router
+
+    async def generate(self, request: StepRequest) -> StepResult:
+        return await self.router.generate(request.model_copy(update={"trace_started_at": 1.0}))
+
+    async def finish(self, trace_id: str) -> None:
+        await self.router.finish(trace_id)
+
+    async def aclose(self) -> None:
+        await self.router.aclose()
+
+
+def pronk_router(job: JobConfig, settings: Settings, admission: str | None = None):
     from engine.registry import Registry
     from engine.router import Router
 
     return Router(
-        job.job_id, Registry.from_settings(settings), policy=job.harness.routing, admission=job.harness.admission
+        job.job_id,
+        Registry.from_settings(settings),
+        policy=job.harness.routing,
+        admission=admission or job.harness.admission,
+        admission_timeout_s=job.harness.step_timeout_s,
     )
 
 
-async def bare_loop(shapes: list[TraceShape], job: JobConfig, settings: Settings, concurrency: int) -> ReplayResult:
-    """The shapes through pronk's router and workers, driven by the plain agent loop."""
-    return await replay(shapes, pronk_router(job, settings), concurrency, job.harness.kv_pin_ttl_s)
+async def bare_loop(
+    shapes: list[TraceShape], job: JobConfig, settings: Settings, concurrency: int, ablation: Ablation
+) -> ReplayResult:
+    """The shapes through pronk's router and workers, driven by the plain agent loop, with `ablation`'s mechanisms.
+
+    Priority needs workers running `engine.scheduling_policy: priority`; on fcfs workers it changes nothing.
+    """
+    router = pronk_router(job, settings, ablation.admission)
+    ttl = job.harness.kv_pin_ttl_s if ablation.pins else 0.0
+    gaps = ToolGaps(ttl) if ablation.pins and job.harness.kv_pin_ttl == "auto" else None
+    return await replay(shapes, router if ablation.priority else OneOrder(router), concurrency, ttl, gaps)
+
+
+_PREEMPTIONS = re.compile(r"^vllm:num_preemptions(?:_total)?(?:\{[^}]*\})?\s+([0-9.eE+]+)\s*$", re.MULTILINE)
+
+
+def preemptions_in_metrics(text: str) -> int:
+    """vLLM's cumulative preemption counter from a Prometheus /metrics page (summed over engines)."""
+    return round(sum(float(v) for v in _PREEMPTIONS.findall(text)))
+
+
+async def server_preemptions(urls: list[str]) -> int:
+    """Preemptions so far on stock vLLM servers, from their /metrics."""
+    async with httpx.AsyncClient(timeout=10.0) as http:
+        pages = [(await http.get(f"{url}/metrics")).text for url in urls]
+    return sum(preemptions_in_metrics(page) for page in pages)
+
+
+async def worker_preemptions(job: JobConfig, settings: Settings) -> int:
+    """Preemptions so far on the job's live pronk workers, from their /stats."""
+    from engine.client import WorkerClient
+    from engine.registry import Registry
+
+    client = WorkerClient()
+    try:
+        stats = [await client.stats(w.url) for w in Registry.from_settings(settings).live(job.job_id)]
+    finally:
+        await client.aclose()
+    return sum(s.preemptions for s in stats)
 
 
 async def prefect_lag_s(flow_run_id: str, timeout_s: float = 120.0) -> float:
@@ -91,9 +174,14 @@ async def trace_batch(shapes: list[TraceShape], job: JobConfig, work_dir: Path) 
     work_dir.mkdir(parents=True, exist_ok=True)
     path = work_dir / "replay_batch.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in replay_lines(shapes, job.served_model_name)))
+    started_at = time.time()
     batch, wall, lag = await run_batch_file(path, job, work_dir / "out")
     traces = [line["response"]["body"]["pronk"]["trace"] for line in _read_jsonl(batch["output_uri"])]
     steps = _read_jsonl(batch["output_uri"].removesuffix("_output.jsonl") + "_steps.jsonl")
+    ends: dict[str, float] = defaultdict(float)
+    for r in steps:
+        root = r.get("root_trace_id") or r["trace_id"]
+        ends[root] = max(ends[root], r["started_at"] + (r.get("engine_time_s") or 0.0) - started_at)
     moves, transitions = worker_moves([(r["trace_id"], r["step"], r["worker_id"]) for r in steps if r.get("worker_id")])
     errors = [
         f"{line['custom_id']}: {line['error']['code']}: {line['error']['message']}"[:300]
@@ -112,4 +200,5 @@ async def trace_batch(shapes: list[TraceShape], job: JobConfig, work_dir: Path) 
         moved_steps=moves / transitions if transitions else float("nan"),
         errors=errors,
         prefect_lag_s=lag,
+        finished_s=sorted(ends.values()),
     )

@@ -1,7 +1,8 @@
 """The benchmark's outputs: the printed table, `bench/results.json`, the main section of `bench/RESULTS.md`, the plot.
 
-`RESULTS.md` is shared with other sections (`## Gap KV`, `## Leap`): this module only rewrites the
-text between its two markers, and puts that block first when it writes it for the first time.
+`RESULTS.md` is shared with other sections (`## Gap KV`, `## Leap`, `## Calibration`): this module only
+rewrites the text between a profile's two markers, and puts that block first when it writes it for the first
+time. `results.json` holds one entry per profile; recording one profile leaves the others as they were.
 """
 
 from __future__ import annotations
@@ -14,6 +15,11 @@ from bench.figures import AgentRun, Comparison, percentile
 
 START, END = "<!-- bench:main:start -->", "<!-- bench:main:end -->"
 TITLE = "# Benchmark results"
+
+
+def markers(profile: str) -> tuple[str, str]:
+    """The markers around a profile's section (the `cpu` profile keeps the original main section's)."""
+    return (START, END) if profile == "cpu" else (f"<!-- bench:{profile}:start -->", f"<!-- bench:{profile}:end -->")
 
 
 def _fmt(value: float | None) -> str:
@@ -61,9 +67,75 @@ def markdown_table(comparisons: list[Comparison]) -> str:
     return "\n".join("| " + " | ".join(row) + " |" for row in rows)
 
 
-def write_json(path: Path, comparisons: list[Comparison], meta: dict) -> Path:
-    path.write_text(json.dumps({"meta": meta, "comparisons": [c.as_json() for c in comparisons]}, indent=2) + "\n")
+def write_json(
+    path: Path, comparisons: list[Comparison], meta: dict, setups: dict | None = None, goals: list | None = None
+) -> Path:
+    """This profile's entry of results.json: meta, every setup's figures per round, the goals, the comparisons."""
+    data = json.loads(path.read_text()) if path.exists() else {}
+    profiles = data.get("profiles", {}) if isinstance(data, dict) else {}
+    profiles[meta["profile"]] = {
+        "meta": meta,
+        "goals": goals or [],
+        "setups": setups or {},
+        "comparisons": [c.as_json() for c in comparisons],
+    }
+    path.write_text(json.dumps({"profiles": profiles}, indent=2) + "\n")
     return path
+
+
+def _spread(values: dict | None) -> str:
+    if not values or values.get("median") is None:
+        return "—"
+    return f"{_fmt(values['median'])} ({_fmt(values['min'])}–{_fmt(values['max'])})"
+
+
+SETUP_COLUMNS = (
+    ("traces/s steady", "traces_per_s_steady"),
+    ("/ stock RR", "over_baseline"),
+    ("/ limit", "over_limit"),
+    ("traces/s all / wall", "traces_per_s_wall"),
+    ("cached ratio", "cached_ratio"),
+    ("/ ideal", "cached_ratio_of_ideal"),
+    ("recomputed prompt tokens", "recomputed_prompt_tokens"),
+    ("preemptions", "preemptions"),
+    ("p90 trace s", "p90_trace_s"),
+    ("steps moved", "moved_steps"),
+)
+
+
+def setups_table(setups: dict[str, dict[str, dict]]) -> str:
+    """One row per setup: the median over rounds (min–max)."""
+    header = ["setup", *(title for title, _ in SETUP_COLUMNS)]
+    rows = [header, ["---"] * len(header)]
+    for name, figures in setups.items():
+        rows.append([name, *(_spread(figures.get(key)) for _, key in SETUP_COLUMNS)])
+    return "\n".join("| " + " | ".join(row) + " |" for row in rows)
+
+
+def rounds_lines(setups: dict[str, dict[str, dict]]) -> str:
+    """Every round's steady traces/s and cached ratio per setup (round order as drawn, seed + round)."""
+    lines = []
+    for name, figures in setups.items():
+        rate = ", ".join(_fmt(v) for v in figures["traces_per_s_steady"]["rounds"])
+        cached = ", ".join(_fmt(v) for v in figures["cached_ratio"]["rounds"])
+        lines.append(f"- {name}: traces/s {rate}; cached ratio {cached}")
+    return "\n".join(lines)
+
+
+def goals_table(goals: list[dict]) -> str:
+    rows = [["goal", "setup", "target", "median (min–max)", "rounds", "met"], ["---"] * 6]
+    for g in goals:
+        rows.append(
+            [
+                g["figure"],
+                g["setup"],
+                f"≥ {g['goal']}",
+                _spread(g),
+                ", ".join(_fmt(v) for v in g["rounds"]),
+                "yes" if g["met"] else "**no**",
+            ]
+        )
+    return "\n".join("| " + " | ".join(row) + " |" for row in rows)
 
 
 def plot_completion_times(path: Path, runs: list[AgentRun]) -> Path:
@@ -95,13 +167,14 @@ def plot_completion_times(path: Path, runs: list[AgentRun]) -> Path:
     return path
 
 
-def write_results_md(path: Path, section: str) -> Path:
-    """Replace the main section between the markers, or put it first under the title."""
-    block = f"{START}\n{section.strip()}\n{END}"
+def write_results_md(path: Path, section: str, profile: str = "cpu") -> Path:
+    """Replace the profile's section between its markers, or put it first under the title."""
+    start, end = markers(profile)
+    block = f"{start}\n{section.strip()}\n{end}"
     text = path.read_text() if path.exists() else f"{TITLE}\n"
-    if START in text and END in text:
-        head, rest = text.split(START, 1)
-        text = head + block + rest.split(END, 1)[1]
+    if start in text and end in text:
+        head, rest = text.split(start, 1)
+        text = head + block + rest.split(end, 1)[1]
     else:
         title, _, body = text.partition("\n")
         text = f"{title}\n\n{block}\n\n{body.lstrip()}"
@@ -109,39 +182,55 @@ def write_results_md(path: Path, section: str) -> Path:
     return path
 
 
-def markdown_section(meta: dict, comparisons: list[Comparison], plot_name: str) -> str:
+def markdown_section(
+    meta: dict, comparisons: list[Comparison], plot_name: str, setups: dict | None = None, goals: list | None = None
+) -> str:
     losses = [c.name for c in comparisons if c.pronk_loses]
     kv = meta["kv"]
     lines = [
-        "## pronk vs stock vLLM on agent traces (main comparison)",
+        f"## pronk vs stock vLLM on agent traces: profile `{meta['profile']}`",
         "",
-        f"Run {meta['date']} on {meta['machine']}, with `{meta['command']}`.",
+        f"Run {meta['date']} on {meta['machine']}, with `{meta['command']}`; the whole bench took "
+        f"{meta.get('bench_wall_s', '?')} s.",
         "",
-        f"Both sides: job `{meta['job']}` (the tiny local model `models:/pronk-tiny@live`), {meta['workers']} engine "
+        f"Every setup: job `{meta['job']}` (the tiny local model `models:/pronk-tiny@live`), {meta['workers']} engine "
         "processes each pinned to its own core, the same engine args, prefix caching on, `max_model_len` "
         f"{meta['max_model_len']}, and a KV cache of {meta['kv_cache_memory_bytes'] / 2**20:.0f} MiB = "
         f"{kv['tokens_per_worker']:,} tokens per process. The workload's working set is "
         f"~{kv['working_set_tokens_per_worker']:,} tokens per process ({meta['concurrency']} traces in flight, mean "
-        f"final context {kv['mean_trace_context']:,} tokens), so the cache cannot hold every live trace and "
-        "**eviction happens**: with no eviction at all the cached-token ratio would be "
-        f"{kv['ideal_cached_ratio']:.3f}.",
+        f"final context {kv['mean_trace_context']:,} tokens), "
+        f"{kv['working_set_tokens_per_worker'] / max(kv['tokens_per_worker'], 1):.1f}x the cache. With no eviction "
+        f"at all the cached-token ratio would be {kv['ideal_cached_ratio']:.3f} (the ideal; `/ ideal` below).",
         "",
-        f"Workload: profile `{meta['profile']}`, {meta['traces_per_round']} root traces per round × {meta['rounds']} "
-        f"round(s) (seed {meta['seed']}), {meta['steps_per_round']} steps per round, "
-        f"{meta['steps_cut_by_context_cap']} steps cut by the context cap; single-step file of "
-        f"{meta['single_step_requests']} lines. Ranges and their sources: `bench/workload.py`. pronk = its batch flow "
-        "(Prefect) on its workers; pronk bare loop = the same plain asyncio loop as the baseline, through pronk's "
-        "router and workers; baseline = N `python -m vllm.entrypoints.openai.api_server` round-robin (agent; they "
-        f"took {meta['vllm_server_startup_s']} s to start, not counted) and `python -m "
-        "vllm.entrypoints.openai.run_batch` (single-step; its own engine start-up is counted end to end, and left "
-        "out in the row that says so, from its progress bar's rate). Ratios are pronk / baseline; times are medians "
-        "(p50) and p90 over traces.",
+        f"Workload: profile `{meta['profile']}`, {meta['traces_per_round']} root traces per round "
+        f"({meta['traces_per_round'] / max(meta['concurrency'], 1):.1f}x the concurrency) × {meta['rounds']} round(s) "
+        f"(seed {meta['seed']} + round, the order of setups rotated by one each round), {meta['steps_per_round']} "
+        f"steps in round 0, {meta['steps_cut_by_context_cap']} steps cut by the context cap. Setups: the stock "
+        "baseline (N `python -m vllm.entrypoints.openai.api_server`, vLLM's fcfs, behind round-robin; they took "
+        f"{meta['vllm_server_startup_s']} s to start, not counted); pronk's workers through the same bare asyncio "
+        "replay loop over pronk's router, the Herd's mechanisms switched on one by one (affinity only: pins off, "
+        "admission none, one priority for all; + pins: the job's pin TTL; + admission: `kv_budget`; + priority: "
+        "each step carries its trace's start); pronk's batch flow (Prefect) with the job as configured; the "
+        "offline limit (`bench/offline_limit.py`: `LLM.generate` per core with the same engine args and KV bytes, "
+        "zero tool gaps, each trace's steps in order, traces grouped to fit the cache). traces/s steady = "
+        "completions over the window between the first and the last of the middle 80%; the limit's traces all "
+        "start at once, so read its wall figure too. Preemptions: the baseline's from vLLM's /metrics, pronk's "
+        "from its workers' /stats. Cells: median over rounds (min–max).",
+        "",
+    ]
+    if setups:
+        lines += [setups_table(setups), "", "Every round:", "", rounds_lines(setups), ""]
+    if goals:
+        lines += ["Goals (issue 11):", "", goals_table(goals), ""]
+    lines += [
+        "The classic comparison (pronk = batch flow, bare loop = every mechanism on, baseline = stock round-robin; "
+        "medians over rounds):",
         "",
         markdown_table(comparisons),
         "",
         f"![trace completion times]({plot_name})",
         "",
-        "pronk loses on: " + (", ".join(losses) if losses else "nothing in this run") + " (see below for why).",
+        "pronk loses on: " + (", ".join(losses) if losses else "nothing in this run") + ".",
     ]
     if meta.get("errors"):
         lines += ["", f"Errors seen: `{json.dumps(meta['errors'])[:800]}`"]

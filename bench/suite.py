@@ -1,11 +1,13 @@
 """`pronk bench`: run the baseline and pronk side by side on one workload, then print and record the table.
 
-Order of one run: draw the workload; start N stock vLLM servers (the baseline) and replay it there;
-stop them; replay it on pronk's workers with the bare loop, then as a pronk batch; then the
-single-step file through pronk's batch flow and through vLLM's `run_batch`. Each setup gets the
-same shapes under its own trace ids, so no setup reads KV another one left in a cache.
-With `rounds` > 1 every figure is the median over rounds (each round draws with seed + round, and
-the order of the three agent setups rotates by one each round).
+One round draws a workload (seed + round) and replays it on every setup, in an order rotated by one
+each round: N stock vLLM servers behind round-robin (the baseline); pronk's workers through the same bare
+asyncio loop over pronk's router with the Herd's mechanisms switched on one by one (`ABLATIONS`:
+affinity only, + pins, + admission, + priority), so those setups differ only in the mechanism; pronk's
+batch flow with the job as configured (the product, orchestration included); and the offline limit
+(`bench.offline_limit`). Each setup gets the same shapes under its own trace ids, so no setup reads KV
+another left in a cache. Every round's value is kept (`rounds_table`, `goals`); then the single-step file
+runs through pronk's batch flow and through vLLM's `run_batch`.
 """
 
 from __future__ import annotations
@@ -13,25 +15,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import math
 import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from bench import pronk_runs, report
+from bench import offline_limit, pronk_runs, report
 from bench.agent_loop import OpenAIServers, replay
 from bench.baseline import VllmServers, run_vllm_batch
 from bench.figures import (
+    BASELINE,
+    BATCH,
+    FULL,
+    LIMIT,
     AgentRun,
     Comparison,
     SingleStepRun,
     agent_comparisons,
+    goals,
+    rounds_table,
     single_step_comparisons,
 )
+from bench.pronk_runs import ABLATIONS
 from bench.workload import (
     PROFILES,
     Workload,
@@ -39,9 +51,12 @@ from bench.workload import (
     generate,
     write_single_step_file,
 )
+from engine.worker import cores_for
 from pronk.agents.trace_shape import TraceShape
 from pronk.jobs import JobConfig, get_job
 from pronk.settings import PROJECT_ROOT, Settings
+
+log = logging.getLogger(__name__)
 
 BENCH_DIR = PROJECT_ROOT / "bench"
 CPU_BLOCK_SIZE = 128  # vLLM's default KV block size on CPU (the job leaves block_size unset)
@@ -56,8 +71,11 @@ class BenchConfig(BaseModel):
     profile: str = Field(default="cpu", description=f"Workload profile: one of {sorted(PROFILES)}.")
     traces: int | None = Field(default=None, ge=1, description="Root traces per round (default: the profile's).")
     seed: int = Field(default=0, description="Workload seed; round r uses seed + r.")
-    rounds: int = Field(default=1, ge=1, description="Rounds; figures are medians over rounds.")
-    single_step_requests: int = Field(default=64, ge=1, description="Lines in the single-step batch file.")
+    rounds: int = Field(default=3, ge=1, description="Rounds; every round is kept, with min/median/max.")
+    single_step_requests: int = Field(
+        default=64, ge=0, description="Lines in the single-step batch file (0: no single-step comparison)."
+    )
+    limit: bool = Field(default=True, description="Also run the offline limit (vLLM LLM.generate, no tool gaps).")
     work_dir: Path = Field(description="Scratch folder: workload files, outputs, logs.")
     record: bool = Field(default=False, description="Write bench/RESULTS.md, bench/results.json and the plot.")
     command: str = Field(default="pronk bench", description="The command line, for the record.")
@@ -77,6 +95,7 @@ def _median_run(runs: list[AgentRun]) -> AgentRun:
     """A run whose every figure is the median over rounds (completion times pooled for percentiles)."""
     if len(runs) == 1:
         return runs[0]
+    by_rate = sorted(runs, key=lambda r: (math.isnan(r.steady_traces_per_s), r.steady_traces_per_s))
     med = lambda get: statistics.median(get(r) for r in runs)  # noqa: E731
     first = runs[0]
     total = lambda get: sum(get(r) for r in runs)  # noqa: E731
@@ -97,6 +116,8 @@ def _median_run(runs: list[AgentRun]) -> AgentRun:
         errors=[e for r in runs for e in r.errors],
         orchestration_overhead=statistics.median(overheads) if overheads else None,
         prefect_lag_s=statistics.median(lags) if lags else None,
+        finished_s=by_rate[(len(runs) - 1) // 2].finished_s,
+        preemptions=round(med(lambda r: r.preemptions or 0)),
     )
 
 
@@ -114,11 +135,12 @@ class Bench:
 
         return resolve_model(self.job.model, self.settings).path
 
-    def agent_round(self, workload: Workload, servers: VllmServers, turn: int) -> tuple[AgentRun, AgentRun, AgentRun]:
-        """The three setups on one workload, in an order rotated by `turn` so no setup always goes first."""
-        job, n = self.job, self.job.workers
+    def agent_round(self, workload: Workload, servers: VllmServers, turn: int) -> dict[str, AgentRun]:
+        """Every setup on one workload, in an order rotated by `turn` so no setup always goes first."""
+        job, n, settings = self.job, self.job.workers, self.settings
 
         def baseline() -> AgentRun:
+            before = asyncio.run(pronk_runs.server_preemptions(servers.urls))
             result = asyncio.run(
                 replay(
                     relabel(workload.shapes, "base"),
@@ -126,23 +148,66 @@ class Bench:
                     self.concurrency,
                 )
             )
-            return AgentRun.from_replay("baseline: vLLM servers, round-robin", result, n)
+            run = AgentRun.from_replay(BASELINE, result, n)
+            run.preemptions = asyncio.run(pronk_runs.server_preemptions(servers.urls)) - before
+            return run
 
-        def bare() -> AgentRun:
-            result = asyncio.run(
-                pronk_runs.bare_loop(relabel(workload.shapes, "bare"), job, self.settings, self.concurrency)
-            )
-            return AgentRun.from_replay("pronk bare loop", result, n)
+        def ablation(setup: pronk_runs.Ablation, label: str) -> Callable[[], AgentRun]:
+            def one() -> AgentRun:
+                before = asyncio.run(pronk_runs.worker_preemptions(job, settings))
+                result = asyncio.run(
+                    pronk_runs.bare_loop(relabel(workload.shapes, label), job, settings, self.concurrency, setup)
+                )
+                run = AgentRun.from_replay(setup.name, result, n)
+                run.preemptions = asyncio.run(pronk_runs.worker_preemptions(job, settings)) - before
+                return run
+
+            return one
 
         def batch() -> AgentRun:
-            return asyncio.run(
+            before = asyncio.run(pronk_runs.worker_preemptions(job, settings))
+            run = asyncio.run(
                 pronk_runs.trace_batch(relabel(workload.shapes, "batch"), job, self.work / f"agent-{workload.seed}")
             )
+            run.name = BATCH
+            run.preemptions = asyncio.run(pronk_runs.worker_preemptions(job, settings)) - before
+            return run
 
-        setups = [baseline, bare, batch]
-        runs = {f.__name__: f() for f in setups[turn % 3 :] + setups[: turn % 3]}
-        runs["batch"].orchestration_overhead = (runs["batch"].wall_s - runs["bare"].wall_s) / runs["batch"].wall_s
-        return runs["batch"], runs["bare"], runs["baseline"]
+        def limit() -> AgentRun:
+            kv = kv_summary(job, self.model_dir(), workload, self.concurrency)
+            out = offline_limit.run_limit(
+                relabel(workload.shapes, "limit"),
+                self.model_dir(),
+                job.engine.as_vllm_kwargs(),
+                int(kv["tokens_per_worker"] * 0.9),
+                [cores_for(i, job.cpu_cores_per_worker) for i in range(n)],
+                self.work / f"limit-{workload.seed}",
+            )
+            return AgentRun(
+                name=LIMIT,
+                wall_s=out["wall_s"],
+                workers=n,
+                traces=out["traces"],
+                steps=out["steps"],
+                prompt_tokens=out["prompt_tokens"],
+                cached_tokens=out["cached_tokens"],
+                output_tokens=out["output_tokens"],
+                trace_seconds=[],
+                finished_s=out["finished_s"],
+            )
+
+        setups: list[tuple[str, Callable[[], AgentRun]]] = [(BASELINE, baseline)]
+        setups += [(a.name, ablation(a, f"abl{i}")) for i, a in enumerate(ABLATIONS)]
+        setups += [(BATCH, batch)]
+        if self.config.limit:
+            setups.append((LIMIT, limit))
+        turn %= len(setups)
+        runs = {}
+        for name, run in setups[turn:] + setups[:turn]:
+            log.info("round %d: %s", workload.seed - self.config.seed, name)
+            runs[name] = run()
+        runs[BATCH].orchestration_overhead = (runs[BATCH].wall_s - runs[FULL].wall_s) / runs[BATCH].wall_s
+        return {name: runs[name] for name, _ in setups}
 
     def single_step(self, model_dir: Path) -> tuple[SingleStepRun, SingleStepRun]:
         path = write_single_step_file(
@@ -178,14 +243,21 @@ class Bench:
             for turn, workload in enumerate(workloads):
                 rounds.append(self.agent_round(workload, servers, turn))
             startup_s = servers.startup_s
-        pronk, bare, baseline = (_median_run([r[i] for r in rounds]) for i in range(3))
-        single_pronk, single_vllm = self.single_step(model_dir)
+        ideals = [cache_bounds(w, self.job.engine.block_size or CPU_BLOCK_SIZE)[1] for w in workloads]
+        pronk, bare, baseline = (_median_run([r[name] for r in rounds]) for name in (BATCH, FULL, BASELINE))
         comparisons = agent_comparisons(pronk, bare, baseline, self.job.price_per_worker_hour)
-        comparisons += single_step_comparisons(single_pronk, single_vllm)
+        singles: list[SingleStepRun] = []
+        if cfg.single_step_requests:
+            single_pronk, single_vllm = self.single_step(model_dir)
+            comparisons += single_step_comparisons(single_pronk, single_vllm)
+            singles = [single_pronk, single_vllm]
         return {
             "comparisons": comparisons,
             "runs": [pronk, bare, baseline],
-            "single": [single_pronk, single_vllm],
+            "rounds": rounds,
+            "setups": rounds_table(rounds, ideals),
+            "goals": goals(rounds, ideals, cfg.profile),
+            "single": singles,
             "workloads": workloads,
             "startup_s": startup_s,
         }
@@ -213,7 +285,7 @@ def meta(config: BenchConfig, job: JobConfig, outcome: dict) -> dict:
         "steps_cut_by_context_cap": workload.steps_cut_by_cap,
         "single_step_requests": config.single_step_requests,
         "vllm_server_startup_s": round(outcome["startup_s"], 1),
-        "errors": {run.name: run.errors[:5] for run in outcome["runs"] if run.errors},
+        "errors": {name: run.errors[:5] for r in outcome["rounds"] for name, run in r.items() if run.errors},
     }
 
 
@@ -235,9 +307,11 @@ def kv_summary(job: JobConfig, model_dir: Path, workload: Workload, concurrency:
 def record(config: BenchConfig, outcome: dict, info: dict, out_dir: Path = BENCH_DIR) -> list[Path]:
     """Write results.json, the plot and the main section of RESULTS.md."""
     comparisons: list[Comparison] = outcome["comparisons"]
-    plot = report.plot_completion_times(out_dir / "completion_times.png", outcome["runs"])
-    data = report.write_json(out_dir / "results.json", comparisons, info)
-    md = report.write_results_md(out_dir / "RESULTS.md", report.markdown_section(info, comparisons, plot.name))
+    suffix = "" if config.profile == "cpu" else f"_{config.profile}"
+    plot = report.plot_completion_times(out_dir / f"completion_times{suffix}.png", outcome["runs"])
+    data = report.write_json(out_dir / "results.json", comparisons, info, outcome["setups"], outcome["goals"])
+    section = report.markdown_section(info, comparisons, plot.name, outcome["setups"], outcome["goals"])
+    md = report.write_results_md(out_dir / "RESULTS.md", section, config.profile)
     return [md, data, plot]
 
 
@@ -267,6 +341,8 @@ def run_bench(config: BenchConfig, settings: Settings, echo=print) -> dict:
     info["kv"] = kv_summary(bench.job, bench.model_dir(), outcome["workloads"][0], bench.concurrency)
     info["bench_wall_s"] = round(time.monotonic() - started, 1)
     echo(report.text_table(outcome["comparisons"]))
+    echo(report.setups_table(outcome["setups"]))
+    echo(report.goals_table(outcome["goals"]))
     echo(
         f"KV per process {info['kv']['tokens_per_worker']:,} tokens, working set "
         f"~{info['kv']['working_set_tokens_per_worker']:,}; cached ratio with no eviction "

@@ -294,14 +294,17 @@ def api(
 def bench(
     job: JobOption = None,
     profile: Annotated[
-        str, typer.Option(help="Workload profile (bench/workload.py): cpu, smoke or reference.")
+        str, typer.Option(help="Workload profile (bench/workload.py): cpu, agent-long, smoke or reference.")
     ] = "cpu",
     traces: Annotated[int | None, typer.Option(min=1, help="Root traces per round (default: the profile's).")] = None,
     rounds: Annotated[
-        int, typer.Option(min=1, help="Rounds (seed + round each); figures are medians over rounds.")
-    ] = 1,
+        int, typer.Option(min=1, help="Rounds (seed + round each, setups rotated); every round is kept.")
+    ] = 3,
     seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
-    single_step_requests: Annotated[int, typer.Option(min=1, help="Lines of the single-step batch file.")] = 64,
+    single_step_requests: Annotated[
+        int, typer.Option(min=0, help="Lines of the single-step batch file (0: skip the single-step comparison).")
+    ] = 64,
+    limit: Annotated[bool, typer.Option(help="Also run the offline limit (vLLM LLM.generate, no tool gaps).")] = True,
     work_dir: Annotated[Path | None, typer.Option(help="Scratch folder (default: <data dir>/bench).")] = None,
     record: Annotated[
         bool, typer.Option(help="Write bench/RESULTS.md, bench/results.json and bench/completion_times.png.")
@@ -323,6 +326,7 @@ def bench(
         rounds=rounds,
         seed=seed,
         single_step_requests=single_step_requests,
+        limit=limit,
         work_dir=work_dir or settings.data_dir / "bench",
         record=record,
         command="pronk " + " ".join(sys.argv[1:]),

@@ -10,7 +10,8 @@ import math
 
 import pytest
 
-from bench.figures import Comparison
+from bench.figures import BASELINE, BATCH, FULL, LIMIT, Comparison
+from bench.pronk_runs import ABLATIONS
 from bench.suite import BenchConfig, record, run_bench
 
 pytestmark = pytest.mark.e2e
@@ -18,23 +19,41 @@ pytestmark = pytest.mark.e2e
 
 def test_smoke_bench_runs_every_setup_and_reports_every_figure(stack, tmp_path):
     config = BenchConfig(
-        profile="smoke", traces=4, single_step_requests=6, work_dir=tmp_path / "work", command="pytest smoke"
+        profile="smoke",
+        traces=6,
+        rounds=1,
+        single_step_requests=6,
+        work_dir=tmp_path / "work",
+        command="pytest smoke",
     )
     outcome = run_bench(config, stack, echo=lambda _line: None)
 
-    pronk, bare, baseline = outcome["runs"]
-    for run in (pronk, bare, baseline):
-        assert run.traces == 4 and not run.errors, (run.name, run.errors)
-        assert run.output_tokens == outcome["workloads"][0].total_output_tokens()
-        assert len(run.trace_seconds) == 4 and run.wall_s > 0
+    (runs,) = outcome["rounds"]
+    assert list(runs) == [BASELINE, *(a.name for a in ABLATIONS), BATCH, LIMIT]
+    for run in runs.values():
+        assert run.traces == 6 and not run.errors, (run.name, run.errors)
+        assert run.output_tokens == outcome["workloads"][0].total_output_tokens(), run.name
+        assert len(run.finished_s) == 6 and run.wall_s > 0, run.name
+        # the limit's traces end in a few waves, so its steady window can be empty on so small a workload
+        assert not math.isnan(run.steady_traces_per_s) or run.name == LIMIT, run.name
+        assert run.preemptions is not None or run.name == LIMIT
+    assert runs[LIMIT].cached_tokens > 0
+    pronk = outcome["runs"][0]
     assert pronk.prefect_lag_s is not None and pronk.orchestration_overhead is not None
     single_pronk, single_vllm = outcome["single"]
     assert single_pronk.completed == single_vllm.completed == 6
 
+    setups = outcome["setups"]
+    assert set(setups) == set(runs) and "over_limit" in setups[BATCH]
+    assert all(len(figures["traces_per_s_steady"]["rounds"]) == 1 for figures in setups.values())
+    assert setups[FULL]["over_baseline"]["median"] > 0 and setups[BASELINE]["preemptions"]["median"] is not None
+    goal_rows = {(g["figure"], g["setup"]) for g in outcome["goals"]}
+    assert ("cached-token ratio / ideal", BATCH) in goal_rows or not outcome["goals"]
+
     comparisons: list[Comparison] = outcome["comparisons"]
     names = {c.name for c in comparisons}
     for figure in (
-        "traces per second",
+        "traces per second (steady state)",
         "tasks per worker-hour",
         "tasks per dollar",
         "output tokens per second",
@@ -52,8 +71,8 @@ def test_smoke_bench_runs_every_setup_and_reports_every_figure(stack, tmp_path):
             assert c.ratio is not None and c.ratio >= 0, c.name
 
     md, data, plot = record(config, outcome, outcome["meta"], tmp_path)
-    assert "pronk / baseline" in md.read_text() and plot.stat().st_size > 0
-    rows = json.loads(data.read_text())["comparisons"]
-    assert len(rows) == len(comparisons) and all(
-        {"name", "pronk", "baseline", "ratio", "unit"} <= row.keys() for row in rows
-    )
+    text = md.read_text()
+    assert "pronk / baseline" in text and BATCH in text and plot.stat().st_size > 0
+    entry = json.loads(data.read_text())["profiles"]["smoke"]
+    assert len(entry["comparisons"]) == len(comparisons) and set(entry["setups"]) == set(runs)
+    assert all({"name", "pronk", "baseline", "ratio", "unit"} <= row.keys() for row in entry["comparisons"])

@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import math
+
 from bench.baseline import engine_flags, processing_seconds
-from bench.figures import AgentRun, Comparison, percentile, worker_moves
-from bench.report import END, START, write_results_md
+from bench.figures import (
+    BASELINE,
+    BATCH,
+    FULL,
+    AgentRun,
+    Comparison,
+    goals,
+    percentile,
+    rounds_table,
+    steady_rate,
+    worker_moves,
+)
+from bench.offline_limit import final_context, fitting_groups
+from bench.pronk_runs import OneOrder, preemptions_in_metrics
+from bench.report import END, START, write_json, write_results_md
 from bench.suite import relabel
 from bench.workload import PROFILES, cache_bounds, generate
 from pronk.jobs import get_job
@@ -80,3 +97,125 @@ def test_vllm_flags_and_progress_parsing():
 def test_worker_moves_counts_steps_that_left_their_trace_worker():
     steps = [("a", 0, "w0"), ("a", 1, "w0"), ("a", 2, "w1"), ("b", 0, "w1"), ("b", 1, "w0")]
     assert worker_moves(steps) == (2, 3)
+
+
+def test_agent_long_profile_is_prefill_dominated_and_fits_16k():
+    from bench.workload import PROFILES as profiles
+
+    profile = profiles["agent-long"]
+    workload = generate("agent-long", 0)
+    assert len(workload.shapes) == profile.traces and workload.steps_cut_by_cap == 0
+    for shape in workload.shapes:
+        assert 2000 <= shape.system_prompt_tokens <= 4000 and 6 <= len(shape.steps) <= 12
+        assert all(8 <= s.output_tokens <= 32 and 300 <= s.new_prompt_tokens <= 1500 for s in shape.steps)
+        assert not any(s.fan_out for s in shape.steps)
+        assert max(_contexts(shape)) <= profile.max_context_tokens
+    mean_context, ideal = cache_bounds(workload, 128)
+    assert 6000 < mean_context < 14000 and 0.7 < ideal < 0.95
+
+
+def test_agent_long_job_runs_16k_positions_and_oversubscribes_its_cache():
+    job = get_job("agent-long")
+    assert job.engine.hf_overrides == {"max_position_embeddings": 16384} and job.engine.max_model_len == 16384
+    flags = engine_flags(job)
+    assert json.loads(flags[flags.index("--hf-overrides") + 1]) == {"max_position_embeddings": 16384}
+    assert flags[flags.index("--scheduling-policy") + 1] == "fcfs"  # the stock baseline keeps vLLM's default order
+    assert job.engine.scheduling_policy == "priority" and job.harness.admission == "kv_budget"
+    tokens = job.engine.kv_cache_memory_bytes // (2 * 4 * 2 * 64 * 4)  # tiny model: 4 layers, 2 KV heads of 64, fp32
+    mean_context, _ = cache_bounds(generate("agent-long", 0), 128)
+    working_set = job.max_concurrency / job.workers * mean_context
+    assert tokens >= job.engine.max_model_len and 2.0 <= working_set / tokens <= 3.0
+    assert PROFILES["agent-long"].traces >= 3 * job.max_concurrency
+
+
+def test_steady_rate_leaves_out_start_and_tail():
+    assert math.isnan(steady_rate([1.0, 2.0, 3.0]))
+    # 10 completions one second apart, then a long tail: the middle 80% (2nd to 9th) span 7 s for 7 traces
+    assert steady_rate([float(t) for t in range(1, 10)] + [100.0]) == 1.0
+
+
+def test_rounds_keep_every_value_and_goals_use_the_same_round():
+    def run(name, rate, cached):
+        return AgentRun(
+            name,
+            wall_s=10.0,
+            workers=2,
+            traces=10,
+            steps=40,
+            prompt_tokens=1000,
+            cached_tokens=cached,
+            output_tokens=100,
+            trace_seconds=[1.0],
+            finished_s=[t / rate for t in range(1, 11)],
+            preemptions=3,
+        )
+
+    rounds = [
+        {BASELINE: run(BASELINE, 1.0, 200), BATCH: run(BATCH, 2.0, 800), FULL: run(FULL, 2.0, 800)},
+        {BASELINE: run(BASELINE, 2.0, 200), BATCH: run(BATCH, 3.0, 800), FULL: run(FULL, 3.0, 800)},
+        {BASELINE: run(BASELINE, 1.0, 200), BATCH: run(BATCH, 4.0, 900), FULL: run(FULL, 4.0, 900)},
+    ]
+    table = rounds_table(rounds, [0.9, 0.9, 0.9])
+    rates = table[BATCH]["over_baseline"]
+    assert [round(v, 6) for v in rates["rounds"]] == [2.0, 1.5, 4.0] and rates["median"] == 2.0
+    assert rates["min"] == 1.5 and rates["max"] == 4.0 and "over_baseline" not in table[BASELINE]
+    assert table[BATCH]["cached_ratio_of_ideal"]["rounds"][2] == 1.0 and table[FULL]["preemptions"]["median"] == 3
+    rows = goals(rounds, [0.9, 0.9, 0.9], "agent-long")
+    speed = next(g for g in rows if g["setup"] == BATCH and g["figure"].startswith("agent-long"))
+    assert speed["goal"] == 3.0 and not speed["met"] and speed["rounds"] == rates["rounds"]
+    assert not any(g["figure"].startswith("today's") for g in rows)
+
+
+def test_offline_limit_groups_traces_to_fit_the_cache():
+    shapes = generate("agent-long", 1).shapes
+    groups = fitting_groups(shapes, 30_000)
+    assert [s for g in groups for s in g] == shapes
+    assert all(len(g) == 1 or sum(final_context(s) for s in g) <= 30_000 for g in groups)
+
+
+def test_preemptions_from_vllm_metrics():
+    page = (
+        "# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.\n"
+        'vllm:num_preemptions_total{engine="0",model_name="m"} 7.0\n'
+        'vllm:num_preemptions_total{engine="1",model_name="m"} 2.0\n'
+        "vllm:num_requests_running 1.0\n"
+    )
+    assert preemptions_in_metrics(page) == 9 and preemptions_in_metrics("") == 0
+
+
+def test_one_order_stamps_every_step_with_one_start_time():
+    seen = []
+
+    class Router:
+        async def generate(self, request):
+            seen.append(request.trace_started_at)
+
+        async def finish(self, trace_id):
+            seen.append(trace_id)
+
+        async def aclose(self):
+            pass
+
+    from engine.protocol import SamplingSpec, StepRequest
+
+    wrapped = OneOrder(Router())
+    request = StepRequest(
+        request_id="r", prompt_token_ids=[1, 2], sampling=SamplingSpec(max_tokens=1), trace_id="t", trace_started_at=5.0
+    )
+    asyncio.run(wrapped.generate(request))
+    asyncio.run(wrapped.finish("t"))
+    assert seen == [1.0, "t"]
+
+
+def test_results_json_and_md_keep_each_profile(tmp_path):
+    path = tmp_path / "results.json"
+    write_json(path, [], {"profile": "cpu"})
+    write_json(path, [], {"profile": "agent-long"}, {"s": {}}, [{"figure": "x"}])
+    data = json.loads(path.read_text())["profiles"]
+    assert set(data) == {"cpu", "agent-long"} and data["agent-long"]["goals"] == [{"figure": "x"}]
+    md = tmp_path / "RESULTS.md"
+    write_results_md(md, "## cpu section", "cpu")
+    write_results_md(md, "## long section", "agent-long")
+    write_results_md(md, "## long again", "agent-long")
+    text = md.read_text()
+    assert "## cpu section" in text and "## long again" in text and "## long section" not in text

@@ -1,0 +1,163 @@
+"""The offline limit: the same token work on vLLM's offline engine, with no tool gaps and no serving stack.
+
+Each of the job's N worker cores gets one `LLM` process (the job's engine args and KV bytes, prefix caching
+on, pinned like the worker of that index) and every N-th trace. A process runs its traces in groups whose
+final contexts fit its KV cache together, and a group in waves: every trace's step k in one `generate` call,
+then step k+1 with the outputs appended. So every step finds its trace's prefix cached (no eviction, no
+preemption, full batches) and nothing waits on a tool: what an engine could do with this work at best.
+
+    python -m bench.offline_limit --shapes S.jsonl --model DIR --engine-args JSON --capacity-tokens N --out OUT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pronk.agents.replay import filler_tokens
+from pronk.agents.trace_shape import TraceShape
+
+
+def final_context(shape: TraceShape) -> int:
+    return shape.system_prompt_tokens + sum(s.new_prompt_tokens + s.output_tokens for s in shape.steps)
+
+
+def fitting_groups(shapes: list[TraceShape], capacity_tokens: int) -> list[list[TraceShape]]:
+    """Consecutive shapes grouped while their final contexts together fit `capacity_tokens` (one at least)."""
+    groups: list[list[TraceShape]] = []
+    used = 0
+    for shape in shapes:
+        size = final_context(shape)
+        if not groups or used + size > capacity_tokens:
+            groups.append([])
+            used = 0
+        groups[-1].append(shape)
+        used += size
+    return groups
+
+
+def run_waves(llm, shapes: list[TraceShape], capacity_tokens: int) -> dict:
+    """Every shape's steps in order, group by group, wave by wave; figures in the bench's terms."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    prompt_tokens = cached_tokens = output_tokens = steps = 0
+    finished_s: list[float] = []
+    started = time.monotonic()
+    for group in fitting_groups(shapes, capacity_tokens):
+        tokens = {s.trace_id: filler_tokens(f"{s.trace_id}/system", s.system_prompt_tokens) for s in group}
+        for k in range(max(len(s.steps) for s in group)):
+            live = [s for s in group if k < len(s.steps)]
+            prompts = []
+            for s in live:
+                tokens[s.trace_id] = tokens[s.trace_id] + filler_tokens(
+                    f"{s.trace_id}/{k}", s.steps[k].new_prompt_tokens
+                )
+                prompts.append(TokensPrompt(prompt_token_ids=tokens[s.trace_id]))
+            params = [
+                SamplingParams(max_tokens=s.steps[k].output_tokens, ignore_eos=True, temperature=0.0) for s in live
+            ]
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+            now = time.monotonic() - started
+            for s, out in zip(live, outputs, strict=True):
+                generated = list(out.outputs[0].token_ids)
+                tokens[s.trace_id] = tokens[s.trace_id] + generated
+                prompt_tokens += len(out.prompt_token_ids or [])
+                cached_tokens += out.num_cached_tokens or 0
+                output_tokens += len(generated)
+                steps += 1
+                if k == len(s.steps) - 1:
+                    finished_s.append(now)
+    return {
+        "wall_s": time.monotonic() - started,
+        "traces": len(finished_s),
+        "steps": steps,
+        "prompt_tokens": prompt_tokens,
+        "cached_tokens": cached_tokens,
+        "output_tokens": output_tokens,
+        "finished_s": finished_s,
+    }
+
+
+def run_limit(
+    shapes: list[TraceShape],
+    model_dir: Path,
+    engine_args: dict,
+    capacity_tokens: int,
+    cores: list[list[int]],
+    work_dir: Path,
+    timeout_s: float = 3600.0,
+) -> dict:
+    """The shapes split over one offline process per core set (pinned), run at once; their figures combined."""
+    from bench.baseline import pinned
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for index, core_set in enumerate(cores):
+        part = work_dir / f"limit-shapes-{index}.jsonl"
+        part.write_text("".join(s.model_dump_json() + "\n" for s in shapes[index :: len(cores)]))
+        out = work_dir / f"limit-{index}.json"
+        out.unlink(missing_ok=True)
+        argv = [
+            sys.executable,
+            "-m",
+            "bench.offline_limit",
+            "--shapes",
+            str(part),
+            "--model",
+            str(model_dir),
+            "--engine-args",
+            json.dumps(engine_args),
+            "--capacity-tokens",
+            str(capacity_tokens),
+            "--out",
+            str(out),
+        ]
+        argv, env = pinned(argv, core_set)
+        log = open(work_dir / f"limit-{index}.log", "ab")  # noqa: SIM115 - closed after the process ends
+        procs.append(
+            (subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}), out, log)
+        )
+    results = []
+    try:
+        for proc, out, _ in procs:
+            if proc.wait(timeout=timeout_s) != 0:
+                raise RuntimeError(f"offline limit exited {proc.returncode}; see {work_dir}")
+            results.append(json.loads(out.read_text()))
+    finally:
+        for proc, _, log in procs:
+            if proc.poll() is None:
+                proc.kill()
+            log.close()
+    combined = {key: sum(r[key] for r in results) for key in ("traces", "steps", "prompt_tokens", "cached_tokens")}
+    combined["output_tokens"] = sum(r["output_tokens"] for r in results)
+    combined["wall_s"] = max(r["wall_s"] for r in results)
+    combined["finished_s"] = sorted(t for r in results for t in r["finished_s"])
+    return combined
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", type=Path, required=True)
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--engine-args", required=True, help="the job's engine args as JSON")
+    parser.add_argument("--capacity-tokens", type=int, required=True, help="KV cache tokens of one process")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+
+    from vllm import LLM
+
+    from pronk.agents.replay import load_shapes
+
+    engine_args = {**json.loads(args.engine_args), "scheduling_policy": "fcfs"}
+    llm = LLM(model=str(args.model), **engine_args)
+    args.out.write_text(json.dumps(run_waves(llm, load_shapes(args.shapes), args.capacity_tokens)) + "\n")
+
+
+if __name__ == "__main__":
+    main()
