@@ -72,7 +72,12 @@ class VllmServers:
                 "--enable-prompt-tokens-details",
                 *engine_flags(self.job),
             ]
-            argv, env = pinned(argv, cores_for(index, self.job.cpu_cores_per_worker))
+            # pinned like pronk's worker of this index on CPU; on a GPU pronk's workers are not pinned either
+            argv, env = (
+                pinned(argv, cores_for(index, self.job.cpu_cores_per_worker))
+                if self.job.device == "cpu"
+                else (argv, {})
+            )
             self.pids.append(spawn(argv, self.logs_dir / f"vllm-server-{index}.log", env=env))
             self.urls.append(f"http://127.0.0.1:{port}")
         deadline = time.monotonic() + timeout_s

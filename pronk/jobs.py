@@ -39,6 +39,10 @@ class EngineArgs(BaseModel):
         "does not queue behind first steps of new traces).",
     )
     seed: int = Field(default=0, description="Engine seed.")
+    load_format: Literal["auto", "safetensors", "dummy"] | None = Field(
+        default=None,
+        description="How vLLM loads weights; `dummy` makes random ones of the config's shape (benchmarks).",
+    )
     hf_overrides: dict[str, int | float | str | bool] | None = Field(
         default=None,
         description="Overrides of the model's Hugging Face config, e.g. `max_position_embeddings` to run a "

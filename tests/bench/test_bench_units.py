@@ -219,3 +219,12 @@ def test_results_json_and_md_keep_each_profile(tmp_path):
     write_results_md(md, "## long again", "agent-long")
     text = md.read_text()
     assert "## cpu section" in text and "## long again" in text and "## long section" not in text
+
+
+def test_gpu_check_job_is_a_valid_dummy_weight_cuda_job(tmp_path):
+    from bench.gpu_check import KV_BYTES_PER_TOKEN, MAX_MODEL_LEN, write_job
+
+    job = write_job(tmp_path / "jobs", tmp_path / "model", 16, MAX_MODEL_LEN + 256)
+    assert job.device == "cuda" and job.engine.load_format == "dummy" and job.harness.admission == "kv_budget"
+    assert job.engine.kv_cache_memory_bytes == (MAX_MODEL_LEN + 256) * KV_BYTES_PER_TOKEN
+    assert "--load-format" in engine_flags(job)

@@ -1,0 +1,213 @@
+"""`bench/gpu_check.sh`: agent-long on a GPU, pronk against the stock round-robin baseline, in a few minutes.
+
+A 3B-shaped Llama (Llama 3.2 3B's layers, heads and widths; the tiny model's 4,096-token vocabulary and
+tokenizer) with `load_format="dummy"`: random weights made on the GPU, nothing downloaded. Two pronk
+workers (`pronk.stack.worker`, every Herd mechanism on) and two stock vLLM servers share the GPU, each
+with the same KV cache, sized so the working set oversubscribes it ~2.5x. One round: the stock servers
+behind round-robin, then pronk's bare loop with every mechanism on, then pronk's with affinity only; the
+JSON is rewritten after each setup, so a run cut short still leaves what it measured.
+
+    bench/gpu_check.sh [--traces 48] [--concurrency 16] [--out bench/gpu_results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import yaml
+
+from bench.agent_loop import OpenAIServers, replay
+from bench.baseline import VllmServers
+from bench.figures import BASELINE, AgentRun, run_figures
+from bench.pronk_runs import ABLATIONS, bare_loop
+from bench.suite import relabel
+from bench.workload import PROFILES, cache_bounds, generate
+from pronk.jobs import JobConfig, load_job_file
+from pronk.settings import PROJECT_ROOT, Settings
+
+JOB_ID = "job-a9e1609c"
+# Llama 3.2 3B's shape (bf16: 2 bytes a value); 2 x layers x KV heads x head_dim x 2 bytes of KV a token
+SHAPE = {
+    "hidden_size": 3072,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 24,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+}
+KV_BYTES_PER_TOKEN = 2 * SHAPE["num_hidden_layers"] * SHAPE["num_key_value_heads"] * SHAPE["head_dim"] * 2
+MAX_MODEL_LEN = 16384
+
+
+def make_model(out: Path) -> Path:
+    """A 3B-shaped Llama directory: config only (vLLM makes dummy weights), the tiny model's tokenizer."""
+    from pronk.models.tiny_model import VOCAB_SIZE, train_tokenizer
+
+    out.mkdir(parents=True, exist_ok=True)
+    train_tokenizer(out)
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": VOCAB_SIZE,
+        "max_position_embeddings": MAX_MODEL_LEN,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        **SHAPE,
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+def write_job(jobs_dir: Path, model: Path, concurrency: int, kv_tokens: int) -> JobConfig:
+    job = {
+        "job_id": JOB_ID,
+        "name": "agent-long-gpu",
+        "model": str(model),
+        "served_model_name": "llama-3b-dummy",
+        "device": "cuda",
+        "workers": 2,
+        "price_per_worker_hour": 1.0,
+        "max_concurrency": concurrency,
+        "engine": {
+            "max_model_len": MAX_MODEL_LEN,
+            "dtype": "bfloat16",
+            "load_format": "dummy",
+            "max_num_seqs": 64,
+            "kv_cache_memory_bytes": kv_tokens * KV_BYTES_PER_TOKEN,
+            "gpu_memory_utilization": 0.2,
+            "enable_prefix_caching": True,
+            "enforce_eager": True,
+            "scheduling_policy": "priority",
+        },
+        "harness": {
+            "max_steps": 16,
+            "step_max_tokens": 64,
+            "step_timeout_s": 600,
+            "trace_timeout_s": 900,
+            "kv_pin_ttl_s": 30,
+            "kv_pin_ttl": "auto",
+            "routing": "trace_affinity",
+            "admission": "kv_budget",
+        },
+    }
+    jobs_dir.mkdir(parents=True, exist_ok=True)
+    path = jobs_dir / "agent-long-gpu.yaml"
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
+    return load_job_file(path)
+
+
+def start_workers(job: JobConfig, settings: Settings, logs: Path, timeout_s: float = 300.0) -> list[int]:
+    """pronk's engine workers for the job, waited on until every one is in the registry."""
+    import os
+
+    from engine.registry import Registry
+    from pronk.stack.processes import spawn
+
+    env = {**os.environ, "PRONK_DATA_DIR": str(settings.data_dir), "PRONK_JOBS_DIR": str(settings.jobs_dir)}
+    pids = [
+        spawn(
+            [sys.executable, "-m", "pronk.stack.worker", "--job", job.job_id, "--index", str(i)],
+            logs / f"pronk-worker-{i}.log",
+            env=env,
+            cwd=PROJECT_ROOT,
+        )
+        for i in range(job.workers)
+    ]
+    deadline = time.monotonic() + timeout_s
+    while len(Registry.from_settings(settings).live(job.job_id)) < job.workers:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"pronk workers not up after {timeout_s}s; see {logs}")
+        time.sleep(1.0)
+    return pids
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--traces", type=int, default=48)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--oversubscription", type=float, default=2.5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "bench" / "gpu_results.json")
+    args = parser.parse_args()
+
+    from pronk.stack.processes import stop
+
+    workload = generate(PROFILES["agent-long"], args.seed, args.traces)
+    mean_context, ideal = cache_bounds(workload, 16)
+    working_set = args.concurrency / 2 * mean_context
+    kv_tokens = max(int(working_set / args.oversubscription), MAX_MODEL_LEN + 256)
+    result: dict = {
+        "meta": {
+            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "model": "Llama-3B-shaped, dummy weights, bf16",
+            "traces": args.traces,
+            "concurrency": args.concurrency,
+            "kv_tokens_per_engine": kv_tokens,
+            "working_set_tokens_per_engine": round(working_set),
+            "ideal_cached_ratio": ideal,
+            "complete": False,
+        },
+        "setups": {},
+    }
+
+    def save() -> None:
+        args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+
+    save()
+    work = Path(tempfile.mkdtemp(prefix="pronk-gpu-check-"))
+    settings = Settings(data_dir=work / "data", jobs_dir=work / "jobs")
+    pids: list[int] = []
+    try:
+        model = make_model(work / "model")
+        job = write_job(settings.jobs_dir, model, args.concurrency, kv_tokens)
+        started = time.monotonic()
+        pids = start_workers(job, settings, work / "logs")
+        with VllmServers(job, model, work / "logs", job.workers) as servers:
+            result["meta"]["startup_s"] = round(time.monotonic() - started, 1)
+            save()
+            runs: dict[str, AgentRun] = {}
+            base = asyncio.run(
+                replay(
+                    relabel(workload.shapes, "base"),
+                    OpenAIServers(servers.urls, job.served_model_name),
+                    args.concurrency,
+                )
+            )
+            runs[BASELINE] = AgentRun.from_replay(BASELINE, base, job.workers)
+            result["setups"][BASELINE] = run_figures(runs[BASELINE], ideal)
+            save()
+            for index, ablation in enumerate((ABLATIONS[-1], ABLATIONS[0])):
+                done = asyncio.run(
+                    bare_loop(relabel(workload.shapes, f"abl{index}"), job, settings, args.concurrency, ablation)
+                )
+                runs[ablation.name] = AgentRun.from_replay(ablation.name, done, job.workers)
+                figures = run_figures(runs[ablation.name], ideal)
+                figures["over_baseline"] = (
+                    figures["traces_per_s_steady"] / result["setups"][BASELINE]["traces_per_s_steady"]
+                )
+                result["setups"][ablation.name] = figures
+                save()
+        result["meta"]["complete"] = True
+    finally:
+        for pid in pids:
+            stop(pid)
+        save()
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(result, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
