@@ -33,6 +33,8 @@ typecheck: install
 down:
 	$(BIN)/pronk stack down
 
-# pronk vs N stock vLLM servers on the same agent traces and single-step file; records bench/RESULTS.md.
+# pronk vs N stock vLLM servers, the Herd's ablations and the offline limit on both agent profiles (3 rounds each,
+# traces >= 3x the concurrency), plus the single-step file; records bench/RESULTS.md and bench/results.json.
 bench: install
-	$(BIN)/pronk bench --record --rounds 3 --traces 32
+	$(BIN)/pronk bench --record --job agent-long --profile agent-long --rounds 3 --single-step-requests 0
+	$(BIN)/pronk bench --record --profile cpu --rounds 3 --traces 96

@@ -3,8 +3,9 @@
 Each of the job's N worker cores gets one `LLM` process (the job's engine args and KV bytes, prefix caching
 on, pinned like the worker of that index) and every N-th trace. A process runs its traces in groups whose
 final contexts fit its KV cache together, and a group in waves: every trace's step k in one `generate` call,
-then step k+1 with the outputs appended. So every step finds its trace's prefix cached (no eviction, no
-preemption, full batches) and nothing waits on a tool: what an engine could do with this work at best.
+then step k+1 with the outputs appended (fan-out children join the wave after their parent's step). So
+every step finds its trace's prefix cached (no eviction, no preemption, batches as full as the cache
+allows) and nothing waits on a tool: about what an engine could do with this work at best.
 
     python -m bench.offline_limit --shapes S.jsonl --model DIR --engine-args JSON --capacity-tokens N --out OUT.json
 """
@@ -17,6 +18,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from pronk.agents.replay import filler_tokens
@@ -41,8 +43,23 @@ def fitting_groups(shapes: list[TraceShape], capacity_tokens: int) -> list[list[
     return groups
 
 
+@dataclass(slots=True)
+class _Chain:
+    """One trace (a root or a fan-out child) being run: its tokens so far and its next step."""
+
+    trace_id: str
+    shape: TraceShape
+    tokens: list[int]
+    root: bool
+    next: int = 0
+
+
 def run_waves(llm, shapes: list[TraceShape], capacity_tokens: int) -> dict:
-    """Every shape's steps in order, group by group, wave by wave; figures in the bench's terms."""
+    """Every shape's steps in order, group by group, wave by wave; figures in the bench's terms.
+
+    A fan-out child joins the wave after its parent's step, on the parent's tokens, as the replay loop
+    runs it (same trace ids, so the same token content); a root's end is its own last step.
+    """
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -50,28 +67,32 @@ def run_waves(llm, shapes: list[TraceShape], capacity_tokens: int) -> dict:
     finished_s: list[float] = []
     started = time.monotonic()
     for group in fitting_groups(shapes, capacity_tokens):
-        tokens = {s.trace_id: filler_tokens(f"{s.trace_id}/system", s.system_prompt_tokens) for s in group}
-        for k in range(max(len(s.steps) for s in group)):
-            live = [s for s in group if k < len(s.steps)]
-            prompts = []
-            for s in live:
-                tokens[s.trace_id] = tokens[s.trace_id] + filler_tokens(
-                    f"{s.trace_id}/{k}", s.steps[k].new_prompt_tokens
-                )
-                prompts.append(TokensPrompt(prompt_token_ids=tokens[s.trace_id]))
-            params = [
-                SamplingParams(max_tokens=s.steps[k].output_tokens, ignore_eos=True, temperature=0.0) for s in live
-            ]
+        chains = [
+            _Chain(s.trace_id, s, filler_tokens(f"{s.trace_id}/system", s.system_prompt_tokens), root=True)
+            for s in group
+        ]
+        while live := [c for c in chains if c.next < len(c.shape.steps)]:
+            prompts, params = [], []
+            for c in live:
+                step = c.shape.steps[c.next]
+                c.tokens = c.tokens + filler_tokens(f"{c.trace_id}/{c.next}", step.new_prompt_tokens)
+                prompts.append(TokensPrompt(prompt_token_ids=c.tokens))
+                params.append(SamplingParams(max_tokens=step.output_tokens, ignore_eos=True, temperature=0.0))
             outputs = llm.generate(prompts, params, use_tqdm=False)
             now = time.monotonic() - started
-            for s, out in zip(live, outputs, strict=True):
+            for c, out in zip(live, outputs, strict=True):
                 generated = list(out.outputs[0].token_ids)
-                tokens[s.trace_id] = tokens[s.trace_id] + generated
+                c.tokens = c.tokens + generated
                 prompt_tokens += len(out.prompt_token_ids or [])
                 cached_tokens += out.num_cached_tokens or 0
                 output_tokens += len(generated)
                 steps += 1
-                if k == len(s.steps) - 1:
+                for i, child in enumerate(c.shape.steps[c.next].fan_out):
+                    child_id = f"{c.trace_id}.{c.next}.{i}"
+                    own = filler_tokens(f"{child_id}/system", child.system_prompt_tokens)
+                    chains.append(_Chain(child_id, child, c.tokens + own, root=False))
+                c.next += 1
+                if c.root and c.next == len(c.shape.steps):
                     finished_s.append(now)
     return {
         "wall_s": time.monotonic() - started,
