@@ -234,30 +234,36 @@ class Bench:
         tokens = sum(line["response"]["body"]["usage"]["completion_tokens"] for line in ok)
         return pronk, SingleStepRun("vLLM run_batch", wall, len(lines), len(ok), tokens, processing_s=processing)
 
-    def run(self) -> dict:
+    def run(self, on_round: Callable[[dict], object] | None = None) -> dict:
+        """Every round, then the single-step comparison; `on_round` gets the outcome so far after each round."""
         cfg = self.config
         model_dir = self.model_dir()
         workloads = [generate(cfg.profile, cfg.seed + r, cfg.traces) for r in range(cfg.rounds)]
-        rounds = []
+        rounds: list[dict[str, AgentRun]] = []
         with VllmServers(self.job, model_dir, self.work / "logs", self.job.workers) as servers:
             for turn, workload in enumerate(workloads):
                 rounds.append(self.agent_round(workload, servers, turn))
+                if on_round is not None and len(rounds) < len(workloads):
+                    on_round(self.outcome(rounds, workloads[: len(rounds)], servers.startup_s))
             startup_s = servers.startup_s
-        ideals = [cache_bounds(w, self.job.engine.block_size or CPU_BLOCK_SIZE)[1] for w in workloads]
-        pronk, bare, baseline = (_median_run([r[name] for r in rounds]) for name in (BATCH, FULL, BASELINE))
-        comparisons = agent_comparisons(pronk, bare, baseline, self.job.price_per_worker_hour)
-        singles: list[SingleStepRun] = []
+        outcome = self.outcome(rounds, workloads, startup_s)
         if cfg.single_step_requests:
             single_pronk, single_vllm = self.single_step(model_dir)
-            comparisons += single_step_comparisons(single_pronk, single_vllm)
-            singles = [single_pronk, single_vllm]
+            outcome["comparisons"] += single_step_comparisons(single_pronk, single_vllm)
+            outcome["single"] = [single_pronk, single_vllm]
+        return outcome
+
+    def outcome(self, rounds: list[dict[str, AgentRun]], workloads: list[Workload], startup_s: float) -> dict:
+        """The figures of the rounds run so far."""
+        ideals = [cache_bounds(w, self.job.engine.block_size or CPU_BLOCK_SIZE)[1] for w in workloads]
+        pronk, bare, baseline = (_median_run([r[name] for r in rounds]) for name in (BATCH, FULL, BASELINE))
         return {
-            "comparisons": comparisons,
+            "comparisons": agent_comparisons(pronk, bare, baseline, self.job.price_per_worker_hour),
             "runs": [pronk, bare, baseline],
             "rounds": rounds,
             "setups": rounds_table(rounds, ideals),
-            "goals": goals(rounds, ideals, cfg.profile),
-            "single": singles,
+            "goals": goals(rounds, ideals, self.config.profile),
+            "single": [],
             "workloads": workloads,
             "startup_s": startup_s,
         }
@@ -278,7 +284,8 @@ def meta(config: BenchConfig, job: JobConfig, outcome: dict) -> dict:
         "max_model_len": job.engine.max_model_len,
         "profile": config.profile,
         "traces_per_round": len(workload.shapes),
-        "rounds": config.rounds,
+        "rounds": len(outcome["rounds"]),
+        "rounds_asked": config.rounds,
         "seed": config.seed,
         "concurrency": job.max_concurrency,
         "steps_per_round": workload.total_steps(),
@@ -332,17 +339,27 @@ def pronk_fleet(settings: Settings, job: JobConfig):
 
 
 def run_bench(config: BenchConfig, settings: Settings, echo=print) -> dict:
-    """Run everything, print the table, and (with `record`) write the results files."""
+    """Run everything, print the table, and (with `record`) write the results files, after every round too."""
     bench = Bench(config, settings)
+    started = time.monotonic()
+
+    def summary(outcome: dict, final: bool) -> dict:
+        info = meta(config, bench.job, outcome)
+        info["kv"] = kv_summary(bench.job, bench.model_dir(), outcome["workloads"][0], bench.concurrency)
+        info["bench_wall_s"] = round(time.monotonic() - started, 1)
+        info["rounds_completed"] = len(outcome["rounds"])
+        if config.record:
+            for path in record(config, outcome, info):
+                echo(f"wrote {path}" + ("" if final else f" (after round {len(outcome['rounds'])})"))
+        return info
+
     with pronk_fleet(settings, bench.job):
         started = time.monotonic()
-        outcome = bench.run()
-    info = meta(config, bench.job, outcome)
-    info["kv"] = kv_summary(bench.job, bench.model_dir(), outcome["workloads"][0], bench.concurrency)
-    info["bench_wall_s"] = round(time.monotonic() - started, 1)
+        outcome = bench.run(on_round=lambda partial: summary(partial, final=False))
     echo(report.text_table(outcome["comparisons"]))
     echo(report.setups_table(outcome["setups"]))
     echo(report.goals_table(outcome["goals"]))
+    info = summary(outcome, final=True)
     echo(
         f"KV per process {info['kv']['tokens_per_worker']:,} tokens, working set "
         f"~{info['kv']['working_set_tokens_per_worker']:,}; cached ratio with no eviction "
@@ -350,8 +367,5 @@ def run_bench(config: BenchConfig, settings: Settings, echo=print) -> dict:
     )
     if info["errors"]:
         echo(f"errors: {info['errors']}")
-    if config.record:
-        for path in record(config, outcome, info):
-            echo(f"wrote {path}")
     outcome["meta"] = info
     return outcome
