@@ -205,7 +205,8 @@ def markdown_section(
         f"at all the cached-token ratio would be {kv['ideal_cached_ratio']:.3f} (the ideal; `/ ideal` below).",
         "",
         f"Workload: profile `{meta['profile']}`, {meta['traces_per_round']} root traces per round "
-        f"({meta['traces_per_round'] / max(meta['concurrency'], 1):.1f}x the concurrency) × {meta['rounds']} round(s){partial} "
+        f"({meta['traces_per_round'] / max(meta['concurrency'], 1):.1f}x the concurrency) × {meta['rounds']} "
+        f"round(s){partial} "
         f"(seed {meta['seed']} + round, the order of setups rotated by one each round), {meta['steps_per_round']} "
         f"steps in round 0, {meta['steps_cut_by_context_cap']} steps cut by the context cap. Setups: the stock "
         "baseline (N `python -m vllm.entrypoints.openai.api_server`, vLLM's fcfs, behind round-robin; they took "
