@@ -216,8 +216,8 @@ def markdown_section(
         "each step carries its trace's start); pronk's batch flow (Prefect) with the job as configured; the "
         "offline limit (`bench/offline_limit.py`: `LLM.generate` per core with the same engine args and KV bytes, "
         "zero tool gaps, each trace's steps in order, traces grouped to fit the cache). traces/s steady = "
-        "completions over the window between the first and the last of the middle 80%; the limit's traces all "
-        "start at once, so read its wall figure too. Preemptions: the baseline's from vLLM's /metrics, pronk's "
+        "completions over the window between the first and the last of the middle 80%; `/ limit` divides it by "
+        "the limit's traces over its wall time (the limit starts every trace at once and never idles). Preemptions: the baseline's from vLLM's /metrics, pronk's "
         "from its workers' /stats. Cells: median over rounds (min–max).",
         "",
     ]
