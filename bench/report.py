@@ -217,7 +217,8 @@ def markdown_section(
         "offline limit (`bench/offline_limit.py`: `LLM.generate` per core with the same engine args and KV bytes, "
         "zero tool gaps, each trace's steps in order, traces grouped to fit the cache). traces/s steady = "
         "completions over the window between the first and the last of the middle 80%; `/ limit` divides it by "
-        "the limit's traces over its wall time (the limit starts every trace at once and never idles). Preemptions: the baseline's from vLLM's /metrics, pronk's "
+        "the limit's traces over its wall time (the limit starts every trace at once and never idles). "
+        "Preemptions: the baseline's from vLLM's /metrics, pronk's "
         "from its workers' /stats. Cells: median over rounds (min–max).",
         "",
     ]
