@@ -73,6 +73,8 @@ def write_json(
     """This profile's entry of results.json: meta, every setup's figures per round, the goals, the comparisons."""
     data = json.loads(path.read_text()) if path.exists() else {}
     profiles = data.get("profiles", {}) if isinstance(data, dict) else {}
+    if isinstance(data, dict) and "meta" in data and "comparisons" in data:  # the one-profile file of the first bench
+        profiles.setdefault(data["meta"].get("profile", "cpu"), data)
     profiles[meta["profile"]] = {
         "meta": meta,
         "goals": goals or [],

@@ -228,3 +228,11 @@ def test_gpu_check_job_is_a_valid_dummy_weight_cuda_job(tmp_path):
     assert job.device == "cuda" and job.engine.load_format == "dummy" and job.harness.admission == "kv_budget"
     assert job.engine.kv_cache_memory_bytes == (MAX_MODEL_LEN + 256) * KV_BYTES_PER_TOKEN
     assert "--load-format" in engine_flags(job)
+
+
+def test_results_json_keeps_the_first_bench_one_profile_file(tmp_path):
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"meta": {"profile": "cpu"}, "comparisons": [{"name": "old"}]}))
+    write_json(path, [], {"profile": "agent-long"})
+    profiles = json.loads(path.read_text())["profiles"]
+    assert profiles["cpu"]["comparisons"] == [{"name": "old"}] and "agent-long" in profiles
