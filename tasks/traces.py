@@ -25,13 +25,11 @@ def scratch_dir(settings: Settings, batch_id: str) -> Path:
     return settings.data_dir / "scratch" / batch_id
 
 
-def trace_rows(outcomes: list[RequestOutcome]) -> list[dict[str, object]]:
-    """One row per line: its final state, as the Prefect UI shows it."""
-    return [trace_row(outcome) for outcome in outcomes[:TABLE_ROWS]]
-
-
 def trace_row(outcome: RequestOutcome) -> dict[str, object]:
-    """A line's row of the per-trace table; kept with the line's persisted result, so a resumed run shows it too."""
+    """A line's row of the per-trace table: its final state, as the Prefect UI shows it.
+
+    Kept with the line's persisted result, so a resumed run's table shows every line.
+    """
     result = outcome.result
     if isinstance(result, LineFailure):
         return {"custom_id": outcome.custom_id, "state": "error", "finish_reason": result.code, "steps": 0}

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from engine.protocol import StepResult
-from pronk import storage
 
 
 @dataclass(slots=True)
@@ -53,14 +53,12 @@ class StepRecord:
 
 
 class StepRecorder:
-    """Collects the records of one run; `write` puts them next to the output file."""
+    """Holds a run's step records by line until the line finishes and `take_line` hands them over."""
 
     def __init__(self) -> None:
-        self.records: list[StepRecord] = []
         self._by_line: dict[str | None, list[StepRecord]] = {}
 
     def add(self, record: StepRecord) -> StepRecord:
-        self.records.append(record)
         self._by_line.setdefault(record.custom_id, []).append(record)
         return record
 
@@ -68,12 +66,15 @@ class StepRecorder:
         """The records of one finished line (its whole trace family), handed over once to be persisted with it."""
         return self._by_line.pop(custom_id, [])
 
-    def to_ndjson(self) -> bytes:
-        rows = sorted(self.records, key=lambda r: (r.root_trace_id, r.trace_id, r.step, r.attempt))
-        return b"".join(json.dumps(asdict(r)).encode() + b"\n" for r in rows)
 
-    def write(self, uri: str) -> None:
-        storage.write_bytes(uri, self.to_ndjson())
+def record_order(record: StepRecord) -> tuple[str, str, int, int]:
+    """The order of the steps file: trace family, trace, step, attempt."""
+    return (record.root_trace_id, record.trace_id, record.step, record.attempt)
+
+
+def steps_ndjson(records: Iterable[StepRecord]) -> bytes:
+    """Step records as NDJSON lines, in the order given."""
+    return b"".join(json.dumps(asdict(r)).encode() + b"\n" for r in records)
 
 
 @dataclass(slots=True)

@@ -8,7 +8,6 @@ again, and `request_counts` and `usage` are recomputed from the persisted lines,
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import asdict
@@ -16,7 +15,7 @@ from typing import Literal
 
 from pronk import storage
 from pronk.agents.outcomes import RequestOutcome
-from pronk.agents.step_records import StepRecord
+from pronk.agents.step_records import StepRecord, record_order, steps_ndjson
 from pronk.batches.files import FileStore
 from pronk.batches.input import BatchInputError, InputLimits, ValidatedInput, ValidRequest, error_line, validate_input
 from pronk.batches.outputs import output_line
@@ -51,7 +50,7 @@ STOP_ERRORS: dict[StopReason, tuple[str, str]] = {
 
 def finished_line(outcome: RequestOutcome, steps: list[StepRecord], row: dict | None = None) -> FinishedLine:
     """The one place that reads a `RequestOutcome`: what of it is persisted and counted."""
-    rows = [_row(s) for s in steps]
+    rows = [asdict(s) for s in steps]
     completion = outcome.completion
     if completion is None:
         return FinishedLine(line=outcome.line, output=output_line(outcome), ok=False, steps=rows, row=row or {})
@@ -67,10 +66,6 @@ def finished_line(outcome: RequestOutcome, steps: list[StepRecord], row: dict | 
         steps=rows,
         row=row or {},
     )
-
-
-def _row(record: StepRecord) -> dict:
-    return asdict(record)
 
 
 def _input_line(line: OutputLine) -> int:
@@ -219,7 +214,7 @@ class BatchRun:
 
     def step_records(self) -> list[StepRecord]:
         rows = [StepRecord(**row) for f in self.finished.values() for row in f.steps]
-        return sorted(rows, key=lambda r: (r.root_trace_id, r.trace_id, r.step, r.attempt))
+        return sorted(rows, key=record_order)
 
     def write_results(self, files: FileStore) -> None:
         """The output, error and step files, assembled from every run's finished lines; Files for the API."""
@@ -230,8 +225,7 @@ class BatchRun:
         storage.write_bytes(batch.output_uri, jsonl(outputs), settings)
         storage.write_bytes(batch.error_uri, jsonl(errors), settings)
         batch.steps_uri = steps_uri(batch)
-        rows = b"".join(json.dumps(_row(r)).encode() + b"\n" for r in self.step_records())
-        storage.write_bytes(batch.steps_uri, rows, settings)
+        storage.write_bytes(batch.steps_uri, steps_ndjson(self.step_records()), settings)
         files.attach_results(batch)
 
     def summary_table(self) -> list[dict[str, object]]:

@@ -151,7 +151,7 @@ def test_a_raising_tool_a_runaway_python_call_and_a_stuck_tool_are_contained(sta
         assert (
             tool_message["role"] == "tool" and "error]" in tool_message["content"] and text in tool_message["content"]
         )
-        first = next(r for r in recorder.records if r.trace_id == cid and r.step == 0)
+        first = next(r for r in recorder.take_line(cid) if r.trace_id == cid and r.step == 0)
         assert first.tool_ok is False and first.tool_name in {"python", "explode", "stuck"}
 
 

@@ -6,8 +6,9 @@ import polars as pl
 
 from pronk.agents.step_records import (
     StepRecord,
-    StepRecorder,
     log_mlflow_traces,
+    record_order,
+    steps_ndjson,
     summarise,
 )
 
@@ -63,10 +64,7 @@ def records() -> list[StepRecord]:
 
 
 def test_ndjson_reads_into_polars_with_every_field(tmp_path):
-    recorder = StepRecorder()
-    for record in records():
-        recorder.add(record)
-    recorder.write(str(tmp_path / "b_steps.jsonl"))
+    (tmp_path / "b_steps.jsonl").write_bytes(steps_ndjson(sorted(records(), key=record_order)))
     frame = pl.read_ndjson(tmp_path / "b_steps.jsonl")
     assert frame.height == 4 and frame["trace_id"].to_list() == ["t", "t", "t", "t.1.0"]
     assert frame.filter(pl.col("error").is_not_null())["attempt"].to_list() == [0]

@@ -17,7 +17,7 @@ from pronk.agents.step_records import StepRecorder
 from pronk.batches.input import validate_input
 from pronk.batches.outputs import output_line
 from pronk.jobs import get_job
-from tasks.traces import trace_rows
+from tasks.traces import trace_row
 
 TOP = ["id", "object", "created", "model", "system_fingerprint", "choices", "usage", "pronk"]
 REPLAY_TOP = ["id", "object", "created", "model", "usage", "pronk"]
@@ -163,7 +163,7 @@ def test_a_failed_line_becomes_its_error_line_and_the_outcomes_carry_usage_and_s
         2 + 3 + 3,
     )
     assert replay.worker_id == "w0" and replay.summary.workers == ["w0"]
-    assert [row["finish_reason"] for row in trace_rows(list(outcomes.values()))] == [
+    assert [trace_row(outcome)["finish_reason"] for outcome in outcomes.values()] == [
         "stop",
         "engine_unavailable",
         "stop",
