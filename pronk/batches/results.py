@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
@@ -60,8 +61,7 @@ class ResultParts:
         self.runs_root = storage.join(self.root, "runs")
 
     def write_part(self, run: str, seq: int, lines: list[FinishedLine]) -> None:
-        data = b"".join(line.model_dump_json().encode() + b"\n" for line in lines)
-        storage.write_bytes(storage.join(self.root, f"{run}-{seq:06d}.jsonl"), data, self.settings)
+        storage.write_bytes(storage.join(self.root, f"{run}-{seq:06d}.jsonl"), jsonl(lines), self.settings)
 
     def load(self) -> dict[int, FinishedLine]:
         """Every persisted line by input line; a row that does not parse is skipped (its line runs again)."""
@@ -103,5 +103,6 @@ class ResultParts:
             fs.rm(self.root, recursive=True)
 
 
-def jsonl(lines: list[OutputLine]) -> bytes:
+def jsonl(lines: Iterable[BaseModel]) -> bytes:
+    """Pydantic models as JSON lines: a results part, an output or an error file."""
     return b"".join(line.model_dump_json().encode() + b"\n" for line in lines)
