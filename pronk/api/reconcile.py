@@ -46,13 +46,15 @@ class Reconciler:
     async def check(self) -> list[str]:
         """One pass; returns the ids of the batches it resumed or ended."""
         acted = []
-        for flow_run in await self.runs.ended():
+        ended = await self.runs.ended()
+        for flow_run in ended:
             run_id = str(flow_run.id)
             if run_id in self.settled:
                 continue
             if await self._settle(flow_run):
                 acted.append(str(flow_run.parameters.get("batch_id")))
             self.settled.add(run_id)
+        self.settled &= {str(flow_run.id) for flow_run in ended}  # only what the query can still return
         return acted
 
     async def _settle(self, flow_run: FlowRun) -> bool:
