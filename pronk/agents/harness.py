@@ -178,12 +178,8 @@ class Harness:
         except TraceFailed as exc:
             return failed_outcome(request, exc.code, f"trace {root.trace_id}: {exc}")
         finally:
-            await self._release(family, root)
+            await self.router.finish(root.trace_id)  # its worker drops its pin and admission now
         return self._outcome(request, family, root, time.monotonic() - started)
-
-    async def _release(self, family: Family, state: TraceState) -> None:
-        """The trace ended: its worker drops its KV pin and admission now instead of at the TTL."""
-        await self.router.finish(state.trace_id)
 
     def _pin_ttl(self, family: Family, tools: list[ToolView]) -> float:
         """How long the step's prefix stays pinned through the tool gap that may follow it."""
@@ -303,7 +299,7 @@ class Harness:
                 pass
             except TraceFailed as exc:
                 child.finish_reason, child.answer = "error", str(exc)
-            await self._release(family, child)
+            await self.router.finish(child.trace_id)
             return {"trace_id": child.trace_id, "finish_reason": child.finish_reason, "answer": child.answer}
 
         return json.dumps(await asyncio.gather(*(child_run(c) for c in children)))
