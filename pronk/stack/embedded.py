@@ -18,7 +18,7 @@ from pronk.settings import PROJECT_ROOT, Settings
 from pronk.stack.fleet import start_workers, wait_for_workers
 from pronk.stack.prefect_env import prefect_environment
 from pronk.stack.processes import alive, group_members, spawn, stop, wait_healthy
-from pronk.stack.state import SUPERVISOR, read_state, state_path, worker_of, write_state
+from pronk.stack.state import SUPERVISOR, read_state, state_path, worker_name, worker_of, write_state
 from pronk.stack.supervisor import report_path
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ def start_api(settings: Settings, state: dict[str, int]) -> None:
 def start_job(job: JobConfig, settings: Settings, state: dict[str, int]) -> None:
     """Start the job's workers that are not running (all of them on a first start) and wait for them."""
     wanted = range(job.workers)
-    missing = [i for i in wanted if not alive(state.get(f"{job.job_id}-w{i}", 0))]
+    missing = [i for i in wanted if not alive(state.get(worker_name(job.job_id, i), 0))]
     if not missing:
         return
     pids = start_workers(job, settings, indices=missing)

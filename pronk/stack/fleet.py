@@ -11,6 +11,7 @@ from pronk.errors import PronkError
 from pronk.jobs import JobConfig
 from pronk.settings import Settings
 from pronk.stack.processes import alive, spawn
+from pronk.stack.state import worker_name
 
 
 class FleetStartError(PronkError, RuntimeError):
@@ -20,14 +21,17 @@ class FleetStartError(PronkError, RuntimeError):
 def start_workers(job: JobConfig, settings: Settings, indices: Sequence[int] | None = None) -> dict[str, int]:
     """Spawn the workers with these indices (default: all the job's `workers`); returns worker id -> pid."""
     return {
-        f"{job.job_id}-w{index}": start_worker(job.job_id, index, settings) for index in indices or range(job.workers)
+        worker_name(job.job_id, index): start_worker(job.job_id, index, settings)
+        for index in indices or range(job.workers)
     }
 
 
 def start_worker(job_id: str, index: int, settings: Settings) -> int:
     """Spawn worker `index` of the job in its own process group (vLLM's engine processes join it); returns its pid."""
     argv = [sys.executable, "-m", "pronk.stack.worker", "--job", job_id, "--index", str(index)]
-    return spawn(argv, settings.logs_dir / f"{job_id}-w{index}.log", env={"PRONK_DATA_DIR": str(settings.data_dir)})
+    return spawn(
+        argv, settings.logs_dir / f"{worker_name(job_id, index)}.log", env={"PRONK_DATA_DIR": str(settings.data_dir)}
+    )
 
 
 def wait_for_workers(job: JobConfig, settings: Settings, pids: dict[str, int], timeout_s: float = 300.0) -> None:

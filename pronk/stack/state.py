@@ -40,6 +40,11 @@ def write_json(path: Path, value: object) -> None:
     tmp.replace(path)
 
 
+def worker_name(job_id: str, index: int) -> str:
+    """An engine worker's id, its entry here and its log's name: `job-c0ffee01-w0`."""
+    return f"{job_id}-w{index}"
+
+
 def worker_of(name: str) -> tuple[str, int] | None:
     """(job id, index) when `name` is an engine worker's entry (`job-c0ffee01-w0`), else None."""
     match = _WORKER_NAME.match(name)

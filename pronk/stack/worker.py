@@ -24,6 +24,7 @@ from pronk.jobs import get_job
 from pronk.models.checkpoints import CheckpointMismatch, check_compatible, read_spec
 from pronk.models.registry import resolve_model
 from pronk.settings import get_settings
+from pronk.stack.state import worker_name
 
 
 def stage_checkpoint(model_uri: str, current_path: str, current_version: str) -> StagedWeights:
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     backend = VllmBackend(
         model_path=str(model.path),
         model_version=model.version,
-        worker_id=f"{job.job_id}-w{args.index}",
+        worker_id=worker_name(job.job_id, args.index),
         job_id=job.job_id,
         engine_kwargs={
             "served_model_name": job.served_model_name,
