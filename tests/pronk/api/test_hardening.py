@@ -34,6 +34,7 @@ def api(tmp_path: Path):
         api_auth=True,
         api_max_body_bytes=64 * 1024,
         api_body_timeout_s=1.0,
+        reconcile_interval_s=0,
         weights_root=tmp_path / "weights",
     )
     app = create_app(settings)
@@ -158,7 +159,11 @@ def test_a_chunked_body_that_grows_past_the_limit_ends_in_413(api):
 
 def test_a_lying_content_length_does_not_hang_a_real_server(tmp_path):
     settings = Settings(
-        data_dir=tmp_path, storage_uri=str(tmp_path / "store"), s3_endpoint_url=None, api_body_timeout_s=1.0
+        data_dir=tmp_path,
+        storage_uri=str(tmp_path / "store"),
+        s3_endpoint_url=None,
+        api_body_timeout_s=1.0,
+        reconcile_interval_s=0,
     )
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="error"))
@@ -233,7 +238,13 @@ def test_without_a_weights_root_no_server_path_is_accepted(tmp_path):
 
 
 def test_with_auth_off_the_local_owner_is_admin(tmp_path):
-    settings = Settings(data_dir=tmp_path, storage_uri=str(tmp_path / "store"), s3_endpoint_url=None, api_auth=False)
+    settings = Settings(
+        data_dir=tmp_path,
+        storage_uri=str(tmp_path / "store"),
+        s3_endpoint_url=None,
+        api_auth=False,
+        reconcile_interval_s=0,
+    )
     with TestClient(create_app(settings)) as client:
         response = client.post("/v1/weights/upload", json={"source": "/etc", "model": "pronk-tiny"})
     assert response.status_code == 400 and response.json()["error"]["code"] == "source_not_allowed"

@@ -43,6 +43,7 @@ def api(tmp_path: Path):
         s3_endpoint_url=None,
         api_auth=True,
         api_max_upload_bytes=4096,
+        reconcile_interval_s=0,
         api_max_upload_lines=5,
     )
     app = create_app(settings)

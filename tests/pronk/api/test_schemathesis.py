@@ -15,7 +15,12 @@ from tests.pronk.api.test_routes import RecordingRuns
 
 ROOT = Path(tempfile.mkdtemp(prefix="pronk-schemathesis-"))
 SETTINGS = Settings(
-    data_dir=ROOT, storage_uri=str(ROOT / "store"), s3_endpoint_url=None, api_auth=True, weights_root=ROOT / "weights"
+    data_dir=ROOT,
+    storage_uri=str(ROOT / "store"),
+    s3_endpoint_url=None,
+    api_auth=True,
+    weights_root=ROOT / "weights",
+    reconcile_interval_s=0,
 )
 APP = create_app(SETTINGS)
 APP.state.runs = RecordingRuns()

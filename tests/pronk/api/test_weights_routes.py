@@ -60,6 +60,7 @@ def api(tmp_path: Path):
         s3_endpoint_url=None,
         api_auth=True,
         weights_root=tmp_path,
+        reconcile_interval_s=0,
     )
     set_alias("m", "live", register_model_dir(checkpoint(tmp_path / "v1"), "m", settings=settings), settings)
     app = create_app(settings)
