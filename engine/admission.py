@@ -7,8 +7,9 @@ works across hosts, and a worker that dies takes its budget with it. A trace's r
 gaps. A step is admitted only while the resident sum stays under capacity minus headroom; otherwise it
 waits, started traces first and then oldest first (by the time the trace's family first asked), never
 newest first, and for a bounded time: the caller then hears "not admitted" and may try elsewhere. When a
-waiting started trace cannot fit, traces in a tool gap are paused smallest-first: their KV pins are
-dropped and they stop counting; their next step re-admits them (and recomputes their prefix). A step
+waiting started trace cannot fit, traces in a tool gap that started after it are paused smallest-first:
+their KV pins are dropped and they stop counting; their next step re-admits them (and recomputes what the
+engine evicted of their prefix meanwhile). A step
 larger than the whole budget is refused at once (`context_length`), never queued.
 
 The router side is a small strategy chosen per job (`ADMISSION`): `none` sends steps as the routing
@@ -40,10 +41,11 @@ class BudgetExceeded(EngineError):
 
 @dataclass(slots=True)
 class Resident:
-    """An admitted trace: its reserved context in tokens and how many of its steps are in flight."""
+    """An admitted trace: its reserved context in tokens and how many of its steps are in flight; `age` orders
+    traces oldest first (the family's start time, then the order they were admitted in)."""
 
     tokens: int
-    since: float
+    age: tuple[float, int]
     running: int = 0
     touched_at: float = field(default_factory=time.monotonic)
 
@@ -159,7 +161,7 @@ class KvBudget:
     def _take(self, waiter: _Waiter) -> None:
         entry = self.resident.get(waiter.trace_id)
         if entry is None:
-            entry = self.resident[waiter.trace_id] = Resident(0, waiter.since)
+            entry = self.resident[waiter.trace_id] = Resident(0, (waiter.since, next(self._seq)))
             self.paused.pop(waiter.trace_id, None)
         self.used += max(0, waiter.tokens - entry.tokens)
         entry.tokens = max(entry.tokens, waiter.tokens)
@@ -175,15 +177,25 @@ class KvBudget:
             head = self.waiters[0]
             extra = self._extra(head.trace_id, head.tokens)
             if self.used + extra > self.limit and head.key[0] == 0:
-                self._pause_for(self.used + extra - self.limit, head.trace_id)
+                self._pause_for(self.used + extra - self.limit, head)
             if self.used + extra > self.limit:
                 return
             self.waiters.pop(0)
             self._take(head)
 
-    def _pause_for(self, shortfall: int, keep: str) -> None:
+    def _pause_for(self, shortfall: int, head: _Waiter) -> None:
+        """Pause traces in a tool gap that started after `head`, smallest first, if that makes room for it.
+
+        Only younger traces: an older trace is never paused for a younger one, so the oldest resident trace
+        always runs to its end, and a trace resumed after a pause cannot in turn pause the traces that
+        outgrew it (that back-and-forth recomputed whole prefixes over and over).
+        """
+        own = self.resident.get(head.trace_id)
+        age = own.age if own is not None else (head.since, next(self._seq))
         gapped = sorted(
-            (e.tokens, t) for t, e in self.resident.items() if e.running == 0 and t != keep and e.tokens > 0
+            (e.tokens, t)
+            for t, e in self.resident.items()
+            if e.running == 0 and t != head.trace_id and e.tokens > 0 and e.age > age
         )
         if sum(tokens for tokens, _ in gapped) < shortfall:
             return  # pausing all of them would not make room: wait for running steps to finish instead

@@ -118,18 +118,37 @@ async def test_head_of_line_is_never_bypassed_by_a_smaller_newer_trace():
 async def test_started_waiter_pauses_gapped_traces_smallest_first():
     paused: list[list[str]] = []
     b = budget(on_pause=paused.append)
-    for trace, tokens in [("g30", 30), ("g20", 20), ("g10", 10), ("run", 30)]:
-        await admit(b, trace, tokens)
+    for trace, tokens, since in [("run", 30, 1.0), ("g30", 30, 2.0), ("g20", 20, 3.0), ("g10", 10, 4.0)]:
+        await admit(b, trace, tokens, since=since)
     for trace, tokens in [("g30", 30), ("g20", 20), ("g10", 10)]:
         b.step_done(trace, tokens)  # now in tool gaps; "run" keeps a step in flight
     assert b.used == 90
-    await admit(b, "run", 55, started=True)  # grows by 25 with 10 free: needs 15 more
+    await admit(b, "run", 55, started=True, since=1.0)  # grows by 25 with 10 free: needs 15 more
     assert paused == [["g10", "g20"]]
     assert set(b.paused) == {"g10", "g20"} and b.used == 30 + 55
     # a paused trace's next step re-admits it as started (it goes before new traces)
     b.release(["g30"])
-    await admit(b, "g10", 15)
+    await admit(b, "g10", 15, since=4.0)
     assert "g10" not in b.paused and b.resident["g10"].tokens == 15
+
+
+@run_async
+async def test_an_older_trace_is_never_paused_for_a_younger_one():
+    """The oldest trace runs to its end; a trace resumed after a pause waits instead of pausing its elders."""
+    paused: list[list[str]] = []
+    b = budget(on_pause=paused.append)
+    await admit(b, "old", 60, since=1.0)
+    await admit(b, "young", 30, since=2.0)
+    b.step_done("old", 60)
+    b.step_done("young", 30)
+    with pytest.raises(AdmissionTimeout):
+        await admit(b, "young", 50, started=True, since=2.0, wait=0.05)
+    assert paused == [] and "old" in b.resident
+    await admit(b, "old", 75, started=True, since=1.0)  # the elder grows: the younger gapped trace makes room
+    assert paused == [["young"]] and b.used == 75
+    with pytest.raises(AdmissionTimeout):
+        await admit(b, "young", 40, started=True, since=2.0, wait=0.05)
+    assert paused == [["young"]] and b.resident["old"].tokens == 75
 
 
 @run_async
