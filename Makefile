@@ -1,4 +1,5 @@
-# The two commands of the README: `make demo` (install + run the sample batch end to end) and `make test`.
+# The two commands of the README: `make demo` (install + run the sample batch and the sample enrichment end to end)
+# and `make test`.
 VENV := .venv
 BIN := $(VENV)/bin
 
@@ -12,6 +13,7 @@ $(VENV)/.installed: pyproject.toml scripts/install.sh
 demo: install
 	$(BIN)/pronk stack up
 	$(BIN)/pronk batch run data/sample_batch.jsonl --job tiny-cpu --out out/sample
+	$(BIN)/pronk enrich run companies
 
 # Lint and type checks first, then the whole suite (CI's .ci/run calls this).
 test: install lint typecheck

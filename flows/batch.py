@@ -25,6 +25,7 @@ from pronk.batches.store import BatchStore
 from pronk.errors import PronkError
 from pronk.jobs import get_job
 from pronk.settings import get_settings
+from pronk.stack.prefect_env import show_pronk_logs
 from tasks.chunks import run_chunks
 from tasks.files import input_limits, read_input_file, validate_lines
 from tasks.prefect_calls import best_effort
@@ -63,6 +64,7 @@ async def run_batch(
     chunk_size: int = 64,
 ) -> dict:
     """Run an OpenAI batch input file on a job's engine workers; write output and error files."""
+    show_pronk_logs()
     logger = get_run_logger()
     settings = get_settings()
     store = BatchStore(settings)

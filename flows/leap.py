@@ -22,6 +22,7 @@ from pronk.models.leap_records import LeapRecord, LeapStore, WorkerLeap
 from pronk.models.registry import is_models_uri, models_uri, parse_models_uri, set_alias
 from pronk.models.versions import check_version_fits, resolve_version
 from pronk.settings import Settings, get_settings
+from pronk.stack.prefect_env import show_pronk_logs
 from tasks.leap import LeapRun, reload_weights, stage_weights
 
 
@@ -100,6 +101,7 @@ async def _roll_back(run: LeapRun, original: dict[str, str]) -> list[str]:
 @flow(name="leap", log_prints=False)
 async def leap(job_id: str, version: int | None = None, alias: str | None = None, leap_id: str | None = None) -> dict:
     """Swap a job's running workers to version N (or the version alias A names) of its model; its alias follows."""
+    show_pronk_logs()
     logger = get_run_logger()
     settings = get_settings()
     store = LeapStore(settings)

@@ -25,6 +25,7 @@ def to_step_request(body: ChatCompletionBody, trace_id: str, job: JobConfig, req
             top_p=body.top_p,
             seed=body.seed,
             stop=[body.stop] if isinstance(body.stop, str) else body.stop,
+            json_schema=body.answer_schema,
         ),
         trace_id=trace_id,
     )

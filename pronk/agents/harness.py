@@ -66,6 +66,8 @@ class Family:
     temperature: float
     seed: int | None
     scratch: Path
+    answer_schema: dict[str, Any] | None = None
+    """The line's `response_format` schema: the final answer is constrained to it, and the last step must answer."""
     records: list[StepRecord] = field(default_factory=list)
 
 
@@ -163,6 +165,7 @@ class Harness:
             temperature=body.temperature,
             seed=body.seed,
             scratch=self.scratch_root / _safe(request.custom_id),
+            answer_schema=body.answer_schema,
         )
         messages = [{"role": "system", "content": family.system_prompt}] + [
             {"role": m.role, "content": m.text()} for m in body.messages
@@ -191,6 +194,8 @@ class Harness:
         while state.steps < limits.max_steps:
             choice = first_choice if state.steps == 0 else ("required" if first_choice == "required" else "auto")
             last_step = state.steps == limits.max_steps - 1
+            if last_step and family.answer_schema is not None:
+                choice = "answer"  # a structured answer is due: the last step may not call a tool
             record, call = await self._step(family, state, choice, pin=not last_step)
             state.steps += 1
             if "final" in call:
@@ -211,13 +216,16 @@ class Harness:
         tools = [t for t in family.tools.values() if t.name != SPAWN_SUBAGENTS or state.depth < family.limits.max_depth]
         if isinstance(choice, NamedToolChoice):
             return [family.tools[choice.function.name]], False
+        if choice == "answer":
+            return [], True
         return tools, choice != "required" or not tools
 
     async def _step(
         self, family: Family, state: TraceState, choice: Any, pin: bool
     ) -> tuple[StepRecord, dict[str, Any]]:
         tools, allow_final = self._tools_for(family, state, choice)
-        schema = step_schema(tools, allow_final, family.max_tokens)
+        schema = step_schema(tools, allow_final, family.max_tokens, family.answer_schema)
+        structured = family.answer_schema is not None
         for attempt in range(family.limits.max_step_retries + 1):
             record = self.recorder.add(
                 StepRecord(
@@ -259,7 +267,7 @@ class Harness:
                 continue
             record.take(result)
             state.last_result = result
-            call = parse_call(result.text, {t.name for t in tools}, allow_final)
+            call = parse_call(result.text, {t.name for t in tools}, allow_final, structured)
             if isinstance(call, str):
                 record.error = call
                 continue

@@ -47,8 +47,11 @@ def _cap_strings(schema: Any, chars: int) -> Any:
     return schema
 
 
-def step_schema(tools: list[Any], allow_final: bool, max_tokens: int) -> dict[str, Any]:
-    """The JSON schema of one step's output, bounded to fit `max_tokens`."""
+def step_schema(
+    tools: list[Any], allow_final: bool, max_tokens: int, answer_schema: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The JSON schema of one step's output, bounded to fit `max_tokens`; `answer_schema` constrains the final
+    answer (a line's `response_format`), which is otherwise a string."""
     branches: list[dict[str, Any]] = [
         {
             "type": "object",
@@ -62,7 +65,7 @@ def step_schema(tools: list[Any], allow_final: bool, max_tokens: int) -> dict[st
         branches.append(
             {
                 "type": "object",
-                "properties": {"final": {"type": "string"}},
+                "properties": {"final": _cap_arrays(answer_schema) if answer_schema else {"type": "string"}},
                 "required": ["final"],
                 "additionalProperties": False,
             }
@@ -83,12 +86,20 @@ def system_prompt(tools: list[Any]) -> str:
     return "\n".join(lines)
 
 
-def parse_call(text: str, tools: set[str], allow_final: bool) -> dict[str, Any] | str:
-    """The step's call, or a message saying why it is unusable."""
+def parse_call(text: str, tools: set[str], allow_final: bool, structured: bool = False) -> dict[str, Any] | str:
+    """The step's call, or a message saying why it is unusable.
+
+    With `structured` (the line has a `response_format`) the final answer may be any JSON value; it is
+    returned as compact JSON text, for the caller to validate against its schema.
+    """
     try:
         call = json.loads(text, strict=False)
     except json.JSONDecodeError as exc:
         return f"unparsable step output ({exc.msg} at {exc.pos}): {text[:120]!r}"
+    except RecursionError:
+        return f"unparsable step output (nested too deeply): {text[:120]!r}"
+    if isinstance(call, dict) and allow_final and structured and call.get("final") is not None:
+        return {"final": json.dumps(call["final"], separators=(",", ":"))}
     if isinstance(call, dict) and allow_final and isinstance(call.get("final"), str):
         return {"final": call["final"]}
     if isinstance(call, dict) and call.get("tool") in tools and isinstance(call.get("arguments"), dict):

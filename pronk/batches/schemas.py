@@ -6,6 +6,7 @@ import secrets
 import time
 from typing import Any, Literal
 
+from jsonschema import Draft202012Validator, SchemaError
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from engine.protocol import ChatMessage
@@ -48,6 +49,43 @@ class ErrorCode:
     RUN_FAILED = "batch_run_failed"
 
 
+class JsonSchemaFormat(BaseModel):
+    """OpenAI's `response_format.json_schema`: the schema every answer of the line must match."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    name: str = Field(default="answer", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema", description="A JSON schema (draft 2020-12).")
+    strict: bool | None = None
+
+    @field_validator("schema_")
+    @classmethod
+    def _valid_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            Draft202012Validator.check_schema(value)
+        except SchemaError as exc:
+            raise ValueError(f"not a valid JSON schema: {exc.message}") from exc
+        return value
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's `response_format`: `text` (no constraint), `json_object`, or `json_schema` with a schema."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def answer_schema(self) -> dict[str, Any] | None:
+        """The schema the answer is constrained to (vLLM structured outputs), or None for `text`."""
+        if self.type == "json_schema":
+            if self.json_schema is None:
+                raise ValueError("response_format of type json_schema needs a json_schema")
+            return self.json_schema.schema_
+        return {"type": "object"} if self.type == "json_object" else None
+
+
 class ChatCompletionBody(BaseModel):
     """The subset of OpenAI's chat completion request pronk serves; other known-harmless keys are ignored."""
 
@@ -71,6 +109,21 @@ class ChatCompletionBody(BaseModel):
         default="auto", description="auto, required, none, or a named function (forced on the first step)."
     )
     harness: HarnessRequest | None = Field(default=None, description="Per-line harness limits, within the job's caps.")
+    response_format: ResponseFormat | None = Field(
+        default=None,
+        description="Constrain the answer (an agent's final answer, or a plain chat's reply) to a JSON schema.",
+    )
+
+    @field_validator("response_format")
+    @classmethod
+    def _schema_given(cls, value: ResponseFormat | None) -> ResponseFormat | None:
+        if value is not None:
+            value.answer_schema()
+        return value
+
+    @property
+    def answer_schema(self) -> dict[str, Any] | None:
+        return self.response_format.answer_schema() if self.response_format is not None else None
 
     @field_validator("stop")
     @classmethod

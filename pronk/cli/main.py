@@ -1,4 +1,4 @@
-"""The `pronk` command line: the embedded stack, models, workers, batches, Leap, API keys and benchmarks."""
+"""The `pronk` command line: the embedded stack, models, workers, batches, enrichments, Leap, API keys, benchmarks."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from pronk.cli.enrich import register as register_enrich_commands
 from pronk.cli.leap import register as register_leap_commands
 from pronk.settings import get_settings
 
@@ -40,6 +41,7 @@ def _fail(message: str) -> None:
 
 
 register_leap_commands(app, model_app)
+register_enrich_commands(app)
 
 
 @stack_app.command("up")

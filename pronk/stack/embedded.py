@@ -17,6 +17,7 @@ from pronk.models.registry import ensure_tiny_model
 from pronk.settings import PROJECT_ROOT, Settings
 from pronk.stack.fleet import start_workers, wait_for_workers
 from pronk.stack.prefect_env import prefect_environment
+from pronk.stack.prefect_yaml import write_prefect_yaml
 from pronk.stack.processes import alive, group_members, spawn, stop, wait_healthy
 from pronk.stack.state import SUPERVISOR, read_state, state_path, worker_name, worker_of, write_state
 from pronk.stack.supervisor import report_path
@@ -56,7 +57,8 @@ def start_prefect_server(settings: Settings, state: dict[str, int]) -> None:
 
 
 def deploy_flows(settings: Settings, state: dict[str, int]) -> None:
-    """Create the process work pool, deploy `deployments/prefect.yaml`, and start a worker for the pool."""
+    """Create the process work pool, deploy `deployments/prefect.yaml` and the enrichment specs' deployments
+    (`pronk.stack.prefect_yaml`), and start a worker for the pool."""
     env = {
         **prefect_environment(settings),
         "PRONK_PROJECT_ROOT": str(PROJECT_ROOT),
@@ -65,7 +67,8 @@ def deploy_flows(settings: Settings, state: dict[str, int]) -> None:
         "PREFECT_WORKER_QUERY_SECONDS": os.environ.get("PREFECT_WORKER_QUERY_SECONDS", "2"),
     }
     _prefect(["work-pool", "create", WORK_POOL, "--type", "process", "--overwrite"], env)
-    deployed = _prefect(["--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml"], env)
+    project = write_prefect_yaml(settings.data_dir / "prefect.yaml")
+    deployed = _prefect(["--no-prompt", "deploy", "--all", "--prefect-file", str(project)], env)
     if deployed.returncode != 0:
         raise RuntimeError(f"prefect deploy failed:\n{deployed.stdout}\n{deployed.stderr}")
     if "prefect-worker" not in state or not alive(state["prefect-worker"]):

@@ -6,6 +6,7 @@ environment win, so `PREFECT_API_URL` pointing at a remote server is respected.
 
 from __future__ import annotations
 
+import logging
 import os
 
 from pronk.settings import Settings, get_settings
@@ -17,6 +18,18 @@ TUNED_SERVER = {
     "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE": "500",
     "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "1",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+}
+
+
+PRONK_LOGGERS = ("pronk", "flows", "tasks")
+"""pronk's own loggers: Prefect attaches its API handler to them, so their lines show on the run page."""
+
+# Run pages show INFO: the flow's `get_run_logger()` and pronk's loggers (inside flow runs). Task runs and
+# Prefect's own loggers stay at WARNING: their per-task-run lines are what cost throughput (DESIGN.md).
+RUN_PAGE_LOGGING = {
+    "PREFECT_LOGGING_LOGGERS_PREFECT_FLOW_RUNS_LEVEL": "INFO",
+    "PREFECT_LOGGING_EXTRA_LOGGERS": ",".join(PRONK_LOGGERS),
+    "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
 }
 
 
@@ -33,6 +46,7 @@ def prefect_environment(settings: Settings | None = None) -> dict[str, str]:
         "PREFECT_SERVER_API_PORT": str(settings.prefect_port),
         "PREFECT_LOGGING_LEVEL": "WARNING",
         "PREFECT_UI_ENABLED": "true",
+        **RUN_PAGE_LOGGING,
         **TUNED_SERVER,
     }
     return {key: os.environ.get(key, value) for key, value in env.items()}
@@ -40,3 +54,12 @@ def prefect_environment(settings: Settings | None = None) -> dict[str, str]:
 
 def configure_prefect(settings: Settings | None = None) -> None:
     os.environ.update(prefect_environment(settings))
+
+
+def show_pronk_logs(level: int = logging.INFO) -> None:
+    """Let pronk's loggers pass INFO lines in this process (a flow run): with `PREFECT_LOGGING_EXTRA_LOGGERS`
+    they reach the run page in the Prefect UI, which otherwise says "This run didn't generate logs"."""
+    for name in PRONK_LOGGERS:
+        logger = logging.getLogger(name)
+        if logger.getEffectiveLevel() > level:
+            logger.setLevel(level)

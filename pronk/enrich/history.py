@@ -1,0 +1,56 @@
+"""The history of an enrichment's runs: one JSON line per run under its results folder, newest last."""
+
+from __future__ import annotations
+
+import json
+
+from pydantic import BaseModel, Field
+
+from pronk import storage
+from pronk.settings import Settings
+
+HISTORY = "history.jsonl"
+
+
+class EnrichRun(BaseModel):
+    """What one run of an enrichment did and cost."""
+
+    run_id: str
+    spec: str
+    started_at: str
+    finished_at: str
+    rows: int = Field(description="Rows of the table after the filter.")
+    new: int = Field(description="Rows never enriched before, asked now.")
+    changed: int = Field(description="Rows whose prompt inputs, template or outputs changed, asked again.")
+    retried: int = Field(description="Rows whose previous answer failed, asked again.")
+    skipped: int = Field(description="Rows already enriched with the same fingerprint.")
+    failed: int = Field(description="Rows asked now whose answer could not be parsed or validated (`_error`).")
+    pending: int = Field(default=0, description="Rows left for a later run (`limit`).")
+    steps: int = Field(description="Engine steps this run ran (0 when nothing changed).")
+    cost_usd: float = Field(description="Processing cost of the run's batch (worker-seconds x price).")
+    tasks_per_dollar: float | None = Field(description="Rows enriched without error per dollar.")
+    model_version: str | None = None
+    batch_id: str | None = None
+    version_uri: str
+    duration_s: float
+
+
+class History:
+    """Runs of one enrichment, kept as a JSON-lines file rewritten whole (atomic on local disk and S3)."""
+
+    def __init__(self, results: str, settings: Settings):
+        self.uri = storage.join(results, HISTORY)
+        self.settings = settings
+
+    def runs(self) -> list[EnrichRun]:
+        if not storage.exists(self.uri, self.settings):
+            return []
+        lines = storage.read_bytes(self.uri, self.settings).decode().splitlines()
+        return [EnrichRun.model_validate_json(line) for line in lines if line.strip()]
+
+    def append(self, run: EnrichRun) -> None:
+        lines = [r.model_dump_json() for r in self.runs()] + [run.model_dump_json()]
+        storage.write_bytes(self.uri, ("\n".join(lines) + "\n").encode(), self.settings)
+
+    def table(self) -> list[dict[str, object]]:
+        return [json.loads(r.model_dump_json(exclude={"spec", "version_uri"})) for r in self.runs()]

@@ -1,0 +1,97 @@
+"""Steps of the enrich flow: plan the rows, hand them to the batch flow as agent lines, read the answers back."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from dataclasses import dataclass
+
+import polars as pl
+from prefect import task
+from prefect.artifacts import acreate_progress_artifact, aupdate_progress_artifact
+from prefect.cache_policies import NO_CACHE
+
+from pronk import storage
+from pronk.batches.schemas import Batch
+from pronk.batches.store import BatchStore
+from pronk.enrich.answers import Answer, AnswerParser
+from pronk.enrich.lines import input_file
+from pronk.enrich.spec import EnrichSpec
+from pronk.enrich.table import Plan, plan, read_current, read_rows
+from pronk.jobs import JobConfig
+from pronk.settings import Settings
+from tasks.prefect_calls import best_effort
+
+logger = logging.getLogger(__name__)
+
+
+@task(cache_policy=NO_CACHE)
+def plan_rows(spec: EnrichSpec, results: str, settings: Settings, limit: int | None) -> Plan:
+    """Read and check the table, fingerprint its rows, and choose those to ask (nothing is written here)."""
+    rows = read_rows(spec, settings)
+    return plan(spec, rows, read_current(results, settings), limit)
+
+
+def custom_id(index: int) -> str:
+    return f"row-{index}"
+
+
+def write_lines(spec: EnrichSpec, job: JobConfig, todo: pl.DataFrame, indices: list[int], uri: str, settings) -> None:
+    """The rows to ask as a batch input file, one agent line per row, named by the row's index."""
+    rows = todo.to_dicts()
+    storage.write_bytes(uri, input_file(spec, job, [(custom_id(i), r) for i, r in zip(indices, rows)]), settings)
+
+
+@dataclass(slots=True)
+class BatchAnswers:
+    answers: dict[int, Answer]
+    steps: int
+    model_version: str | None
+
+
+@task(cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+def read_answers(spec: EnrichSpec, batch: dict, indices: list[int], settings: Settings) -> BatchAnswers:
+    """Each asked row's answer from the batch's output and error files: typed values, or nulls and the reason."""
+    parser = AnswerParser(spec)
+    wanted = {custom_id(i): i for i in indices}
+    answers: dict[int, Answer] = {}
+    versions: list[str] = []
+    for uri in (batch.get("output_uri"), batch.get("error_uri")):
+        if not uri or not storage.exists(uri, settings):
+            continue
+        for raw in storage.read_bytes(uri, settings).splitlines():
+            line = json.loads(raw)
+            index = wanted.get(line.get("custom_id"))
+            if index is None:
+                continue
+            if line.get("error"):
+                answers[index] = parser.failed(f"{line['error']['code']}: {line['error']['message']}")
+                continue
+            body = line["response"]["body"]
+            versions.append(body.get("pronk", {}).get("model_version") or "")
+            answers[index] = parser.parse(body["choices"][0]["message"]["content"])
+    steps = 0
+    if batch.get("steps_uri") and storage.exists(batch["steps_uri"], settings):
+        steps = pl.read_ndjson(storage.read_bytes(batch["steps_uri"], settings)).height if batch["steps_uri"] else 0
+    model_version = max(set(versions), key=versions.count) if any(versions) else None
+    return BatchAnswers(answers, steps, model_version)
+
+
+async def watch_batch(batch_id: str, total: int, settings: Settings, stopped: asyncio.Event) -> None:
+    """The enrich run's progress artifact, from its batch's record, about once a second (best effort)."""
+    store = BatchStore(settings)
+    artifact_id = await best_effort(
+        "progress artifact", acreate_progress_artifact(progress=0.0, key=None, description=f"rows of batch {batch_id}")
+    )
+    while artifact_id is not None and not stopped.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopped.wait(), 1.0)
+        try:
+            batch: Batch = await asyncio.to_thread(store.load, batch_id)
+        except Exception:  # noqa: BLE001 - not saved yet, or storage away for a moment
+            continue
+        done = batch.request_counts.completed + batch.request_counts.failed
+        progress = 100.0 if stopped.is_set() else 100.0 * done / max(total, 1)
+        await best_effort("progress update", aupdate_progress_artifact(artifact_id, progress=progress))
