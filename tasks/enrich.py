@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 def plan_rows(spec: EnrichSpec, results: str, settings: Settings, limit: int | None) -> Plan:
     """Read and check the table, fingerprint its rows, and choose those to ask (nothing is written here)."""
     rows = read_rows(spec, settings)
+    logger.info("enrichment %s: read %d rows of %s", spec.name, rows.height, spec.table)
     return plan(spec, rows, read_current(results, settings), limit)
 
 

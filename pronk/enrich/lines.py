@@ -51,6 +51,8 @@ def agent_line(custom_id: str, spec: EnrichSpec, job: JobConfig, row: dict[str, 
             "json_schema": {"name": spec.name.replace("-", "_"), "schema": spec.output_schema(), "strict": True},
         },
     }
+    if spec.seed is not None:
+        body["seed"] = spec.seed
     if spec.tools:
         body["tools"] = [{"type": "function", "function": {"name": name}} for name in spec.tools]
         body["tool_choice"] = "auto"

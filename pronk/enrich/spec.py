@@ -134,6 +134,9 @@ class EnrichSpec(BaseModel):
     max_steps: int = Field(default=4, ge=1, le=256, description="Most model steps per row (within the job's cap).")
     max_tokens: int = Field(default=128, ge=8, description="Most tokens one step may generate.")
     temperature: float = Field(default=0.7, ge=0, le=2, description="Sampling temperature of every step.")
+    seed: int | None = Field(
+        default=None, ge=0, le=2**31 - 1, description="Sampling seed of every row (reproducible answers)."
+    )
     results: str | None = Field(
         default=None, description="Folder (or s3:// prefix) of the enriched table's versions and run history."
     )

@@ -166,7 +166,7 @@ def merge(spec: EnrichSpec, plan: Plan, answers: dict[int, Answer], run_id: str,
             record = {name: None for name in spec.outputs}
             record.update(_error=None, _fingerprint=None, _enriched_at=None, _run=None)
         records.append(record)
-    schema = {**dtypes, "_error": pl.String, "_fingerprint": pl.String, "_enriched_at": pl.String, "_run": pl.String}
+    schema: dict[str, pl.DataType] = {**dtypes, **{name: pl.String() for name in RESERVED_COLUMNS}}
     added = pl.DataFrame(records, schema=schema, orient="row") if records else pl.DataFrame(schema=schema)
     inputs = plan.rows.drop("_fingerprint")
     return pl.concat([inputs, added.select(list(schema))], how="horizontal")

@@ -112,6 +112,51 @@ def test_step_schema_is_valid_bounded_and_parses_calls(job):
     assert "unparsable" in _parse('{"tool":', {"sql"}, True)
 
 
+ANSWER = {
+    "type": "object",
+    "properties": {"sector": {"type": "string"}, "score": {"type": "number", "minimum": 0, "maximum": 1}},
+    "required": ["sector", "score"],
+    "additionalProperties": False,
+}
+
+
+def test_response_format_constrains_the_final_answer(job):
+    fmt = {"type": "json_schema", "json_schema": {"name": "row", "schema": ANSWER, "strict": True}}
+    validated = validate_input(line("ok", tools=[tool("search")], response_format=fmt).encode(), job)
+    body = validated.requests[0].body
+    assert body.answer_schema == ANSWER
+    views = list(tool_views(body, job_tools(job.harness)).values())
+    schema = step_schema(views, allow_final=True, max_tokens=96, answer_schema=body.answer_schema)
+    Draft202012Validator.check_schema(schema)
+    final = schema["anyOf"][-1]["properties"]["final"]
+    assert final["properties"]["score"] == {"type": "number", "minimum": 0, "maximum": 1}
+    assert final["properties"]["sector"]["maxLength"] <= 96
+    only_answer = step_schema([], allow_final=True, max_tokens=96, answer_schema=ANSWER)
+    assert list(only_answer["properties"]) == ["final"]
+    assert _parse('{"final":{"sector":"a","score":1}}', {"search"}, True, structured=True) == {
+        "final": '{"sector":"a","score":1}'
+    }
+    assert "not a call" in _parse('{"final":null}', {"search"}, True, structured=True)
+    plain = validate_input(line("p", response_format={"type": "json_object"}).encode(), job).requests[0].body
+    assert plain.answer_schema == {"type": "object"}
+    assert (
+        validate_input(line("t", response_format={"type": "text"}).encode(), job).requests[0].body.answer_schema is None
+    )
+
+
+@pytest.mark.parametrize(
+    ("fmt", "fragment"),
+    [
+        ({"type": "json_schema"}, "needs a json_schema"),
+        ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}, "not a valid JSON schema"),
+        ({"type": "xml"}, "response_format.type"),
+    ],
+)
+def test_a_bad_response_format_is_an_invalid_body(job, fmt, fragment):
+    (error,) = validate_input(line("bad", response_format=fmt).encode(), job).errors
+    assert error.error.code == ErrorCode.INVALID_BODY and fragment in error.error.message, error.error.message
+
+
 def _walk(node):
     if isinstance(node, dict):
         for key, value in node.items():
