@@ -112,7 +112,7 @@ def test_an_unreadable_table_fails_naming_it(folder):
     with pytest.raises(EnrichSpecError, match="cannot read it as parquet"):
         read_rows(spec, Settings())
     missing = load_spec(write(folder, table=str(folder / "nope.csv")))
-    with pytest.raises(EnrichSpecError, match="nope.csv"):
+    with pytest.raises(EnrichSpecError, match=r"nope\.csv"):
         read_rows(missing, Settings())
 
 
