@@ -2,27 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 from dataclasses import dataclass
 
 import polars as pl
 from prefect import task
-from prefect.artifacts import acreate_progress_artifact, aupdate_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
 from pronk import storage
-from pronk.batches.schemas import Batch
-from pronk.batches.store import BatchStore
 from pronk.enrich.answers import Answer, AnswerParser
 from pronk.enrich.lines import input_file
 from pronk.enrich.spec import EnrichSpec
 from pronk.enrich.table import Plan, plan, read_current, read_rows
 from pronk.jobs import JobConfig
 from pronk.settings import Settings
-from tasks.prefect_calls import best_effort
 
 logger = logging.getLogger(__name__)
 
@@ -78,21 +72,3 @@ def read_answers(spec: EnrichSpec, batch: dict, indices: list[int], settings: Se
         steps = pl.read_ndjson(storage.read_bytes(batch["steps_uri"], settings)).height if batch["steps_uri"] else 0
     model_version = max(set(versions), key=versions.count) if any(versions) else None
     return BatchAnswers(answers, steps, model_version)
-
-
-async def watch_batch(batch_id: str, total: int, settings: Settings, stopped: asyncio.Event) -> None:
-    """The enrich run's progress artifact, from its batch's record, about once a second (best effort)."""
-    store = BatchStore(settings)
-    artifact_id = await best_effort(
-        "progress artifact", acreate_progress_artifact(progress=0.0, key=None, description=f"rows of batch {batch_id}")
-    )
-    while artifact_id is not None and not stopped.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stopped.wait(), 1.0)
-        try:
-            batch: Batch = await asyncio.to_thread(store.load, batch_id)
-        except Exception:  # noqa: BLE001 - not saved yet, or storage away for a moment
-            continue
-        done = batch.request_counts.completed + batch.request_counts.failed
-        progress = 100.0 if stopped.is_set() else 100.0 * done / max(total, 1)
-        await best_effort("progress update", aupdate_progress_artifact(artifact_id, progress=progress))
