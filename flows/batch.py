@@ -7,10 +7,12 @@ loop) runs only the lines no earlier run persisted.
 
 from __future__ import annotations
 
-from typing import Literal
+import uuid
+from typing import Annotated, Literal
 
 from prefect import flow, get_run_logger, runtime
 from prefect.artifacts import acreate_table_artifact
+from pydantic import Field
 
 from engine.registry import Registry
 from engine.router import Router
@@ -23,7 +25,7 @@ from pronk.batches.run import BatchRun, end_batch, finish_run, open_batch, rejec
 from pronk.batches.schemas import TERMINAL_STATUSES
 from pronk.batches.store import BatchStore
 from pronk.errors import PronkError
-from pronk.jobs import get_job
+from pronk.jobs import MAX_TRACE_SAMPLE, get_job
 from pronk.settings import get_settings
 from pronk.stack.prefect_env import show_pronk_logs
 from tasks.chunks import run_chunks
@@ -53,7 +55,29 @@ def _end_on_cancellation(flow, flow_run, state) -> None:
     _end_batch(flow_run, "cancelled", "the flow run was cancelled")
 
 
-@flow(name="run-batch", log_prints=False, on_failure=[_end_on_failure], on_cancellation=[_end_on_cancellation])
+def batch_id_of_flow_run(flow_run_id: str) -> str:
+    """The batch id of a run started without one (`prefect deployment run` with only an input): its flow run's id.
+
+    So the flow run is named by its batch however it was started, and a retry of that flow run resumes that batch.
+    """
+    return "batch_" + uuid.UUID(flow_run_id).hex[:24]
+
+
+def run_name() -> str:
+    """The flow run's name: its batch id (a resumed run started as `<batch id>-run-<n>` keeps that name)."""
+    parameters = runtime.flow_run.parameters
+    batch_id = parameters.get("batch_id") or batch_id_of_flow_run(str(runtime.flow_run.id))
+    current = runtime.flow_run.name or ""
+    return current if current.startswith(f"{batch_id}-run-") else batch_id
+
+
+@flow(
+    name="run-batch",
+    flow_run_name=run_name,
+    log_prints=False,
+    on_failure=[_end_on_failure],
+    on_cancellation=[_end_on_cancellation],
+)
 async def run_batch(
     input_uri: str,
     job_id: str,
@@ -62,14 +86,21 @@ async def run_batch(
     completion_window: Literal["24h", "unlimited"] = "24h",
     metadata: dict[str, str] | None = None,
     chunk_size: int = 64,
+    trace_sample: Annotated[int | None, Field(ge=0, le=MAX_TRACE_SAMPLE)] = None,
 ) -> dict:
-    """Run an OpenAI batch input file on a job's engine workers; write output and error files."""
+    """Run an OpenAI batch input file on a job's engine workers; write output and error files.
+
+    `trace_sample` traces (default: the job's `harness.trace_sample`) are drawn in this run's graph as task
+    runs per step and tool call, and logged to MLflow, once the batch has ended.
+    """
     show_pronk_logs()
     logger = get_run_logger()
     settings = get_settings()
     store = BatchStore(settings)
     job = get_job(job_id)
     flow_run_id = str(runtime.flow_run.id) if runtime.flow_run.id else None
+    if batch_id is None and flow_run_id is not None:
+        batch_id = batch_id_of_flow_run(flow_run_id)
     batch = open_batch(store, settings, job, input_uri, batch_id, flow_run_id, output_dir, completion_window, metadata)
     if batch.status in TERMINAL_STATUSES:
         logger.info("batch %s is already %s: nothing to run", batch.id, batch.status)
@@ -105,7 +136,7 @@ async def run_batch(
         await router.aclose()
     finish_run(run, store, FileStore(settings))
 
-    await publish_traces(run, settings)
+    await publish_traces(run, settings, job.harness.trace_sample if trace_sample is None else trace_sample)
     await best_effort(
         "summary table",
         acreate_table_artifact(table=run.summary_table(), key=None, description=f"batch {batch.id} summary"),

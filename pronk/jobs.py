@@ -74,6 +74,10 @@ class PythonToolLimits(BaseModel):
     )
 
 
+MAX_TRACE_SAMPLE = 100
+"""A sample is drawn as Prefect task runs after the batch; more would cost the server more than it shows a person."""
+
+
 class HarnessConfig(BaseModel):
     """How the job's server-side agent harness runs traces; a batch line may ask for less, never more."""
 
@@ -126,9 +130,14 @@ class HarnessConfig(BaseModel):
         default="data/corpus", description="Documents the `search` tool ranks (relative to the project root)."
     )
     python: PythonToolLimits = Field(default_factory=PythonToolLimits)
-    mlflow_traces: int = Field(
-        default=0, ge=0, description="Log up to this many root traces per run to MLflow as traces (0 = off)."
+    trace_sample: int = Field(
+        default=10,
+        ge=0,
+        le=MAX_TRACE_SAMPLE,
+        description="Traces per run drawn as DAGs of step and tool task runs in the Prefect UI and logged to MLflow "
+        "(failed ones first, the rest spread over the input; 0 = none).",
     )
+    mlflow_traces: bool = Field(default=True, description="Log the run's sampled traces to MLflow as traces.")
 
 
 class JobConfig(BaseModel):

@@ -99,6 +99,12 @@ class Settings(BaseSettings):
         return self.mlflow_tracking_uri or f"sqlite:///{self.data_dir / 'mlflow.db'}"
 
     @property
+    def mlflow_ui_url(self) -> str:
+        """Where a person opens MLflow: the tracking server when it is one, else the embedded stack's MLflow UI."""
+        uri = self.tracking_uri
+        return uri.rstrip("/") if uri.startswith(("http://", "https://")) else f"http://127.0.0.1:{self.mlflow_port}"
+
+    @property
     def store_uri(self) -> str:
         return self.storage_uri or str(self.data_dir / "store")
 

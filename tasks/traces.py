@@ -1,4 +1,4 @@
-"""Prefect side of agent traces: step records beside the outputs, a per-trace table, MLflow traces."""
+"""Prefect side of agent traces: a per-trace table, and a sample drawn as task runs and logged as MLflow traces."""
 
 from __future__ import annotations
 
@@ -7,17 +7,22 @@ import logging
 import shutil
 from pathlib import Path
 
-from prefect.artifacts import acreate_table_artifact
+from prefect.artifacts import acreate_markdown_artifact, acreate_table_artifact
 
 from pronk.agents.outcomes import LineFailure, RequestOutcome
-from pronk.agents.step_records import log_mlflow_traces
+from pronk.agents.step_records import StepRecord, log_mlflow_traces
+from pronk.agents.trace_dag import SampleCandidate, choose_sample, readable, trace_dag
+from pronk.batches.results import FinishedLine
 from pronk.batches.run import BatchRun
 from pronk.settings import Settings
 from tasks.prefect_calls import best_effort
+from tasks.trace_dags import draw_trace_dags
 
 logger = logging.getLogger(__name__)
 
 TABLE_ROWS = 500
+MARKDOWN_SAFE = str.maketrans({c: "_" for c in "|[]<>`*\\"})
+"""A custom id is hostile input: in the sample's markdown it shows as text, never as a link, tag or table cell break."""
 
 
 def scratch_dir(settings: Settings, batch_id: str) -> Path:
@@ -46,31 +51,104 @@ def trace_row(outcome: RequestOutcome) -> dict[str, object]:
     }
 
 
-async def publish_traces(run: BatchRun, settings: Settings) -> None:
-    """Drop the tools' scratch folder, publish the per-trace table, log MLflow traces if the job asks.
+def sample_of(run: BatchRun, size: int) -> list[FinishedLine]:
+    """The run's sampled lines (every run of the batch counts): failed ones first, the rest spread over the input."""
+    candidates = [
+        SampleCandidate(f.line, f.output.custom_id or "", not f.ok, len(f.steps)) for f in run.finished.values()
+    ]
+    return [run.finished[c.line] for c in choose_sample(candidates, size)]
 
-    Runs after the batch is terminal: the Prefect table is best effort, and MLflow trouble is logged,
-    never a reason to fail a batch whose results are written.
+
+def mlflow_trace_url(settings: Settings, experiment_id: str, trace_id: str) -> str:
+    """The MLflow UI's page of one trace."""
+    return f"{settings.mlflow_ui_url}/#/experiments/{experiment_id}/traces?selectedEvaluationId={trace_id}"
+
+
+async def log_sample_to_mlflow(run: BatchRun, sample: list[FinishedLine], settings: Settings) -> dict[str, str]:
+    """The sampled traces as MLflow traces; each sampled line's custom_id → its URL in the MLflow UI.
+
+    MLflow trouble is logged, never a reason to fail a batch whose results are written.
     """
     batch, job = run.batch, run.job
-    await asyncio.to_thread(shutil.rmtree, scratch_dir(settings, batch.id), True)
-    rows = [f.row for f in sorted(run.finished.values(), key=lambda f: f.line)[:TABLE_ROWS]]
-    await best_effort(
-        "trace table",
-        acreate_table_artifact(table=rows, key=None, description=f"batch {batch.id}: traces (first {TABLE_ROWS})"),
-    )
-    if not job.harness.mlflow_traces:
-        return
+    if not sample or not job.harness.mlflow_traces:
+        return {}
+    records = [StepRecord(**row) for f in sample for row in f.steps]
     try:
-        logged = await asyncio.to_thread(
+        experiment_id, logged = await asyncio.to_thread(
             log_mlflow_traces,
-            run.step_records(),
+            records,
             settings.tracking_uri,
             f"pronk-{job.job_id}",
             settings.artifact_root,
-            job.harness.mlflow_traces,
+            {"pronk.batch_id": batch.id, "pronk.job_id": job.job_id},
         )
     except Exception as exc:  # noqa: BLE001 - the batch's own results are already written
         logger.warning("batch %s: logging MLflow traces failed: %s", batch.id, exc)
-        return
-    logger.info("batch %s: logged %d traces to MLflow", batch.id, logged)
+        return {}
+    logger.info("batch %s: logged %d sampled traces to MLflow", batch.id, len(logged))
+    roots = {r.custom_id or "": r.root_trace_id for r in records}
+    return {
+        cid: mlflow_trace_url(settings, experiment_id, logged[root]) for cid, root in roots.items() if root in logged
+    }
+
+
+async def draw_sample(run: BatchRun, sample: list[FinishedLine]) -> int:
+    """The sampled traces as task runs in this flow run's graph; how many task runs were recorded (best effort)."""
+    dags = [trace_dag([StepRecord(**row) for row in f.steps]) for f in sample]
+    try:
+        return await draw_trace_dags(dags)
+    except Exception as exc:  # noqa: BLE001 - the drawing is for show: the batch has ended already
+        logger.warning("batch %s: drawing the sampled traces failed: %s", run.batch.id, exc)
+        return 0
+
+
+def sample_markdown(batch_id: str, sample: list[FinishedLine], links: dict[str, str]) -> str:
+    """The sampled traces, each with its state and a link to its MLflow trace (when logged)."""
+    lines = [
+        f"# Sampled traces of batch {batch_id}",
+        "",
+        "Each is drawn in this run's graph as task runs named `<trace> step <n>: <tool>`.",
+        "",
+        "| line | custom_id | state | steps | MLflow trace |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for f in sample:
+        cid = f.output.custom_id or ""
+        link = f"[open]({links[cid]})" if cid in links else "—"
+        name = readable(cid).translate(MARKDOWN_SAFE)
+        state = "completed" if f.ok else "error"
+        lines.append(f"| {f.line} | {name} | {state} | {len(f.steps)} | {link} |")
+    return "\n".join(lines) + "\n"
+
+
+async def publish_traces(run: BatchRun, settings: Settings, sample_size: int) -> None:
+    """After the batch has ended: drop the tools' scratch folder, draw and log the sample, publish the trace tables.
+
+    The sample is drawn in Prefect and logged to MLflow at once; the per-trace table (its first rows, then
+    every sampled line) links each sampled line to its MLflow trace. All of it is best effort.
+    """
+    batch = run.batch
+    await asyncio.to_thread(shutil.rmtree, scratch_dir(settings, batch.id), True)
+    sample = sample_of(run, sample_size)
+    links, drawn = await asyncio.gather(log_sample_to_mlflow(run, sample, settings), draw_sample(run, sample))
+    if sample:
+        logger.info("batch %s: %d sampled traces drawn as %d task runs", batch.id, len(sample), drawn)
+    head = sorted(run.finished.values(), key=lambda f: f.line)[:TABLE_ROWS]
+    in_head = {f.line for f in head}
+    shown = head + [f for f in sample if f.line not in in_head]
+    rows = [{**f.row, "mlflow_trace": links.get(f.output.custom_id or "", "")} for f in shown]
+    await best_effort(
+        "trace table",
+        acreate_table_artifact(
+            table=rows, key=None, description=f"batch {batch.id}: traces (first {TABLE_ROWS}, then the sampled ones)"
+        ),
+    )
+    if sample:
+        await best_effort(
+            "sampled traces",
+            acreate_markdown_artifact(
+                markdown=sample_markdown(batch.id, sample, links),
+                key=None,
+                description=f"batch {batch.id}: sampled traces",
+            ),
+        )

@@ -1,8 +1,8 @@
 """Step records: one row per model step (and per retried attempt) of every trace, as NDJSON beside the outputs.
 
 The file `<batch id>_steps.jsonl` reads straight into polars (`pl.read_ndjson`). Each trace's
-rows are also summarised in its output line, and, when tracing is on, logged to MLflow as one
-trace per root trace with agent, LLM and tool spans.
+rows are also summarised in its output line, and a run's sampled traces (`pronk.agents.trace_dag`)
+are logged to MLflow as one trace per root trace with agent, LLM and tool spans.
 """
 
 from __future__ import annotations
@@ -125,11 +125,17 @@ def summarise(records: list[StepRecord]) -> TraceSummary:
 
 
 def log_mlflow_traces(
-    records: list[StepRecord], tracking_uri: str, experiment: str, artifact_root: Path, limit: int = 200
-) -> int:
-    """One MLflow trace per root trace (agent span → LLM and tool spans per step); returns how many were logged.
+    records: list[StepRecord],
+    tracking_uri: str,
+    experiment: str,
+    artifact_root: Path,
+    root_attributes: dict[str, str] | None = None,
+) -> tuple[str, dict[str, str]]:
+    """One MLflow trace per root trace (agent span → LLM and tool spans per step).
 
-    A new experiment keeps its trace data under `artifact_root` (MLflow's default is `./mlruns` of the cwd).
+    Returns the experiment's id and each root trace's MLflow trace id. A new experiment keeps its trace
+    data under `artifact_root` (MLflow's default is `./mlruns` of the cwd). `root_attributes` go on every
+    root span (the batch's id, say).
     """
     import mlflow
 
@@ -137,11 +143,12 @@ def log_mlflow_traces(
     if mlflow.get_experiment_by_name(experiment) is None:
         artifact_root.mkdir(parents=True, exist_ok=True)
         mlflow.create_experiment(experiment, artifact_location=artifact_root.as_uri())
-    mlflow.set_experiment(experiment)
+    experiment_id = mlflow.set_experiment(experiment).experiment_id
     by_root: dict[str, list[StepRecord]] = {}
     for r in records:
         by_root.setdefault(r.root_trace_id, []).append(r)
-    for root_id, rows in list(by_root.items())[:limit]:
+    logged: dict[str, str] = {}
+    for root_id, rows in by_root.items():
         rows.sort(key=lambda r: r.started_at)
         start = min(r.started_at for r in rows)
         end = max(r.started_at + r.engine_time_s + r.tool_time_s for r in rows)
@@ -152,6 +159,7 @@ def log_mlflow_traces(
             attributes={
                 "pronk.root_trace_id": root_id,
                 **{f"pronk.{k}": str(v) for k, v in summarise(rows).as_dict().items()},
+                **(root_attributes or {}),
             },
             start_time_ns=int(start * 1e9),
         )
@@ -166,15 +174,16 @@ def log_mlflow_traces(
             llm.end(end_time_ns=int((r.started_at + r.engine_time_s) * 1e9))
             if r.tool_name:
                 tool_start = r.started_at + r.engine_time_s
-                attributes: dict[str, Any] = {"ok": bool(r.tool_ok), "trace_id": r.trace_id, "step": r.step}
+                tool_attributes: dict[str, Any] = {"ok": bool(r.tool_ok), "trace_id": r.trace_id, "step": r.step}
                 span = mlflow.start_span_no_context(
                     name=r.tool_name,
                     span_type="TOOL",
                     parent_span=root,
                     start_time_ns=int(tool_start * 1e9),
-                    attributes=attributes,
+                    attributes=tool_attributes,
                 )
                 span.end(end_time_ns=int((tool_start + r.tool_time_s) * 1e9))
         root.end(end_time_ns=int(end * 1e9))
+        logged[root_id] = root.trace_id
     mlflow.flush_trace_async_logging()
-    return min(len(by_root), limit)
+    return experiment_id, logged

@@ -82,10 +82,13 @@ def test_traces_land_in_mlflow_with_agent_llm_and_tool_spans(tmp_path):
     import mlflow
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    assert log_mlflow_traces(records(), uri, "pronk-test", tmp_path / "artifacts") == 1
-    mlflow.set_tracking_uri(uri)
-    (trace,) = mlflow.search_traces(
-        locations=[mlflow.get_experiment_by_name("pronk-test").experiment_id], return_type="list"
+    experiment_id, logged = log_mlflow_traces(
+        records(), uri, "pronk-test", tmp_path / "artifacts", {"pronk.batch": "b"}
     )
+    experiment = mlflow.get_experiment_by_name("pronk-test")
+    assert list(logged) == ["t"] and experiment is not None and experiment_id == experiment.experiment_id
+    mlflow.set_tracking_uri(uri)
+    (trace,) = mlflow.search_traces(locations=[experiment_id], return_type="list")
+    assert trace.info.trace_id == logged["t"]
     kinds = sorted(span.span_type for span in trace.data.spans)
     assert kinds.count("AGENT") == 1 and kinds.count("LLM") == 4 and kinds.count("TOOL") == 3

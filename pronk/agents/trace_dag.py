@@ -1,0 +1,212 @@
+"""Sampled trace DAGs: which traces of a run a person sees, and each one's steps and tool calls as linked nodes.
+
+Recording every step as a Prefect task run would make the Prefect server the bottleneck (DESIGN.md: it
+records ~30-100 task runs/s), so a run draws a sample: its failed traces first, then traces spread
+evenly over the input. Each sampled trace family becomes a DAG of nodes, one per step and one per tool
+call: step → its tool → the next step; a `spawn_subagents` (or replayed `fan_out`) tool starts its
+children's first steps as parallel branches, and the parent's next step waits for the children's last
+nodes. Prefect-free: `tasks.trace_dags` turns the nodes into task runs, MLflow gets the same sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pronk.agents.step_records import StepRecord
+
+NAME_CHARS = 48
+"""Longest trace id a node's name shows (custom ids are hostile input: bounded and printable only)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SampleCandidate:
+    """A finished line as the sample sees it."""
+
+    line: int
+    custom_id: str
+    failed: bool
+    steps: int
+
+
+def choose_sample(candidates: Sequence[SampleCandidate], size: int) -> list[SampleCandidate]:
+    """Up to `size` lines with steps: every failed one first (in input order), the rest spread evenly over the input.
+
+    Returned in input order.
+    """
+    drawable = sorted((c for c in candidates if c.steps > 0), key=lambda c: c.line)
+    if size <= 0 or not drawable:
+        return []
+    failed = [c for c in drawable if c.failed][:size]
+    rest = [c for c in drawable if not c.failed]
+    room = min(size - len(failed), len(rest))
+    spread = [rest[(2 * i + 1) * len(rest) // (2 * room)] for i in range(room)] if room > 0 else []
+    return sorted(failed + spread, key=lambda c: c.line)
+
+
+def readable(text: str, limit: int = NAME_CHARS) -> str:
+    """A trace id fit for a task run's name: printable characters only, at most `limit` of them."""
+    clean = "".join(c if c.isprintable() else "?" for c in text)
+    return clean if len(clean) <= limit else clean[: limit - 1] + "…"
+
+
+@dataclass(slots=True)
+class DagNode:
+    """One task run of a sampled trace's DAG: a step or the tool call that followed it."""
+
+    key: str
+    name: str
+    kind: str
+    """`step` or `tool`."""
+    trace_id: str
+    step: int
+    upstream: list[str] = field(default_factory=list)
+    figures: dict[str, object] = field(default_factory=dict)
+    failed: bool = False
+
+    @property
+    def tags(self) -> list[str]:
+        """The figures the Prefect UI lists with a task run: worker, model version, tokens, and a failure."""
+        f = self.figures
+        if self.kind == "step":
+            tags = [f"{k}:{f[k]}" for k in ("worker", "model_version") if f.get(k)]
+            tags += [f"tokens:{f['prompt_tokens']}/{f['cached_tokens']} cached/{f['output_tokens']} out"]
+        else:
+            tags = [f"tool:{f['tool']}"] + ([f"children:{f['children']}"] if f.get("children") else [])
+        return tags + (["failed"] if self.failed else [])
+
+    @property
+    def summary(self) -> str:
+        """Every figure in one line: the message of the task run's final state."""
+        f = self.figures
+        if self.kind == "tool":
+            text = f"{f['tool']} {'ok' if f['ok'] else 'failed'} in {f['tool_time_s']:.3f} s"
+            text += f", {f['children']} child traces" if f.get("children") else ""
+        else:
+            text = (
+                f"prompt {f['prompt_tokens']} tokens ({f['cached_tokens']} cached), {f['output_tokens']} out; "
+                f"worker {f['worker'] or '-'}, model {f['model_version'] or '-'}; queue {f['queue_time_s']:.3f} s, "
+                f"engine {f['engine_time_s']:.3f} s; attempts {f['attempts']}"
+            )
+        return text + (f"; error: {f['error']}" if f.get("error") else "")
+
+
+def _final_attempts(records: Sequence[StepRecord]) -> dict[tuple[str, int], list[StepRecord]]:
+    """Each step's attempts, in order (a retried step has several records, its last one is the step)."""
+    attempts: dict[tuple[str, int], list[StepRecord]] = {}
+    for r in sorted(records, key=lambda r: (r.trace_id, r.step, r.attempt)):
+        attempts.setdefault((r.trace_id, r.step), []).append(r)
+    return attempts
+
+
+def _step_figures(tries: list[StepRecord]) -> dict[str, object]:
+    last = tries[-1]
+    figures: dict[str, object] = {
+        "trace_id": last.trace_id,
+        "step": last.step,
+        "worker": last.worker_id,
+        "model_version": last.model_version,
+        "prompt_tokens": last.prompt_tokens,
+        "cached_tokens": last.cached_tokens,
+        "output_tokens": last.output_tokens,
+        "queue_time_s": last.queue_time_s,
+        "engine_time_s": last.engine_time_s,
+        "finish_reason": last.finish_reason,
+        "attempts": len(tries),
+    }
+    if last.error and last.tool_name is None:
+        figures["error"] = last.error[:300]
+    return figures
+
+
+def _parent_step(child: str, parent: str) -> int | None:
+    """The parent's step that spawned `child`: children are named `<parent>.<step>.<i>` by the harness and replay."""
+    head = child[len(parent) + 1 :].split(".", 1)[0] if child.startswith(parent + ".") else ""
+    return int(head) if head.isdigit() else None
+
+
+def trace_dag(records: Sequence[StepRecord]) -> list[DagNode]:
+    """The DAG of one trace family (a root trace and its children), in an order where upstream nodes come first."""
+    attempts = _final_attempts(records)
+    traces: dict[str, list[tuple[int, list[StepRecord]]]] = {}
+    for (trace_id, step), tries in attempts.items():
+        traces.setdefault(trace_id, []).append((step, tries))
+    parents = {t: steps[0][1][-1].parent_trace_id for t, steps in traces.items()}
+    children: dict[tuple[str, int], list[str]] = {}
+    for trace_id, parent in parents.items():
+        spawned_at = _parent_step(trace_id, parent) if parent is not None and parent in traces else None
+        if parent is not None and spawned_at is not None:
+            children.setdefault((parent, spawned_at), []).append(trace_id)
+    nodes: dict[str, DagNode] = {}
+    tails: dict[str, str] = {}
+    """Each trace's last node, once drawn: what a parent's next step waits for."""
+
+    def draw(trace_id: str, first_upstream: list[str]) -> None:
+        upstream = first_upstream
+        name = readable(trace_id)
+        for step, tries in sorted(traces[trace_id], key=lambda s: s[0]):
+            last = tries[-1]
+            key = f"{trace_id}/{step}"
+            tool = last.tool_name
+            label = tool or ("error" if last.error else (last.finish_reason or "final"))
+            nodes[key] = DagNode(
+                key,
+                f"{name} step {step}: {label}",
+                "step",
+                trace_id,
+                step,
+                upstream,
+                _step_figures(tries),
+                failed=bool(last.error) and tool is None,
+            )
+            upstream = [key]
+            if tool is None:
+                continue
+            tool_key = f"{key}/tool"
+            kids = children.get((trace_id, step), [])
+            for kid in kids:
+                draw(kid, [tool_key])
+            nodes[tool_key] = DagNode(
+                tool_key,
+                f"{name} step {step} tool: {readable(tool, 32)}",
+                "tool",
+                trace_id,
+                step,
+                [key],
+                {
+                    "trace_id": trace_id,
+                    "step": step,
+                    "tool": tool,
+                    "ok": bool(last.tool_ok),
+                    "tool_time_s": last.tool_time_s,
+                    "children": len(kids),
+                    **({"error": last.error[:300]} if last.error else {}),
+                },
+                failed=last.tool_ok is False,
+            )
+            upstream = [tool_key] + [tails[k] for k in kids if k in tails]
+        if upstream:
+            tails[trace_id] = upstream[0]
+
+    for trace_id in sorted(traces):  # a parent sorts before its children, which it draws: what is left are roots
+        if f"{trace_id}/{min(s for s, _ in traces[trace_id])}" not in nodes:
+            draw(trace_id, [])
+    return _upstream_first(nodes)
+
+
+def _upstream_first(nodes: dict[str, DagNode]) -> list[DagNode]:
+    """Nodes ordered so that every node's upstream nodes come before it (children are drawn inside their parent)."""
+    ordered: list[DagNode] = []
+    placed: set[str] = set()
+
+    def place(key: str) -> None:
+        if key in placed or key not in nodes:
+            return
+        placed.add(key)
+        for up in nodes[key].upstream:
+            place(up)
+        ordered.append(nodes[key])
+
+    for key in nodes:
+        place(key)
+    return ordered
