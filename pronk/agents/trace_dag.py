@@ -65,17 +65,6 @@ class DagNode:
     failed: bool = False
 
     @property
-    def tags(self) -> list[str]:
-        """The figures the Prefect UI lists with a task run: worker, model version, tokens, and a failure."""
-        f = self.figures
-        if self.kind == "step":
-            tags = [f"{k}:{f[k]}" for k in ("worker", "model_version") if f.get(k)]
-            tags += [f"tokens:{f['prompt_tokens']}/{f['cached_tokens']} cached/{f['output_tokens']} out"]
-        else:
-            tags = [f"tool:{f['tool']}"] + ([f"children:{f['children']}"] if f.get("children") else [])
-        return tags + (["failed"] if self.failed else [])
-
-    @property
     def summary(self) -> str:
         """Every figure in one line: the message of the task run's final state."""
         f = self.figures
