@@ -127,6 +127,7 @@ def trace_dag(records: Sequence[StepRecord]) -> list[DagNode]:
         if parent is not None and spawned_at is not None:
             children.setdefault((parent, spawned_at), []).append(trace_id)
     nodes: dict[str, DagNode] = {}
+    """Each node is added after its upstream nodes, so this order is one the DAG can be drawn in."""
     tails: dict[str, str] = {}
     """Each trace's last node, once drawn: what a parent's next step waits for."""
 
@@ -153,8 +154,6 @@ def trace_dag(records: Sequence[StepRecord]) -> list[DagNode]:
                 continue
             tool_key = f"{key}/tool"
             kids = children.get((trace_id, step), [])
-            for kid in kids:
-                draw(kid, [tool_key])
             nodes[tool_key] = DagNode(
                 tool_key,
                 f"{name} step {step} tool: {readable(tool, 32)}",
@@ -173,6 +172,8 @@ def trace_dag(records: Sequence[StepRecord]) -> list[DagNode]:
                 },
                 failed=last.tool_ok is False,
             )
+            for kid in kids:
+                draw(kid, [tool_key])
             upstream = [tool_key] + [tails[k] for k in kids if k in tails]
         if upstream:
             tails[trace_id] = upstream[0]
@@ -180,22 +181,4 @@ def trace_dag(records: Sequence[StepRecord]) -> list[DagNode]:
     for trace_id in sorted(traces):  # a parent sorts before its children, which it draws: what is left are roots
         if f"{trace_id}/{min(s for s, _ in traces[trace_id])}" not in nodes:
             draw(trace_id, [])
-    return _upstream_first(nodes)
-
-
-def _upstream_first(nodes: dict[str, DagNode]) -> list[DagNode]:
-    """Nodes ordered so that every node's upstream nodes come before it (children are drawn inside their parent)."""
-    ordered: list[DagNode] = []
-    placed: set[str] = set()
-
-    def place(key: str) -> None:
-        if key in placed or key not in nodes:
-            return
-        placed.add(key)
-        for up in nodes[key].upstream:
-            place(up)
-        ordered.append(nodes[key])
-
-    for key in nodes:
-        place(key)
-    return ordered
+    return list(nodes.values())  # in drawing order: every node after its upstream nodes

@@ -111,3 +111,20 @@ def test_hostile_ids_are_bounded_and_orphans_are_drawn_as_roots():
     orphan = record("t-42.9.0", 0, None, parent="t-42")  # its parent's spawning step left no record
     nodes = trace_dag([record("t-42", 0, None, finish_reason="stop"), orphan])
     assert [(n.name, n.upstream) for n in nodes] == [("t-42 step 0: stop", []), ("t-42.9.0 step 0: final", [])]
+
+
+def test_a_long_trace_with_nested_fan_outs_is_drawn_upstream_first():
+    rows = [record("t-42", s, "spawn_subagents" if s == 0 else "sql") for s in range(256)]
+    rows += [
+        record(f"t-42.0.{i}", s, "spawn_subagents" if s == 0 else None, parent="t-42")
+        for i in range(4)
+        for s in range(2)
+    ]
+    rows += [record("t-42.0.3.0.0", s, None, parent="t-42.0.3") for s in range(256)]
+    nodes = trace_dag(rows)
+    assert len(nodes) == 2 * 256 + 4 * 3 + 256
+    seen: set[str] = set()
+    for node in nodes:
+        assert set(node.upstream) <= seen, node.name
+        seen.add(node.key)
+    assert [n.upstream for n in nodes if n.name == "t-42.0.3.0.0 step 0: final"] == [["t-42.0.3/0/tool"]]
