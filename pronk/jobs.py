@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from pronk.config_files import load_config_file
 from pronk.errors import PronkError
 from pronk.settings import get_settings
 
@@ -173,29 +173,8 @@ class JobConfig(BaseModel):
         return self.max_output_tokens or self.engine.max_model_len - 1
 
 
-def _describe(exc: ValidationError, path: Path, raw: dict[str, Any]) -> str:
-    problems = []
-    for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "<root>"
-        value: Any = raw
-        for part in err["loc"]:
-            value = value.get(part) if isinstance(value, dict) else None
-        problems.append(f"{path}: key '{key}' value {value!r}: {err['msg']}")
-    return "; ".join(problems)
-
-
 def load_job_file(path: Path) -> JobConfig:
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise JobFileError(f"{path}: cannot read job file: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise JobFileError(f"{path}: a job file must be a mapping, got {type(raw).__name__}")
-    raw.setdefault("name", path.stem)
-    try:
-        return JobConfig.model_validate(raw)
-    except ValidationError as exc:
-        raise JobFileError(_describe(exc, path, raw)) from exc
+    return load_config_file(path, JobConfig, JobFileError, "job file")
 
 
 def load_jobs(jobs_dir: Path | None = None) -> dict[str, JobConfig]:

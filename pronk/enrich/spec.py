@@ -12,11 +12,10 @@ from pathlib import Path
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from pronk.config_files import load_config_file
 from pronk.errors import PronkError
-from pronk.jobs import _describe
 from pronk.settings import PROJECT_ROOT
 
 TableFormat = Literal["parquet", "csv", "ndjson"]
@@ -224,18 +223,7 @@ def template_fields(template: str) -> list[str]:
 
 def load_spec(path: str | Path) -> EnrichSpec:
     """Read and validate one spec file; a name alone means `deployments/enrichments/<name>.yaml`."""
-    path = spec_path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise EnrichSpecError(f"{path}: cannot read enrichment spec: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise EnrichSpecError(f"{path}: an enrichment spec must be a mapping, got {type(raw).__name__}")
-    raw.setdefault("name", path.stem)
-    try:
-        return EnrichSpec.model_validate(raw)
-    except ValidationError as exc:
-        raise EnrichSpecError(_describe(exc, path, raw)) from exc
+    return load_config_file(spec_path(path), EnrichSpec, EnrichSpecError, "enrichment spec")
 
 
 def spec_path(path: str | Path) -> Path:
