@@ -14,7 +14,7 @@ import pytest
 
 from pronk.batches.store import BatchStore
 from pronk.settings import PROJECT_ROOT
-from pronk.stack.prefect_env import prefect_environment
+from tests.flows.deployment_runs import run_batch_deployment
 
 pytestmark = pytest.mark.e2e
 JOB = "job-c0ffee01"
@@ -205,30 +205,8 @@ def test_sample_agent_batch_runs_from_the_cli_and_from_a_prefect_deployment(stac
     assert batch["status"] == "completed" and batch["request_counts"]["completed"] == 8
     assert pl.read_ndjson(batch["steps_uri"]).height >= 8
 
-    deployed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "prefect",
-            "deployment",
-            "run",
-            "run-batch/run-batch",
-            "-p",
-            f"input_uri={AGENT_BATCH}",
-            "-p",
-            f"job_id={JOB}",
-            "-p",
-            f"output_dir={tmp_path / 'deployed'}",
-            "-p",
-            "batch_id=batch_agentdeployment",
-            "--watch",
-            "--watch-timeout",
-            "240",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, **prefect_environment()},
+    deployed = run_batch_deployment(
+        input_uri=AGENT_BATCH, job_id=JOB, output_dir=tmp_path / "deployed", batch_id="batch_agentdeployment"
     )
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
     stored = BatchStore().load("batch_agentdeployment")

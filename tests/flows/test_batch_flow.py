@@ -16,8 +16,8 @@ import pytest
 from pronk.batches.store import BatchStore
 from pronk.jobs import get_job
 from pronk.settings import PROJECT_ROOT
-from pronk.stack.prefect_env import prefect_environment
 from tests.conftest import DATA
+from tests.flows.deployment_runs import run_batch_deployment
 
 pytestmark = pytest.mark.e2e
 JOB = "job-c0ffee01"
@@ -112,31 +112,8 @@ def test_cli_batch_run_prints_the_batch_object_last(stack, tmp_path):
 
 
 def test_prefect_deployment_run_completes_a_batch_through_the_process_worker(stack, tmp_path):
-    env = {**os.environ, **prefect_environment()}
-    completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "prefect",
-            "deployment",
-            "run",
-            "run-batch/run-batch",
-            "-p",
-            f"input_uri={DATA / 'mixed_batch.jsonl'}",
-            "-p",
-            f"job_id={JOB}",
-            "-p",
-            f"output_dir={tmp_path}",
-            "-p",
-            "batch_id=batch_fromdeployment",
-            "--watch",
-            "--watch-timeout",
-            "240",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
+    completed = run_batch_deployment(
+        input_uri=DATA / "mixed_batch.jsonl", job_id=JOB, output_dir=tmp_path, batch_id="batch_fromdeployment"
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
     stored = BatchStore().load("batch_fromdeployment")

@@ -9,8 +9,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from uuid import UUID
 
@@ -21,7 +19,7 @@ from pronk.agents.step_records import StepRecord
 from pronk.agents.trace_dag import trace_dag
 from pronk.batches.store import BatchStore
 from pronk.settings import PROJECT_ROOT
-from pronk.stack.prefect_env import prefect_environment
+from tests.flows.deployment_runs import run_batch_deployment
 
 pytestmark = pytest.mark.e2e
 JOB = "job-c0ffee01"
@@ -55,31 +53,7 @@ def dag_run(stack, tmp_path_factory):
     by_id = {line["custom_id"]: line for line in read_jsonl(str(PROJECT_ROOT / "data" / "agent_batch.jsonl"))}
     by_id["replay-fanout"] = replay_fan_out()
     (work / "input.jsonl").write_text("".join(json.dumps(by_id[cid]) + "\n" for cid in LINES))
-    started = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "prefect",
-            "deployment",
-            "run",
-            "run-batch/run-batch",
-            "-p",
-            f"input_uri={work / 'input.jsonl'}",
-            "-p",
-            f"job_id={JOB}",
-            "-p",
-            f"output_dir={work / 'out'}",
-            "-p",
-            "trace_sample=3",
-            "--watch",
-            "--watch-timeout",
-            "240",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, **prefect_environment()},
-    )
+    started = run_batch_deployment(input_uri=work / "input.jsonl", job_id=JOB, output_dir=work / "out", trace_sample=3)
     assert started.returncode == 0, started.stdout + started.stderr
     flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", started.stdout).group(1)  # type: ignore[union-attr]
     return flow_run_id, asyncio.run(server_view(flow_run_id))

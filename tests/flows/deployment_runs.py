@@ -1,0 +1,20 @@
+"""`prefect deployment run run-batch/run-batch` as a user types it, for the e2e tests that start batches that way."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from pronk.stack.prefect_env import prefect_environment
+
+
+def run_batch_deployment(**parameters: object) -> subprocess.CompletedProcess[str]:
+    """Start the run-batch deployment with `-p key=value` for each parameter and watch it to its end (240 s)."""
+    command = [sys.executable, "-m", "prefect", "deployment", "run", "run-batch/run-batch"]
+    for key, value in parameters.items():
+        command += ["-p", f"{key}={value}"]
+    command += ["--watch", "--watch-timeout", "240"]
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=300, env={**os.environ, **prefect_environment()}
+    )
