@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
-import threading
 from typing import Annotated
 
 import typer
 
+from pronk.cli.terminal import batch_progress, fail
 from pronk.settings import get_settings
 
 enrich_app = typer.Typer(no_args_is_help=True, help="Keep a table's columns filled by agents (enrichment specs).")
@@ -16,11 +15,6 @@ enrich_app = typer.Typer(no_args_is_help=True, help="Keep a table's columns fill
 SpecArgument = Annotated[
     str, typer.Argument(help="A spec file, or the name of one in deployments/enrichments/ (e.g. companies).")
 ]
-
-
-def _fail(message: str) -> None:
-    typer.echo(f"pronk: {message}", err=True)
-    raise typer.Exit(1)
 
 
 @enrich_app.command("run")
@@ -37,27 +31,18 @@ def enrich_run(
     configure_prefect(settings)
     from flows.enrich import enrich_table
     from pronk.batches.schemas import new_id
-    from pronk.cli.main import _watch_progress
     from pronk.enrich.spec import EnrichSpecError, load_spec
 
     try:
         name = load_spec(spec).name
     except EnrichSpecError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     batch_id = new_id("batch")
-    stop = threading.Event()
-    watcher = None
-    if sys.stderr.isatty():
-        watcher = threading.Thread(target=_watch_progress, args=(batch_id, name, stop), daemon=True)
-        watcher.start()
-    try:
-        run = asyncio.run(enrich_table(spec=spec, limit=limit, batch_id=batch_id))
-    except EnrichSpecError as exc:
-        _fail(f"enrichment {name} refused, nothing written: {exc}")
-    finally:
-        stop.set()
-        if watcher:
-            watcher.join()
+    with batch_progress(batch_id, name):
+        try:
+            run = asyncio.run(enrich_table(spec=spec, limit=limit, batch_id=batch_id))
+        except EnrichSpecError as exc:
+            fail(f"enrichment {name} refused, nothing written: {exc}")
     typer.echo(
         f"enrichment {name}: {run['rows']} rows; {run['new']} new, {run['changed']} changed, {run['retried']} retried,"
         f" {run['skipped']} skipped, {run['failed']} failed, {run['pending']} pending; {run['steps']} engine steps,"
@@ -99,7 +84,7 @@ def enrich_show(
     try:
         enrichment = load_spec(spec)
     except EnrichSpecError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     results = results_uri(enrichment, settings)
     typer.echo(f"{results}/{CURRENT}", err=True)
     _print_head(enrichment.name, spec, rows)

@@ -8,15 +8,11 @@ from typing import Annotated
 
 import typer
 
+from pronk.cli.terminal import fail
 from pronk.settings import get_settings
 
 weights_app = typer.Typer(no_args_is_help=True, help="Register checkpoints as model versions.")
 leap_app = typer.Typer(help="Leap: swap a running job's weights to a model version in place.")
-
-
-def _fail(message: str) -> None:
-    typer.echo(f"pronk: {message}", err=True)
-    raise typer.Exit(1)
 
 
 @weights_app.command("upload")
@@ -38,7 +34,7 @@ def weights_upload(
     try:
         result = upload_checkpoint(src, model, job_model=job_model, settings=settings)
     except (CheckpointMismatch, FileNotFoundError) as exc:
-        _fail(f"refused, nothing registered: {exc}")
+        fail(f"refused, nothing registered: {exc}")
     typer.echo(f"registered {result.uri} (parent version {result.parent_version})", err=True)
     typer.echo(result.model_dump_json())
 
@@ -86,7 +82,7 @@ def leap_run(
     try:
         record = asyncio.run(leap(job_id=job_id, version=version, alias=alias))
     except (LeapRefused, LeapFailed) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     typer.echo(f"{record['message']} (switch {record['switch_seconds'] or 0:.3f}s)", err=True)
     typer.echo(json.dumps(record))
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Annotated
@@ -13,6 +12,7 @@ import typer
 
 from pronk.cli.enrich import register as register_enrich_commands
 from pronk.cli.leap import register as register_leap_commands
+from pronk.cli.terminal import batch_progress, fail
 from pronk.settings import get_settings
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
@@ -33,11 +33,6 @@ for sub, name in (
     app.add_typer(sub, name=name)
 
 JobOption = Annotated[str | None, typer.Option("--job", help="Job id or name (default: the settings' default job).")]
-
-
-def _fail(message: str) -> None:
-    typer.echo(f"pronk: {message}", err=True)
-    raise typer.Exit(1)
 
 
 register_leap_commands(app, model_app)
@@ -139,34 +134,6 @@ def job_list() -> None:
         typer.echo(f"{job.job_id}  {job.name:16} {job.served_model_name:16} {job.model}  workers={job.workers}")
 
 
-def _watch_progress(batch_id: str, total_hint: str, stop: threading.Event) -> None:
-    """Draw a progress bar on stderr from the batch record's request counts."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
-    from pronk.batches.store import BatchStore
-
-    store = BatchStore()
-    with Progress(
-        TextColumn(total_hint), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=True
-    ) as bar:
-        task = bar.add_task("batch", total=None)
-        while not stop.wait(0.5):
-            try:
-                batch = store.load(batch_id)
-            except (OSError, ValueError):
-                continue
-            counts = batch.request_counts
-            bar.update(
-                task, total=counts.total or None, completed=counts.completed + counts.failed, description=batch.status
-            )
-
-
 @batch_app.command("run")
 def batch_run(
     input: Annotated[str, typer.Argument(help="Batch input JSONL: a local path or s3://â€¦")],
@@ -186,12 +153,12 @@ def batch_run(
     try:
         job_config = get_job(job or settings.default_job)
     except (KeyError, ValueError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if not Registry.from_settings(settings).live(job_config.job_id):
-        _fail(f"no live workers for {job_config.job_id}; start them with `pronk stack up --job {job_config.name}`")
+        fail(f"no live workers for {job_config.job_id}; start them with `pronk stack up --job {job_config.name}`")
     local_input = "://" not in input
     if local_input and not Path(input).is_file():
-        _fail(f"input file {input} does not exist")
+        fail(f"input file {input} does not exist")
     input_uri = str(Path(input).resolve()) if local_input else input
     out_uri = str(Path(out).resolve()) if "://" not in out else out
 
@@ -209,19 +176,11 @@ def _run_locally(batch_id: str, label: str, parameters: dict) -> None:
     from flows.batch import BatchFailed, run_batch
     from pronk.batches.store import BatchStore
 
-    stop = threading.Event()
-    watcher = None
-    if sys.stderr.isatty():
-        watcher = threading.Thread(target=_watch_progress, args=(batch_id, label, stop), daemon=True)
-        watcher.start()
-    try:
-        asyncio.run(run_batch(batch_id=batch_id, **parameters))
-    except BatchFailed as exc:
-        typer.echo(f"pronk: {exc}", err=True)
-    finally:
-        stop.set()
-        if watcher:
-            watcher.join()
+    with batch_progress(batch_id, label):
+        try:
+            asyncio.run(run_batch(batch_id=batch_id, **parameters))
+        except BatchFailed as exc:
+            typer.echo(f"pronk: {exc}", err=True)
     batch = BatchStore().load(batch_id)
     counts = batch.request_counts
     typer.echo(
@@ -256,9 +215,9 @@ def batch_resume(
     try:
         batch = store.load(batch_id)
     except FileNotFoundError:
-        _fail(f"no batch {batch_id}")
+        fail(f"no batch {batch_id}")
     if batch.status in TERMINAL_STATUSES:
-        _fail(f"batch {batch_id} is already {batch.status}; only a batch that has not ended can be resumed")
+        fail(f"batch {batch_id} is already {batch.status}; only a batch that has not ended can be resumed")
     parameters = {"input_uri": input_uri_of(batch, FileStore(settings)), "job_id": batch.job_id}
     if batch.output_uri:
         parameters["output_dir"] = batch.output_uri.rsplit("/", 1)[0]
@@ -353,7 +312,7 @@ def keys_create(
     try:
         key, record = ApiKeyStore(get_settings()).create(owner, name, admin=admin)
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     typer.echo(f"{record.key_id} owner {record.owner}{' admin' if record.admin else ''}", err=True)
     typer.echo(key)
 
@@ -374,5 +333,5 @@ def keys_revoke(key_id: Annotated[str, typer.Argument(help="The key's id (`key_â
     from pronk.api.keys import ApiKeyStore
 
     if not ApiKeyStore(get_settings()).revoke(key_id):
-        _fail(f"no API key {key_id!r}")
+        fail(f"no API key {key_id!r}")
     typer.echo(f"revoked {key_id}")

@@ -1,0 +1,53 @@
+"""What every `pronk` command shows on the terminal: a refusal, and a batch's progress bar while it runs."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from collections.abc import Iterator
+from typing import NoReturn
+
+import typer
+
+
+def fail(message: str) -> NoReturn:
+    """Say what is wrong on stderr and exit 1."""
+    typer.echo(f"pronk: {message}", err=True)
+    raise typer.Exit(1)
+
+
+def _draw_progress(batch_id: str, label: str, stop: threading.Event) -> None:
+    """Draw a progress bar on stderr from the batch record's request counts until `stop` is set."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from pronk.batches.store import BatchStore
+
+    store = BatchStore()
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=True) as bar:
+        task = bar.add_task("batch", total=None)
+        while not stop.wait(0.5):
+            try:
+                batch = store.load(batch_id)
+            except (OSError, ValueError):
+                continue
+            counts = batch.request_counts
+            bar.update(
+                task, total=counts.total or None, completed=counts.completed + counts.failed, description=batch.status
+            )
+
+
+@contextlib.contextmanager
+def batch_progress(batch_id: str, label: str) -> Iterator[None]:
+    """A progress bar for the batch while the block runs, when stderr is a terminal."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    stop = threading.Event()
+    watcher = threading.Thread(target=_draw_progress, args=(batch_id, label, stop), daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watcher.join()
