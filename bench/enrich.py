@@ -4,7 +4,8 @@ Starts its own embedded stack (Prefect server and the default job's workers, fre
 ports), makes a table of `--rows` synthetic companies, and alternates rounds: the rows' agent lines
 (built by `pronk.enrich.lines`, seeded, so both sides ask for the same work) as one `run_batch` call,
 and `enrich_table` on a fresh results folder (every row new: scan, fingerprint, lines, the same
-batch as a subflow, parse, merge, versioned write, history, artifacts), in alternating order. The goal: enrich's median
+batch inside the enrich flow run, parse, merge, versioned write, history, artifacts), in alternating order.
+The goal: enrich's median
 wall time is at most 1.10x the batch's. Prints every round and the medians as JSON.
 
     .venv/bin/python -m bench.enrich [--rows 96] [--rounds 3] [--max-steps 2] [--tools search]
