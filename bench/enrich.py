@@ -5,8 +5,7 @@ ports), makes a table of `--rows` synthetic companies, and alternates rounds: th
 (built by `pronk.enrich.lines`, seeded, so both sides ask for the same work) as one `run_batch` call,
 and `enrich_table` on a fresh results folder (every row new: scan, fingerprint, lines, the same
 batch inside the enrich flow run, parse, merge, versioned write, history, artifacts), in alternating order.
-The goal: enrich's median
-wall time is at most 1.10x the batch's. Prints every round and the medians as JSON.
+The goal: enrich's median wall time is at most 1.10x the batch's. Prints every round and the medians as JSON.
 
     .venv/bin/python -m bench.enrich [--rows 96] [--rounds 3] [--max-steps 2] [--tools search]
 """
