@@ -1,12 +1,13 @@
-"""Prefect granularity for traces: one task run per chunk of traces vs one per trace, on the real stack.
+"""Prefect granularity for traces: one task run per chunk of traces vs one per trace, on the real stack, and what
+the sampled trace DAGs drawn after a batch add to its wall time.
 
-Runs the same batch of short replay traces through the `run-batch` flow, after one warm-up run,
-alternating `chunk_size=1` (a task run per trace) and the default `chunk_size=64`; reports wall time,
-task runs created, task runs per second, and how many task runs the Prefect server still shows
-unfinished right after the flow returns (its recording lag). Uses the stack of `PRONK_DATA_DIR`
-(start it with `pronk stack up`).
+Runs the same batch of replay traces through the `run-batch` flow, after one warm-up run, alternating
+`chunk_size=1` (a task run per trace) and the default `chunk_size=64`, both with no sample drawn, and the
+default chunks with the default sample (`trace_sample=10`); reports wall time, task runs created, task runs
+per second, and how many task runs the Prefect server still shows unfinished right after the flow returns
+(its recording lag). Uses the stack of `PRONK_DATA_DIR` (start it with `pronk stack up`).
 
-    .venv/bin/python -m bench.trace_granularity [--traces 200]
+    .venv/bin/python -m bench.trace_granularity [--traces 200] [--steps 2] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -21,16 +22,14 @@ from pathlib import Path
 JOB = "job-c0ffee01"
 
 
-def write_batch(path: Path, traces: int) -> None:
+def write_batch(path: Path, traces: int, steps: int) -> None:
     lines = []
     for i in range(traces):
         shape = {
             "trace_id": f"g{i}",
             "system_prompt_tokens": 64,
-            "steps": [
-                {"new_prompt_tokens": 16, "output_tokens": 4, "tool_gap_s": 0.05},
-                {"new_prompt_tokens": 16, "output_tokens": 4},
-            ],
+            "steps": [{"new_prompt_tokens": 16, "output_tokens": 4, "tool_gap_s": 0.05} for _ in range(steps - 1)]
+            + [{"new_prompt_tokens": 16, "output_tokens": 4}],
         }
         lines.append(
             json.dumps(
@@ -72,11 +71,13 @@ async def task_run_states(flow_run_id: str) -> dict[str, int]:
     return states
 
 
-async def one(input_path: Path, out: Path, chunk_size: int) -> dict:
+async def one(input_path: Path, out: Path, chunk_size: int, trace_sample: int) -> dict:
     from flows.batch import run_batch
 
     started = time.monotonic()
-    batch = await run_batch(input_uri=str(input_path), job_id=JOB, output_dir=str(out), chunk_size=chunk_size)
+    batch = await run_batch(
+        input_uri=str(input_path), job_id=JOB, output_dir=str(out), chunk_size=chunk_size, trace_sample=trace_sample
+    )
     elapsed = time.monotonic() - started
     states = await task_run_states(batch["flow_run_id"])
     await asyncio.sleep(5)
@@ -84,6 +85,7 @@ async def one(input_path: Path, out: Path, chunk_size: int) -> dict:
     total = sum(settled.values())
     return {
         "chunk_size": chunk_size,
+        "trace_sample": trace_sample,
         "traces": batch["request_counts"]["completed"],
         "seconds": round(elapsed, 3),
         "task_runs": total,
@@ -96,16 +98,19 @@ async def one(input_path: Path, out: Path, chunk_size: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--traces", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=2, help="steps per trace")
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each variant, alternating")
     args = parser.parse_args()
     from pronk.settings import get_settings
     from pronk.stack.prefect_env import configure_prefect
 
     configure_prefect(get_settings())
     folder = Path(tempfile.mkdtemp(prefix="pronk-granularity-"))
-    write_batch(folder / "input.jsonl", args.traces)
-    asyncio.run(one(folder / "input.jsonl", folder / "warmup", 64))
-    for n, chunk_size in enumerate((1, 64, 1, 64)):
-        print(json.dumps(asyncio.run(one(folder / "input.jsonl", folder / f"out{n}", chunk_size))), flush=True)
+    write_batch(folder / "input.jsonl", args.traces, args.steps)
+    asyncio.run(one(folder / "input.jsonl", folder / "warmup", 64, 0))
+    variants = [(1, 0), (64, 0), (64, 10)] * args.rounds
+    for n, (chunk_size, sample) in enumerate(variants):
+        print(json.dumps(asyncio.run(one(folder / "input.jsonl", folder / f"out{n}", chunk_size, sample))), flush=True)
 
 
 if __name__ == "__main__":
