@@ -9,8 +9,8 @@ waits, started traces first and then oldest first (by the time the trace's famil
 newest first, and for a bounded time: the caller then hears "not admitted" and may try elsewhere. When a
 waiting started trace cannot fit, traces in a tool gap that started after it are paused smallest-first:
 their KV pins are dropped and they stop counting; their next step re-admits them (and recomputes what the
-engine evicted of their prefix meanwhile). A step
-larger than the whole budget is refused at once (`context_length`), never queued.
+engine evicted of their prefix meanwhile). A step larger than the whole budget is refused at once
+(`context_length`), never queued.
 
 The router side is a small strategy chosen per job (`ADMISSION`): `none` sends steps as the routing
 policy says; `kv_budget` asks workers to admit each step, places a new trace on the worker with the most
