@@ -100,6 +100,7 @@ class VllmBackend:
     leap_state: str = "ready"
     staged_version: str | None = None
     budget: KvBudget | None = None
+    seeded_sampling: bool = True
     _engine: Any = None
     _tokenizer: Any = None
     _pin_drops: set[asyncio.Task] = field(default_factory=set)
@@ -112,6 +113,7 @@ class VllmBackend:
         self._engine = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(self.snapshot)])
         self._tokenizer = self._engine.get_tokenizer()
         await self._engine.update_weight_version(self.model_version)
+        self.seeded_sampling = self._engine.vllm_config.device_config.device_type != "cpu"
         cache = self._engine.vllm_config.cache_config
         capacity = (cache.num_gpu_blocks or 0) * (cache.block_size or 0)
         if capacity <= 0:
@@ -140,11 +142,15 @@ class VllmBackend:
         from vllm.sampling_params import StructuredOutputsParams
 
         structured = StructuredOutputsParams(json=spec.json_schema) if spec.json_schema else None
+        # On CPU a seed is dropped (OpenAI's `seed` is best effort): vLLM's CPU sampler cannot rewind a seeded
+        # generator after a partial (chunked) prefill, so the engine core dies ("CPU Generator does not use
+        # offset") and takes every step on the worker with it. Greedy sampling draws nothing, so needs none.
+        seed = spec.seed if self.seeded_sampling and spec.temperature > 0 else None
         return SamplingParams(
             max_tokens=spec.max_tokens,
             temperature=spec.temperature,
             top_p=spec.top_p,
-            seed=spec.seed,
+            seed=seed,
             stop=spec.stop,
             ignore_eos=spec.ignore_eos,
             structured_outputs=structured,

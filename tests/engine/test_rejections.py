@@ -83,3 +83,15 @@ def test_the_router_neither_retries_a_rejected_step_nor_marks_the_worker_failed(
         asyncio.run(router.generate(step()))
     assert client.calls == ["http://w0"] and router.failed == {} and time.monotonic() - started < 1
     assert [w.worker_id for w in router.workers()] == ["w0", "w1"]
+
+
+@pytest.mark.parametrize(
+    ("seeded_sampling", "temperature", "sent"), [(True, 0.7, 5), (False, 0.7, None), (True, 0.0, None)]
+)
+def test_a_seed_reaches_vllm_only_where_its_sampler_can_use_it(seeded_sampling, temperature, sent):
+    """On CPU vLLM's sampler dies rewinding a seeded generator after a chunked prefill: the seed is dropped there."""
+    from engine.protocol import SamplingSpec
+
+    backend = VllmBackend("m", "m/1", "w0", JOB, {}, seeded_sampling=seeded_sampling)
+    params = backend._sampling_params(SamplingSpec(max_tokens=4, temperature=temperature, seed=5))
+    assert params.seed == sent
