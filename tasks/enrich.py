@@ -69,6 +69,6 @@ def read_answers(spec: EnrichSpec, batch: dict, indices: list[int], settings: Se
             answers[index] = parser.parse(body["choices"][0]["message"]["content"])
     steps = 0
     if batch.get("steps_uri") and storage.exists(batch["steps_uri"], settings):
-        steps = pl.read_ndjson(storage.read_bytes(batch["steps_uri"], settings)).height if batch["steps_uri"] else 0
+        steps = pl.read_ndjson(storage.read_bytes(batch["steps_uri"], settings)).height
     model_version = max(set(versions), key=versions.count) if any(versions) else None
     return BatchAnswers(answers, steps, model_version)
