@@ -70,10 +70,12 @@ def test_upload_create_poll_download_list_and_isolation(new_client):
         extra_body={"job_id": JOB},
     )
     assert batch.status == "validating" and batch.model == "pronk-tiny" and batch.model_extra["job_id"] == JOB
-    batch, seen = wait_for(client, batch.id, lambda b: b.status in TERMINAL)
+    batch, _ = wait_for(client, batch.id, lambda b: b.status in TERMINAL)
     assert batch.status == "completed", batch
     assert batch.request_counts.total == 8 and batch.request_counts.completed == 6 and batch.request_counts.failed == 2
-    assert "in_progress" in {status for status, _ in seen} and batch.metadata == {"case": "e2e"}
+    # A fast machine finishes 8 short lines between two polls, so the lifecycle is read from its stamps.
+    assert batch.created_at <= batch.in_progress_at <= batch.finalizing_at <= batch.completed_at
+    assert batch.metadata == {"case": "e2e"}
     assert batch.usage.input_tokens > 0 and batch.usage.output_tokens > 0
     assert batch.model_extra["processing_cost"] > 0 and batch.model_extra["price_per_worker_hour"] > 0
 
