@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -93,6 +94,39 @@ class Settings(BaseSettings):
     max_batch_runs: int = Field(
         default=3, ge=1, description="Runs a batch may take: a crashed run is resumed until then, else it ends failed."
     )
+    prefect_database: Literal["sqlite", "postgres"] = Field(
+        default="sqlite",
+        description="The Prefect server's database: SQLite under data_dir, or a PostgreSQL server the stack starts "
+        "(none is started when PREFECT_API_DATABASE_CONNECTION_URL names one already).",
+    )
+    postgres_host: str = Field(default="127.0.0.1", description="Address the stack's PostgreSQL server listens on.")
+    postgres_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="Port of the stack's PostgreSQL server; 0 picks a free one once and keeps it.",
+    )
+    postgres_password: str | None = Field(
+        default=None,
+        description="Password of the stack's PostgreSQL user `pronk`, used when its cluster is made; "
+        "unset, a random one is made and kept in data_dir/postgres.json.",
+    )
+    postgres_bin_dir: Path | None = Field(
+        default=None,
+        description="Folder holding `initdb` and `postgres`; unset, found on PATH or under /usr/lib/postgresql.",
+    )
+    registry_url: str | None = Field(
+        default=None,
+        description="Where engine workers announce themselves: `postgresql://user:password@host:port/db` for a "
+        "registry every host shares; unset, a folder of files under data_dir (one machine).",
+    )
+
+    @field_validator("registry_url")
+    @classmethod
+    def _postgres_registry(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError("registry_url must be a postgresql:// URL (or unset for the file registry)")
+        return value
 
     @property
     def tracking_uri(self) -> str:

@@ -12,6 +12,9 @@ python="${PYTHON:-python3}"
 missing=()
 command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+# `pronk stack up --postgres` makes and runs a PostgreSQL cluster from the machine's initdb and postgres
+# (Debian keeps them in /usr/lib/postgresql/<version>/bin, off PATH).
+{ command -v initdb >/dev/null 2>&1 || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; } || missing+=(postgresql)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     { apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null; } || echo "install.sh: apt-get install ${missing[*]} failed" >&2
@@ -20,7 +23,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   else
     echo "install.sh: ${missing[*]} missing and this user cannot apt-get install it; an administrator can run:" >&2
     echo "  apt-get install ${missing[*]}   (without bubblewrap the python tool refuses to run code;" >&2
-    echo "  without chromium the browser test of the Prefect run page is skipped)" >&2
+    echo "  without chromium the browser test of the Prefect run page is skipped;" >&2
+    echo "  without postgresql \`pronk stack up --postgres\` cannot start its server)" >&2
   fi
 fi
 [ -x .venv/bin/python ] || "$python" -m venv .venv

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -91,3 +92,29 @@ def stack(settings: Settings):
         embedded.down(settings)
         survivors = {name: group_members(pid) for name, pid in groups.items() if group_members(pid)}
         assert not survivors, f"stack down left processes behind: {survivors}"
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A PostgreSQL server of its own, started by the stack's starter (`pronk.stack.postgres`) under a temporary
+    data dir and stopped at the end of the session; skipped where the machine has no PostgreSQL binaries.
+
+    The data dir is made in the system's temp folder, not pytest's: run as root, the server runs as another user,
+    who cannot pass through pytest's 0700 folders.
+    """
+    from pronk.stack.postgres import POSTGRES, PostgresError, find_binaries, start_postgres
+    from pronk.stack.processes import group_members, stop
+
+    settings = Settings(data_dir=Path(tempfile.mkdtemp(prefix="pronk-postgres-")))
+    try:
+        find_binaries(settings)
+    except PostgresError as exc:
+        pytest.skip(str(exc))
+    state: dict[str, int] = {}
+    try:
+        yield start_postgres(settings, state)
+    finally:
+        if POSTGRES in state:
+            stop(state[POSTGRES])
+            assert not group_members(state[POSTGRES]), "PostgreSQL left processes behind"
+        shutil.rmtree(settings.data_dir, ignore_errors=True)

@@ -44,13 +44,30 @@ def stack_up(
     job: JobOption = None,
     mlflow_ui: Annotated[bool, typer.Option(help="Also serve the MLflow UI.")] = True,
     api: Annotated[bool, typer.Option(help="Also serve the OpenAI-compatible API (`pronk api`).")] = True,
+    postgres: Annotated[
+        bool,
+        typer.Option(
+            "--postgres",
+            help="Run Prefect on a PostgreSQL server the stack starts (PRONK_PREFECT_DATABASE=postgres); "
+            "PREFECT_API_DATABASE_CONNECTION_URL names an existing one instead.",
+        ),
+    ] = False,
 ) -> None:
     """Start Prefect, MLflow, the run-batch deployment and the job's workers in the background."""
     from pronk.stack import embedded as stack
+    from pronk.stack.postgres import POSTGRES, server_of
 
     settings = get_settings()
+    if postgres:
+        settings = settings.model_copy(update={"prefect_database": "postgres"})
     state = stack.up(settings, job, mlflow_ui=mlflow_ui, api=api)
     typer.echo(f"stack up under {settings.data_dir}: {', '.join(sorted(state))}")
+    if POSTGRES in state:
+        server = server_of(settings)
+        typer.echo(
+            f"PostgreSQL: {server.host}:{server.port}, user {server.user}, databases prefect and pronk"
+            f" (password in {settings.data_dir / 'postgres.json'})"
+        )
     typer.echo(
         f"Prefect UI: http://127.0.0.1:{settings.prefect_port}   MLflow UI: http://127.0.0.1:{settings.mlflow_port}"
     )

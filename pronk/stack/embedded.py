@@ -1,4 +1,5 @@
-"""The embedded stack: Prefect server, MLflow UI on SQLite, a process work pool worker, and the default job's workers.
+"""The embedded stack: Prefect server (on SQLite, or PostgreSQL: `pronk.stack.postgres`), MLflow UI on SQLite, a
+process work pool worker, and the default job's workers.
 
 `pronk stack up` starts it all in the background under the data dir, records the pids in
 `stack.json`, and leaves a supervisor (`pronk.stack.supervisor`) restarting workers that die;
@@ -16,6 +17,7 @@ from pronk.jobs import JobConfig, get_job
 from pronk.models.registry import ensure_tiny_model
 from pronk.settings import PROJECT_ROOT, Settings
 from pronk.stack.fleet import start_workers, wait_for_workers
+from pronk.stack.postgres import POSTGRES, start_postgres
 from pronk.stack.prefect_env import prefect_environment
 from pronk.stack.prefect_yaml import write_prefect_yaml
 from pronk.stack.processes import alive, group_members, spawn, stop, wait_healthy
@@ -24,6 +26,7 @@ from pronk.stack.supervisor import report_path
 
 log = logging.getLogger(__name__)
 WORK_POOL = "pronk"
+DATABASE_URL_KEYS = ("PREFECT_API_DATABASE_CONNECTION_URL", "PREFECT_SERVER_DATABASE_CONNECTION_URL")
 
 
 def _prefect(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -37,8 +40,24 @@ def _prefect(args: list[str], env: dict[str, str]) -> subprocess.CompletedProces
     )
 
 
+def prefect_database_url(settings: Settings, state: dict[str, int]) -> str | None:
+    """The PostgreSQL URL the Prefect server should use, starting the stack's own server for it when needed.
+
+    None means Prefect's default (SQLite under the data dir), or a database URL the user set already
+    (`PREFECT_API_DATABASE_CONNECTION_URL`), which the server reads from the environment itself.
+    """
+    if any(key in os.environ for key in DATABASE_URL_KEYS):
+        return None
+    if settings.prefect_database != "postgres" and not alive(state.get(POSTGRES, 0)):
+        return None
+    return start_postgres(settings, state).url("prefect", scheme="postgresql+asyncpg")
+
+
 def start_prefect_server(settings: Settings, state: dict[str, int]) -> None:
     env = prefect_environment(settings)
+    database_url = prefect_database_url(settings, state)
+    if database_url is not None:
+        env["PREFECT_API_DATABASE_CONNECTION_URL"] = database_url
     if "prefect-server" not in state or not alive(state["prefect-server"]):
         log = settings.logs_dir / "prefect-server.log"
         argv = [
@@ -186,12 +205,13 @@ def up(
 
 def down(settings: Settings) -> list[str]:
     """Stop everything `up` started and their process groups: the supervisor first (so it restarts nothing),
-    then the workers (so they withdraw from the registry and take vLLM's engine processes with them), then the rest.
+    then the workers (so they withdraw from the registry and take vLLM's engine processes with them), then the rest,
+    PostgreSQL last (its clients first, so it has no sessions left to wait for).
     """
     state = read_state(settings)
     stopped = [SUPERVISOR] if SUPERVISOR in state else []
     stop_supervisor(settings, state)
-    order = sorted(state, key=lambda name: (worker_of(name) is None, name))
+    order = sorted(state, key=lambda name: (worker_of(name) is None, name == POSTGRES, name))
     for name in order:
         if not stop(state[name]):
             log.error("%s: process group %d still has %s after SIGKILL", name, state[name], group_members(state[name]))

@@ -8,6 +8,7 @@ means emptying its group: a leader killed alone would leave its children orphane
 from __future__ import annotations
 
 import os
+import pwd
 import signal
 import subprocess
 import time
@@ -18,9 +19,19 @@ import httpx
 _PROC = Path("/proc")
 
 
-def spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> int:
-    """Start `argv` in its own session (so its children stop with it); output goes to `log_path`."""
+def spawn(
+    argv: list[str],
+    log_path: Path,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    user: str | None = None,
+) -> int:
+    """Start `argv` in its own session (so its children stop with it); output goes to `log_path`.
+
+    `user` runs it as that system user, with that user's group and no supplementary groups (root only).
+    """
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    entry = pwd.getpwnam(user) if user is not None else None
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             argv,
@@ -30,6 +41,9 @@ def spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None, cw
             env={**os.environ, **(env or {})},
             cwd=cwd,
             start_new_session=True,
+            user=entry.pw_uid if entry else None,
+            group=entry.pw_gid if entry else None,
+            extra_groups=[] if entry else None,
         )
     return process.pid
 

@@ -1,0 +1,58 @@
+"""The stack's PostgreSQL starter: binaries found, a cluster made and started as a non-root user, logins by password."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import stat
+
+import psycopg
+import pytest
+
+from pronk.settings import Settings
+from pronk.stack.postgres import PostgresError, PostgresServer, connect, find_binaries, server_of
+
+
+def test_url_quotes_the_password_and_brackets_ipv6():
+    server = PostgresServer("::1", 5433, "a/b@c:d")
+    assert (
+        server.url("prefect", scheme="postgresql+asyncpg")
+        == "postgresql+asyncpg://pronk:a%2Fb%40c%3Ad@[::1]:5433/prefect"
+    )
+
+
+def test_server_of_keeps_the_port_and_password_it_chose(tmp_path):
+    settings = Settings(data_dir=tmp_path)
+    first = server_of(settings)
+    assert first.port > 0 and len(first.password) >= 24
+    assert server_of(settings) == first
+    kept = tmp_path / "postgres.json"
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+    assert json.loads(kept.read_text()) == {"port": first.port, "password": first.password}
+    assert server_of(Settings(data_dir=tmp_path, postgres_port=6543)).port == 6543
+
+
+def test_missing_binaries_are_named(tmp_path):
+    with pytest.raises(PostgresError, match="PRONK_POSTGRES_BIN_DIR"):
+        find_binaries(Settings(data_dir=tmp_path, postgres_bin_dir=tmp_path))
+
+
+def test_server_takes_a_password_login_and_has_pronks_databases(postgres_server):
+    with connect(postgres_server) as conn:
+        names = {row[0] for row in conn.execute("SELECT datname FROM pg_database")}
+        assert {"prefect", "pronk"} <= names
+        assert conn.execute("SHOW listen_addresses").fetchone() == ("127.0.0.1",)
+    wrong = PostgresServer(postgres_server.host, postgres_server.port, "not-the-password")
+    with pytest.raises(psycopg.OperationalError, match="password"):
+        connect(wrong).close()
+
+
+def test_server_runs_as_a_non_root_user(postgres_server):
+    with connect(postgres_server) as conn:
+        pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+    uid = os.stat(f"/proc/{pid}").st_uid
+    assert uid != 0 or os.geteuid() != 0, "PostgreSQL runs as root"
+    assert pwd.getpwuid(uid).pw_name in (
+        {"postgres", "pronk-postgres"} if os.geteuid() == 0 else {pwd.getpwuid(os.geteuid()).pw_name}
+    )
