@@ -8,6 +8,7 @@ tell it when a trace ends (`finish`), so the worker drops the trace's pin and ad
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import defaultdict
 
@@ -15,8 +16,10 @@ from engine.admission import KvBudgetAdmission, NoAdmission, make_admission
 from engine.client import NotAdmitted, WorkerClient, WorkerUnavailable
 from engine.errors import EngineError
 from engine.protocol import AdmissionHints, StepRequest, StepResult
-from engine.registry import Registry, WorkerEntry
+from engine.registry import Registry, RegistryUnavailable, WorkerEntry
 from engine.routing import RoutingPolicy, make_policy
+
+log = logging.getLogger(__name__)
 
 
 class NoWorkerAvailable(EngineError):
@@ -66,7 +69,14 @@ class Router:
         """
         now = time.time()
         if now - self._read_at >= self.refresh_interval_s:
-            self._workers = self.registry.live(self.job_id, now)
+            try:
+                self._workers = self.registry.live(self.job_id, now)
+            except RegistryUnavailable as exc:
+                # The last read stands until its heartbeats are too old: a registry briefly out of reach
+                # stops no step, one gone for longer leaves no worker (and steps fail as engine_unavailable).
+                log.warning("worker registry unavailable, keeping the last read: %s", exc)
+                timeout_s = self.registry.heartbeat_timeout_s
+                self._workers = [w for w in self._workers if now - w.heartbeat_at <= timeout_s]
             self._read_at = now
             self._pending.clear()
         return [w for w in self._workers if w.heartbeat_at > self.failed.get(w.worker_id, 0.0)]

@@ -18,7 +18,7 @@ from fastapi import FastAPI, HTTPException
 
 from engine.admission import AdmissionTimeout, BudgetExceeded
 from engine.protocol import ReleaseRequest, StepRequest, StepResult, WorkerStats
-from engine.registry import Registry, WorkerEntry
+from engine.registry import Registry, RegistryUnavailable, WorkerEntry
 from engine.vllm_backend import VllmBackend
 from engine.weight_swap import Stager, add_weight_routes
 
@@ -49,22 +49,28 @@ def create_app(
 ) -> FastAPI:
     started_at = time.time()
 
-    def announce() -> None:
-        registry.announce(
-            WorkerEntry(
-                worker_id=backend.worker_id,
-                job_id=backend.job_id,
-                url=url,
-                pid=os.getpid(),
-                started_at=started_at,
-                heartbeat_at=time.time(),
-                stats=backend.stats(),
-            )
+    def entry() -> WorkerEntry:
+        return WorkerEntry(
+            worker_id=backend.worker_id,
+            job_id=backend.job_id,
+            url=url,
+            pid=os.getpid(),
+            started_at=started_at,
+            heartbeat_at=time.time(),
+            stats=backend.stats(),
         )
 
+    def announce() -> None:
+        registry.announce(entry())
+
     async def heartbeat() -> None:
+        """Announce every `heartbeat_interval_s`, off the event loop (the registry may be a database on another
+        host); a registry out of reach costs missed beats, never the worker."""
         while True:
-            announce()
+            try:
+                await asyncio.to_thread(registry.announce, entry())
+            except RegistryUnavailable as exc:
+                log.warning("worker %s missed a heartbeat: %s", backend.worker_id, exc)
             await asyncio.sleep(heartbeat_interval_s)
 
     @contextlib.asynccontextmanager
@@ -76,7 +82,10 @@ def create_app(
             yield
         finally:
             task.cancel()
-            registry.withdraw(backend.job_id, backend.worker_id)
+            try:
+                registry.withdraw(backend.job_id, backend.worker_id)
+            except RegistryUnavailable as exc:  # its entry goes stale and the routers drop it
+                log.warning("worker %s could not withdraw: %s", backend.worker_id, exc)
             backend.shutdown()
 
     app = FastAPI(title=f"pronk engine worker {backend.worker_id}", lifespan=lifespan)

@@ -11,7 +11,7 @@ import pytest
 from engine.admission import AdmissionTimeout, BudgetExceeded, KvBudget, KvBudgetAdmission, make_admission
 from engine.client import NotAdmitted
 from engine.protocol import SamplingSpec, StepRequest, StepResult, WorkerStats
-from engine.registry import Registry, WorkerEntry
+from engine.registry import FileRegistry, WorkerEntry
 from engine.router import Router
 
 JOB = "job-0000beef"
@@ -267,7 +267,7 @@ def step(trace: str, tokens: int, family: str | None = None) -> StepRequest:
 
 @run_async
 async def test_router_places_by_room_keeps_started_home_and_moves_on_when_not_admitted(tmp_path):
-    registry = Registry(tmp_path)
+    registry = FileRegistry(tmp_path)
     registry.announce(entry("w0", 99))
     registry.announce(entry("w1", 49))
     budgets = {"w0": budget(), "w1": budget(50)}
@@ -291,7 +291,7 @@ async def test_router_places_by_room_keeps_started_home_and_moves_on_when_not_ad
 
 @run_async
 async def test_router_without_admission_sends_no_hints(tmp_path):
-    registry = Registry(tmp_path)
+    registry = FileRegistry(tmp_path)
     registry.announce(entry("w0", 0))
     seen: list[StepRequest] = []
 

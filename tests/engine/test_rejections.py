@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from engine import vllm_backend
 from engine.client import StepRejected, WorkerClient, WorkerUnavailable
 from engine.protocol import StepRequest
-from engine.registry import Registry
+from engine.registry import FileRegistry
 from engine.router import Router
 from engine.vllm_backend import StepInvalid, VllmBackend
 from engine.worker import create_app
@@ -50,7 +50,7 @@ def test_vllms_own_validation_errors_become_step_invalid(backend):
 
 
 def test_the_worker_answers_a_bad_step_with_400(backend, tmp_path):
-    app = create_app(backend, Registry(tmp_path), "http://w0", 1.0, lambda *a: None)
+    app = create_app(backend, FileRegistry(tmp_path), "http://w0", 1.0, lambda *a: None)
     response = TestClient(app).post("/generate", json={"request_id": "r", "prompt_token_ids": list(range(9))})
     assert response.status_code == 400 and "max_model_len is 8" in response.json()["detail"]
 
@@ -73,7 +73,7 @@ class RejectingClient(StandInClient):
 
 
 def test_the_router_neither_retries_a_rejected_step_nor_marks_the_worker_failed(tmp_path):
-    registry = Registry(tmp_path, heartbeat_timeout_s=5.0)
+    registry = FileRegistry(tmp_path, heartbeat_timeout_s=5.0)
     announce(registry, "w0")
     announce(registry, "w1", waiting=3)
     client = RejectingClient()

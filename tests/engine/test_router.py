@@ -7,7 +7,7 @@ import pytest
 
 from engine.client import WorkerUnavailable
 from engine.protocol import StepRequest, StepResult, WorkerStats
-from engine.registry import Registry, WorkerEntry
+from engine.registry import FileRegistry, Registry, WorkerEntry
 from engine.router import NoWorkerAvailable, Router
 from engine.routing import make_policy
 
@@ -65,7 +65,7 @@ def step(i: int = 0) -> StepRequest:
 
 @pytest.fixture
 def registry(tmp_path):
-    return Registry(tmp_path, heartbeat_timeout_s=5.0)
+    return FileRegistry(tmp_path, heartbeat_timeout_s=5.0)
 
 
 def test_least_loaded_spreads_concurrent_steps(registry):

@@ -81,7 +81,7 @@ def test_step_records_show_one_worker_per_trace_and_cached_prefixes(agent_run):
 
 
 def test_a_raising_tool_a_runaway_python_call_and_a_stuck_tool_are_contained(stack, tmp_path):
-    from engine.registry import Registry
+    from engine.registry import FileRegistry
     from engine.router import Router
     from pronk.agents.harness import Harness
     from pronk.agents.step_records import StepRecorder
@@ -127,7 +127,7 @@ def test_a_raising_tool_a_runaway_python_call_and_a_stuck_tool_are_contained(sta
     )
     validated = validate_input(lines.encode(), job)
     assert validated.errors == []
-    router = Router(job.job_id, Registry(stack.registry_dir, stack.heartbeat_timeout_s), policy="trace_affinity")
+    router = Router(job.job_id, FileRegistry(stack.registry_dir, stack.heartbeat_timeout_s), policy="trace_affinity")
     recorder = StepRecorder()
 
     async def run_all():
@@ -156,14 +156,14 @@ def test_a_raising_tool_a_runaway_python_call_and_a_stuck_tool_are_contained(sta
 
 
 def test_replay_shapes_produce_exact_token_counts(stack):
-    from engine.registry import Registry
+    from engine.registry import FileRegistry
     from engine.router import Router
     from pronk.agents.replay import load_shapes, run_shape
 
     shapes = load_shapes(PROJECT_ROOT / "data" / "shapes" / "sample_shapes.jsonl")
 
     async def replay_all():
-        router = Router(JOB, Registry(stack.registry_dir, stack.heartbeat_timeout_s), policy="trace_affinity")
+        router = Router(JOB, FileRegistry(stack.registry_dir, stack.heartbeat_timeout_s), policy="trace_affinity")
         try:
             return await asyncio.gather(*(run_shape(router, s, kv_pin_ttl_s=5.0, time_scale=0.2) for s in shapes))
         finally:

@@ -147,9 +147,9 @@ def test_steps_are_resent_when_a_worker_dies_mid_batch(stack, tmp_path):
     (pid,) = extra.values()
 
     def kill_when_busy():
-        from engine.registry import Registry
+        from engine.registry import FileRegistry
 
-        registry = Registry(stack.registry_dir)
+        registry = FileRegistry(stack.registry_dir)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             entry = next((e for e in registry.entries(JOB) if e.worker_id.endswith("-w2")), None)
@@ -170,7 +170,7 @@ def test_steps_are_resent_when_a_worker_dies_mid_batch(stack, tmp_path):
 
 
 def test_worker_withdraws_from_the_registry_on_sigterm(stack):
-    from engine.registry import Registry
+    from engine.registry import FileRegistry
     from pronk.stack.fleet import start_workers, wait_for_workers
     from pronk.stack.processes import alive
 
@@ -178,7 +178,7 @@ def test_worker_withdraws_from_the_registry_on_sigterm(stack):
     extra = start_workers(job, stack, indices=[3])
     wait_for_workers(job, stack, extra)
     (pid,) = extra.values()
-    registry = Registry(stack.registry_dir)
+    registry = FileRegistry(stack.registry_dir)
     assert any(e.worker_id.endswith("-w3") for e in registry.live(JOB))
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 60

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from safetensors.torch import save_file
 
 from engine.protocol import WorkerStats
-from engine.registry import Registry, WorkerEntry
+from engine.registry import FileRegistry, WorkerEntry
 from pronk.api.app import create_app
 from pronk.api.keys import ApiKeyStore
 from pronk.api.runs import LEAP
@@ -71,7 +71,7 @@ def api(tmp_path: Path):
 
 
 def announce(settings: Settings, version: str = "m/1") -> None:
-    Registry(settings.registry_dir).announce(
+    FileRegistry(settings.registry_dir).announce(
         WorkerEntry(
             worker_id=f"{JOB}-w0",
             job_id=JOB,
