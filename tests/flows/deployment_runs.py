@@ -9,12 +9,15 @@ import sys
 from pronk.stack.prefect_env import prefect_environment
 
 
-def run_batch_deployment(**parameters: object) -> subprocess.CompletedProcess[str]:
-    """Start the run-batch deployment with `-p key=value` for each parameter and watch it to its end (240 s)."""
+def run_batch_deployment(env: dict[str, str] | None = None, **parameters: object) -> subprocess.CompletedProcess[str]:
+    """Start the run-batch deployment with `-p key=value` for each parameter and watch it to its end (240 s).
+
+    `env` replaces the environment (a stack of its own); by default it is this session's, with its stack's Prefect.
+    """
     command = [sys.executable, "-m", "prefect", "deployment", "run", "run-batch/run-batch"]
     for key, value in parameters.items():
         command += ["-p", f"{key}={value}"]
     command += ["--watch", "--watch-timeout", "240"]
     return subprocess.run(
-        command, capture_output=True, text=True, timeout=300, env={**os.environ, **prefect_environment()}
+        command, capture_output=True, text=True, timeout=300, env=env or {**os.environ, **prefect_environment()}
     )
