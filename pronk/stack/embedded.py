@@ -17,7 +17,7 @@ from pronk.jobs import JobConfig, get_job
 from pronk.models.registry import ensure_tiny_model
 from pronk.settings import PROJECT_ROOT, Settings
 from pronk.stack.fleet import start_workers, wait_for_workers
-from pronk.stack.postgres import POSTGRES, start_postgres
+from pronk.stack.postgres import POSTGRES, PREFECT_ON_POSTGRES, start_postgres
 from pronk.stack.prefect_env import prefect_environment
 from pronk.stack.prefect_yaml import write_prefect_yaml
 from pronk.stack.processes import alive, group_members, spawn, stop, wait_healthy
@@ -58,6 +58,8 @@ def start_prefect_server(settings: Settings, state: dict[str, int]) -> None:
     database_url = prefect_database_url(settings, state)
     if database_url is not None:
         env["PREFECT_API_DATABASE_CONNECTION_URL"] = database_url
+    if (database_url or next((os.environ[k] for k in DATABASE_URL_KEYS if k in os.environ), "")).startswith("postgres"):
+        env.update({key: os.environ.get(key, value) for key, value in PREFECT_ON_POSTGRES.items()})
     if "prefect-server" not in state or not alive(state["prefect-server"]):
         log = settings.logs_dir / "prefect-server.log"
         argv = [

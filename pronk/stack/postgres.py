@@ -41,6 +41,17 @@ DATABASES = ("prefect", "pronk")
 """Prefect's database, and pronk's own (the worker registry)."""
 _SYSTEM_USERS = ("postgres", "pronk-postgres")
 
+PREFECT_ON_POSTGRES = {
+    # Prefect's defaults (5 s to connect, 5 + 10 pooled connections) made its server answer 500 when the 2-core
+    # machine was loaded: opening a PostgreSQL session (a backend process each) timed out. Keep more sessions
+    # open and give a connection and a statement 30 s.
+    "PREFECT_SERVER_DATABASE_CONNECTION_TIMEOUT": "30",
+    "PREFECT_SERVER_DATABASE_TIMEOUT": "30",
+    "PREFECT_SERVER_DATABASE_SQLALCHEMY_POOL_SIZE": "20",
+    "PREFECT_SERVER_DATABASE_SQLALCHEMY_MAX_OVERFLOW": "20",
+}
+"""Settings of a Prefect server on PostgreSQL; values already in the environment win."""
+
 
 class PostgresError(PronkError, RuntimeError):
     pass

@@ -56,3 +56,13 @@ def test_server_runs_as_a_non_root_user(postgres_server):
     assert pwd.getpwuid(uid).pw_name in (
         {"postgres", "pronk-postgres"} if os.geteuid() == 0 else {pwd.getpwuid(os.geteuid()).pw_name}
     )
+
+
+def test_a_database_url_already_set_is_honoured_and_no_server_is_started(tmp_path, monkeypatch):
+    from pronk.stack.embedded import prefect_database_url
+
+    state: dict[str, int] = {}
+    assert prefect_database_url(Settings(data_dir=tmp_path), state) is None  # SQLite, the default
+    monkeypatch.setenv("PREFECT_API_DATABASE_CONNECTION_URL", "postgresql+asyncpg://u:p@db.example:5432/prefect")
+    assert prefect_database_url(Settings(data_dir=tmp_path, prefect_database="postgres"), state) is None
+    assert state == {} and not (tmp_path / "postgres").exists()
