@@ -110,6 +110,13 @@ def test_an_unparseable_answer_keeps_its_row_with_an_error(stack, tmp_path):
 def test_the_deployment_is_scheduled_and_runs_on_a_table_on_s3(stack, tmp_path):
     """`pronk stack up` deployed the shipped spec with its cron; a run of it with parameters reads and writes S3."""
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterId,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
     from prefect.deployments import run_deployment
 
     async def schedule():
@@ -117,9 +124,23 @@ def test_the_deployment_is_scheduled_and_runs_on_a_table_on_s3(stack, tmp_path):
             deployment = await client.read_deployment_by_name("enrich-table/companies")
             return deployment, [s.schedule for s in deployment.schedules]
 
+    async def scheduled_runs(deployment_id):
+        async with get_client() as client:
+            return await client.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])),
+                flow_run_filter=FlowRunFilter(
+                    state=FlowRunFilterState(type=FlowRunFilterStateType(any_=["SCHEDULED"]))
+                ),
+            )
+
     deployment, schedules = asyncio.run(schedule())
     assert deployment.parameters == {"spec": "deployments/enrichments/companies.yaml"}
     assert [(s.cron, s.timezone) for s in schedules] == [("0 2 * * *", "UTC")]
+    # Prefect's scheduler service really makes the nightly runs (with SQLAlchemy 2.1 it failed on every insert).
+    deadline = time.monotonic() + 120
+    while not (runs := asyncio.run(scheduled_runs(deployment.id))) and time.monotonic() < deadline:
+        time.sleep(2)
+    assert runs and all(r.expected_start_time.hour == 2 for r in runs), runs
 
     table_uri = "s3://pronk-test/tables/companies.csv"
     buffer = io.BytesIO()
