@@ -3,8 +3,9 @@ the sampled trace DAGs drawn after a batch add to its wall time.
 
 Runs the same batch of replay traces through the `run-batch` flow, after one warm-up run, alternating
 `chunk_size=1` (a task run per trace) and the default `chunk_size=64`, both with no sample drawn, and the
-default chunks with the default sample (`trace_sample=10`); reports wall time, task runs created, task runs
-per second, and how many task runs the Prefect server still shows unfinished right after the flow returns
+default chunks with the default sample (`trace_sample=10`); reports the flow run's wall time, how long after
+it returned the sample's drawer had drawn the sample (the next run starts only then), task runs created, task
+runs per second, and how many task runs the Prefect server still shows unfinished right after the flow returns
 (its recording lag). Uses the stack of `PRONK_DATA_DIR` (start it with `pronk stack up`).
 
     .venv/bin/python -m bench.trace_granularity [--traces 200] [--steps 2] [--rounds 2]
@@ -18,6 +19,7 @@ import json
 import tempfile
 import time
 from pathlib import Path
+from uuid import UUID
 
 JOB = "job-c0ffee01"
 
@@ -52,11 +54,11 @@ async def task_run_states(flow_run_id: str) -> dict[str, int]:
         TaskRunFilter,
     )
 
-    runs = []
+    runs: list = []
     async with get_client() as client:
         while True:
             page = await client.read_task_runs(
-                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])),
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)])),
                 task_run_filter=TaskRunFilter(),
                 limit=200,
                 offset=len(runs),
@@ -66,9 +68,24 @@ async def task_run_states(flow_run_id: str) -> dict[str, int]:
                 break
     states: dict[str, int] = {}
     for run in runs:
-        name = run.state.name if run.state else "none"
+        name = (run.state.name if run.state else None) or "none"
         states[name] = states.get(name, 0) + 1
     return states
+
+
+async def sample_drawn(flow_run_id: str, deadline_s: float = 300.0) -> float | None:
+    """Seconds until the sample's drawer has published the sample's markdown (its last act), polled every 0.25 s."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    started = time.monotonic()
+    artifact_filter = ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(flow_run_id)]))
+    async with get_client() as client:
+        while time.monotonic() - started < deadline_s:
+            if [a for a in await client.read_artifacts(artifact_filter=artifact_filter) if a.type == "markdown"]:
+                return time.monotonic() - started
+            await asyncio.sleep(0.25)
+    return None
 
 
 async def one(input_path: Path, out: Path, chunk_size: int, trace_sample: int) -> dict:
@@ -80,6 +97,7 @@ async def one(input_path: Path, out: Path, chunk_size: int, trace_sample: int) -
     )
     elapsed = time.monotonic() - started
     states = await task_run_states(batch["flow_run_id"])
+    drawn_after = await sample_drawn(batch["flow_run_id"]) if trace_sample else None  # the next run starts after it
     await asyncio.sleep(5)
     settled = await task_run_states(batch["flow_run_id"])
     total = sum(settled.values())
@@ -88,6 +106,7 @@ async def one(input_path: Path, out: Path, chunk_size: int, trace_sample: int) -
         "trace_sample": trace_sample,
         "traces": batch["request_counts"]["completed"],
         "seconds": round(elapsed, 3),
+        "sample_drawn_after_s": None if drawn_after is None else round(drawn_after, 3),
         "task_runs": total,
         "task_runs_per_s": round(total / elapsed, 2),
         "unfinished_at_return": sum(v for k, v in states.items() if k not in {"Completed"}),

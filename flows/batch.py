@@ -91,7 +91,7 @@ async def run_batch(
     """Run an OpenAI batch input file on a job's engine workers; write output and error files.
 
     `trace_sample` traces (default: the job's `harness.trace_sample`) are drawn in this run's graph as task
-    runs per step and tool call, and logged to MLflow, once the batch has ended.
+    runs per step and tool call, and logged to MLflow, by a process of their own once this run has ended.
     """
     show_pronk_logs()
     logger = get_run_logger()

@@ -1,10 +1,12 @@
 """Sampled traces drawn in the Prefect UI: one task run per recorded step and tool call, linked as the trace ran.
 
-They run after the batch has ended, replay only the step records (no engine call) and are submitted at
-`TASK_RUNS_PER_S`, well under what the server records (DESIGN.md: ~30-100 task runs/s), so a sample
-never floods it. Each node's upstream futures are its arguments: Prefect records them as the task run's
-`task_inputs` and draws the edges in the run's graph. A Prefect server that is away costs the drawing,
-never the batch.
+They are drawn after the batch's flow run has ended, by the sample's drawer process (`tasks.trace_sample`):
+each node is created through the Prefect client already final (`Completed`, or `Failed` for a failed step
+or tool call), against the batch's flow run id, with its upstream nodes' task run ids as its `task_inputs`,
+which is what draws the edges of the run's graph. Nothing runs (no task engine, no events to record): one
+REST call a node, at `TASK_RUNS_PER_S`, well under what the server records (DESIGN.md: ~30-100 task
+runs/s). Node ids and dynamic keys derive from the flow run id and the node's key, so drawing the same
+sample again adds no task run.
 """
 
 from __future__ import annotations
@@ -12,12 +14,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Sequence
-from typing import Any
+from datetime import UTC, datetime
 
-from prefect import allow_failure, task
+from prefect import task
 from prefect.cache_policies import NO_CACHE
-from prefect.states import Completed, Failed, State
+from prefect.client.orchestration import PrefectClient
+from prefect.client.schemas.actions import LogCreate
+from prefect.client.schemas.objects import TaskRunResult
+from prefect.states import Completed, Failed
 
 from pronk.agents.trace_dag import DagNode
 
@@ -26,20 +32,16 @@ logger = logging.getLogger(__name__)
 TASK_RUNS_PER_S = 40.0
 MAX_TASK_RUNS = 600
 """Most task runs one batch's sample draws (~15 s at the pace above); traces past it are left out, and logged."""
+CALLS_IN_FLIGHT = 4
+"""Task-run creations awaiting the server at once (each is one short transaction on its database)."""
 
 
-@task(cache_policy=NO_CACHE, persist_result=False, log_prints=False)
-async def trace_node(summary: str, failed: bool, upstream: list[Any]) -> State:
-    """A recorded step (or tool call) of a sampled trace: its figures are its one log line (the task run page shows
-    it) and its final state's message; a failed step or tool call ends Failed (red in the graph); `upstream`, its
-    upstream nodes' final states, draws the edges.
+@task(name="trace_node", cache_policy=NO_CACHE, persist_result=False)
+def trace_node() -> None:
+    """A recorded step (or tool call) of a sampled trace: the task its drawn task runs belong to; it never runs.
 
-    It returns no data: Prefect links results to task runs by `id()`, and shared small values (ints, interned
-    strings) would draw edges that are not there. It has no tags either: each tag costs a task run two
-    concurrency-limit calls to the server (measured: a chain of task runs went from ~10 ms to ~1 s a node).
+    Its task runs carry no tags: each tag would cost a concurrency-limit lookup on the server.
     """
-    logger.info("%s", summary)
-    return Failed(message=summary) if failed else Completed(message=summary)
 
 
 def within_budget(dags: Sequence[list[DagNode]], budget: int = MAX_TASK_RUNS) -> list[list[DagNode]]:
@@ -67,32 +69,71 @@ class Pace:
             await asyncio.sleep(start - now)
 
 
-async def draw_trace_dags(dags: Sequence[list[DagNode]], rate: float = TASK_RUNS_PER_S) -> int:
-    """Run every node as a task run on this event loop once its upstream nodes have run, paced; how many ran.
+def node_key(dag_index: int, node: DagNode) -> str:
+    """A node's dynamic key in the flow run: unique across the sample's DAGs, the same when drawn again."""
+    return f"{dag_index}/{node.key}"
 
-    Each upstream node's final state is passed to its downstream nodes: Prefect records it in their `task_inputs`.
-    Independent nodes (other traces, a fan-out's children) run concurrently, so the drawing takes about
-    nodes / `rate` seconds rather than the sum of every task run's round trips. (Submitting them to the
-    flow's thread pool instead cost ~65 ms of CPU per task run, mostly thread starts.)
+
+def node_id(flow_run_id: str, key: str) -> uuid.UUID:
+    """A node's task run id, fixed by its flow run and key, so a downstream node can name it before it exists."""
+    return uuid.uuid5(uuid.UUID(flow_run_id), key)
+
+
+def log_line(flow_run_id: str, message: str, task_run_id: uuid.UUID | None = None) -> LogCreate:
+    """An INFO line in the flow run's logs (and in the task run's, given one), logged now."""
+    return LogCreate.model_validate(
+        {
+            "name": __name__,
+            "level": logging.INFO,
+            "message": message,
+            "timestamp": datetime.now(UTC),
+            "flow_run_id": flow_run_id,
+            "task_run_id": task_run_id,
+        }
+    )
+
+
+async def draw_trace_dags(
+    client: PrefectClient, flow_run_id: str, dags: Sequence[list[DagNode]], rate: float = TASK_RUNS_PER_S
+) -> int:
+    """Create every node of `dags` as a final task run of the flow run, paced; how many were created.
+
+    Each node's figures are its state's message and its one INFO log line (the task run page shows both).
+    A node the server refuses is logged and left out; its downstream nodes still draw.
     """
     kept = within_budget(dags)
     if len(kept) < len(dags):
         logger.warning(
             "drawing %d of %d sampled traces: the rest would pass %d task runs", len(kept), len(dags), MAX_TASK_RUNS
         )
-    pace = Pace(rate)
+    pace, calls = Pace(rate), asyncio.Semaphore(CALLS_IN_FLIGHT)
 
-    async def run(node: DagNode, upstream: list[asyncio.Task[State]]) -> State:
-        states = [allow_failure(await u) for u in upstream]  # a failed step's successors are drawn all the same
+    async def create(index: int, node: DagNode) -> uuid.UUID:
+        key = node_key(index, node)
+        upstream = [TaskRunResult(id=node_id(flow_run_id, f"{index}/{k}")) for k in node.upstream]
         await pace.wait()
-        runner = trace_node.with_options(task_run_name=node.name)
-        return await runner(node.summary, node.failed, states, return_state=True)  # type: ignore[misc]
+        async with calls:
+            task_run = await client.create_task_run(
+                trace_node,
+                flow_run_id=uuid.UUID(flow_run_id),
+                dynamic_key=key,
+                id=node_id(flow_run_id, key),
+                name=node.name,
+                state=Failed(message=node.summary) if node.failed else Completed(message=node.summary),
+                task_inputs={"upstream": upstream},  # type: ignore[dict-item]
+            )
+        return task_run.id
 
-    runs: list[asyncio.Task[State]] = []
-    for dag in kept:
-        by_key: dict[str, asyncio.Task[State]] = {}
-        for node in dag:  # upstream first, so every upstream task exists already
-            by_key[node.key] = asyncio.create_task(run(node, [by_key[k] for k in node.upstream if k in by_key]))
-            runs.append(by_key[node.key])
-    states = await asyncio.gather(*runs, return_exceptions=True)
-    return sum(1 for s in states if isinstance(s, State) and s.is_final())
+    nodes = [(i, node) for i, dag in enumerate(kept) for node in dag]
+    created = await asyncio.gather(*(create(i, node) for i, node in nodes), return_exceptions=True)
+    failures = [c for c in created if isinstance(c, BaseException)]
+    if failures:
+        logger.warning("%d of %d trace nodes were not drawn: %r", len(failures), len(nodes), failures[0])
+    logs = [
+        log_line(flow_run_id, node.summary, task_run_id)
+        for (_, node), task_run_id in zip(nodes, created, strict=True)
+        if isinstance(task_run_id, uuid.UUID)
+    ]
+    if logs:
+        await client.create_logs(logs)
+    return len(logs)

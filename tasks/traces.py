@@ -1,31 +1,22 @@
-"""Prefect side of agent traces: a per-trace table, and a sample drawn as task runs and logged as MLflow traces."""
+"""Prefect side of agent traces in the flow run: a per-trace table, and the order for a sample drawn after it."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import shutil
-import time
 from pathlib import Path
 
-from prefect.artifacts import acreate_markdown_artifact, acreate_table_artifact
+from prefect.artifacts import acreate_table_artifact
 
 from pronk.agents.outcomes import LineFailure, RequestOutcome
-from pronk.agents.step_records import StepRecord, log_mlflow_traces
-from pronk.agents.trace_dag import DagNode, SampleCandidate, choose_sample, readable, trace_dag
-from pronk.batches.results import FinishedLine
+from pronk.agents.trace_dag import SampleCandidate, choose_sample
 from pronk.batches.run import BatchRun
 from pronk.settings import Settings
 from tasks.prefect_calls import best_effort
-from tasks.trace_dags import TASK_RUNS_PER_S, draw_trace_dags
+from tasks.trace_sample import TABLE_ROWS, SampledTrace, SampleOrder, place_order, trace_table
 
 logger = logging.getLogger(__name__)
-
-TABLE_ROWS = 500
-DRAW_GRACE_S = 30.0
-"""A Prefect server that stops answering costs the run at most this long beyond the drawing's own pace."""
-MARKDOWN_SAFE = str.maketrans({c: "_" for c in "|[]<>`*\\"})
-"""A custom id is hostile input: in the sample's markdown it shows as text, never as a link, tag or table cell break."""
 
 
 def scratch_dir(settings: Settings, batch_id: str) -> Path:
@@ -54,121 +45,47 @@ def trace_row(outcome: RequestOutcome) -> dict[str, object]:
     }
 
 
-def sample_of(run: BatchRun, size: int) -> list[FinishedLine]:
+def sample_of(run: BatchRun, size: int) -> list[SampledTrace]:
     """The run's sampled lines (every run of the batch counts): failed ones first, the rest spread over the input."""
     candidates = [
         SampleCandidate(f.line, f.output.custom_id or "", not f.ok, len(f.steps)) for f in run.finished.values()
     ]
-    return [run.finished[c.line] for c in choose_sample(candidates, size)]
+    chosen = [run.finished[c.line] for c in choose_sample(candidates, size)]
+    return [SampledTrace(line=f.line, custom_id=f.output.custom_id or "", ok=f.ok, steps=f.steps) for f in chosen]
 
 
-def mlflow_trace_url(settings: Settings, experiment_id: str, trace_id: str) -> str:
-    """The MLflow UI's page of one trace."""
-    return f"{settings.mlflow_ui_url}/#/experiments/{experiment_id}/traces?selectedEvaluationId={trace_id}"
-
-
-async def log_sample_to_mlflow(run: BatchRun, sample: list[FinishedLine], settings: Settings) -> dict[str, str]:
-    """The sampled traces as MLflow traces; each sampled line's custom_id → its URL in the MLflow UI.
-
-    MLflow trouble is logged, never a reason to fail a batch whose results are written.
-    """
-    batch, job = run.batch, run.job
-    if not sample or not job.harness.mlflow_traces:
-        return {}
-    records = [StepRecord(**row) for f in sample for row in f.steps]
-    try:
-        experiment_id, logged = await asyncio.to_thread(
-            log_mlflow_traces,
-            records,
-            settings.tracking_uri,
-            f"pronk-{job.job_id}",
-            settings.artifact_root,
-            {"pronk.batch_id": batch.id, "pronk.job_id": job.job_id},
-        )
-    except Exception as exc:  # noqa: BLE001 - the batch's own results are already written
-        logger.warning("batch %s: logging MLflow traces failed: %s", batch.id, exc)
-        return {}
-    logger.info("batch %s: logged %d sampled traces to MLflow", batch.id, len(logged))
-    roots = {r.custom_id or "": r.root_trace_id for r in records}
-    return {
-        cid: mlflow_trace_url(settings, experiment_id, logged[root]) for cid, root in roots.items() if root in logged
-    }
-
-
-async def draw_sample(run: BatchRun, dags: list[list[DagNode]]) -> int:
-    """The sampled traces as task runs in this flow run's graph; how many task runs ran (best effort)."""
-    timeout_s = sum(len(d) for d in dags) / TASK_RUNS_PER_S + DRAW_GRACE_S
-    try:
-        return await asyncio.wait_for(draw_trace_dags(dags), timeout_s)
-    except Exception as exc:  # noqa: BLE001 - the drawing is for show: the batch has ended already
-        logger.warning("batch %s: drawing the sampled traces failed: %s", run.batch.id, exc)
-        return 0
-
-
-def sample_markdown(
-    batch_id: str, sample: list[FinishedLine], links: dict[str, str], dags: list[list[DagNode]] | None = None
-) -> str:
-    """The sampled traces, each with its state and a link to its MLflow trace (when logged), then each one's task
-    runs with their figures (as their state messages say)."""
-    lines = [
-        f"# Sampled traces of batch {batch_id}",
-        "",
-        "Each is drawn in this run's graph as task runs named `<trace> step <n>: <tool>`.",
-        "",
-        "| line | custom_id | state | steps | MLflow trace |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    for f in sample:
-        cid = f.output.custom_id or ""
-        link = f"[open]({links[cid]})" if cid in links else "—"
-        state = "completed" if f.ok else "error"
-        lines.append(f"| {f.line} | {_cell(cid)} | {state} | {len(f.steps)} | {link} |")
-    for f, dag in zip(sample, dags or [], strict=False):
-        lines += ["", f"## {_cell(f.output.custom_id or '')}", "", "| task run | figures |", "| --- | --- |"]
-        lines += [f"| {_cell(n.name)}{' (failed)' if n.failed else ''} | {_cell(n.summary)} |" for n in dag]
-    return "\n".join(lines) + "\n"
-
-
-def _cell(text: str) -> str:
-    return readable(text, 400).translate(MARKDOWN_SAFE)
+def table_rows(run: BatchRun, sample: list[SampledTrace]) -> list[dict[str, object]]:
+    """The per-trace table: the first `TABLE_ROWS` lines, then every sampled line past them."""
+    head = sorted(run.finished.values(), key=lambda f: f.line)[:TABLE_ROWS]
+    in_head = {f.line for f in head}
+    return [f.row for f in head] + [run.finished[t.line].row for t in sample if t.line not in in_head]
 
 
 async def publish_traces(run: BatchRun, settings: Settings, sample_size: int) -> None:
-    """After the batch has ended: drop the tools' scratch folder, draw and log the sample, publish the trace tables.
+    """After the batch's results are written: drop the tools' scratch folder, hand the trace sample to its drawer.
 
-    The sample is drawn in Prefect and logged to MLflow at once; the per-trace table (its first rows, then
-    every sampled line) links each sampled line to its MLflow trace. All of it is best effort.
+    The drawer (`tasks.trace_sample`) draws the sample in this flow run's graph, logs it to MLflow and publishes
+    the per-trace table with each sampled line's MLflow link once this flow run has ended; without a sample (or
+    when the order cannot be left) the table is published here, without links. All of it is best effort.
     """
     batch = run.batch
     await asyncio.to_thread(shutil.rmtree, scratch_dir(settings, batch.id), True)
     sample = sample_of(run, sample_size)
-    dags = [trace_dag([StepRecord(**row) for row in f.steps]) for f in sample]
-    started = time.monotonic()
-    links, drawn = await asyncio.gather(log_sample_to_mlflow(run, sample, settings), draw_sample(run, dags))
-    if sample:
-        logger.info(
-            "batch %s: %d sampled traces drawn as %d task runs and logged to MLflow in %.2f s",
-            batch.id,
-            len(sample),
-            drawn,
-            time.monotonic() - started,
+    rows = table_rows(run, sample)
+    if sample and batch.flow_run_id:
+        order = SampleOrder(
+            batch_id=batch.id, flow_run_id=batch.flow_run_id, job_id=run.job.job_id, traces=sample, rows=rows
         )
-    head = sorted(run.finished.values(), key=lambda f: f.line)[:TABLE_ROWS]
-    in_head = {f.line for f in head}
-    shown = head + [f for f in sample if f.line not in in_head]
-    rows = [{**f.row, "mlflow_trace": links.get(f.output.custom_id or "", "")} for f in shown]
+        try:
+            await asyncio.to_thread(place_order, order, settings)
+        except Exception as exc:  # noqa: BLE001 - the batch's results are written: its sample is for show
+            logger.warning("batch %s: cannot start drawing its trace sample: %r", batch.id, exc)
+        else:
+            logger.info("batch %s: %d sampled traces will be drawn once this run has ended", batch.id, len(sample))
+            return
     await best_effort(
         "trace table",
         acreate_table_artifact(
-            table=rows, key=None, description=f"batch {batch.id}: traces (first {TABLE_ROWS}, then the sampled ones)"
+            table=trace_table(rows, {}), key=None, description=f"batch {batch.id}: traces (first {TABLE_ROWS} lines)"
         ),
     )
-    if sample:
-        await best_effort(
-            "sampled traces",
-            acreate_markdown_artifact(
-                markdown=sample_markdown(batch.id, sample, links, dags),
-                key=None,
-                description=f"batch {batch.id}: sampled traces",
-            ),
-        )

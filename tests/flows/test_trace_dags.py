@@ -59,25 +59,26 @@ def dag_run(stack, tmp_path_factory):
     return flow_run_id, asyncio.run(server_view(flow_run_id))
 
 
-async def server_view(flow_run_id: str) -> dict:
-    """The flow run, its task runs (once all are final) and its artifacts, as the Prefect server has them."""
+async def server_view(flow_run_id: str, deadline_s: float = 180.0) -> dict:
+    """The finished flow run, once its sample's drawer has published the sample's markdown (its last act), with its
+    task runs, its artifacts and its graph, as the Prefect server has them."""
     from prefect import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterId
 
     run_filter = FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)]))
+    artifact_filter = ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(flow_run_id)]))
     async with get_client() as client:
-        for _ in range(60):
-            task_runs = await client.read_task_runs(flow_run_filter=run_filter, limit=200)
-            if task_runs and all(t.state is not None and t.state.is_final() for t in task_runs):
-                break
-            await asyncio.sleep(0.5)
-        artifacts = await client.read_artifacts(
-            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(flow_run_id)]))
-        )
+        loop = asyncio.get_running_loop()
+        until = loop.time() + deadline_s
+        while not [a for a in await client.read_artifacts(artifact_filter=artifact_filter) if a.type == "markdown"]:
+            assert loop.time() < until, f"the trace sample was not drawn within {deadline_s} s of the flow run's end"
+            await asyncio.sleep(1.0)
+        graph = await client.request("GET", "/flow_runs/{id}/graph-v2", path_params={"id": flow_run_id})
         return {
             "flow_run": await client.read_flow_run(UUID(flow_run_id)),
-            "task_runs": task_runs,
-            "artifacts": artifacts,
+            "task_runs": await client.read_task_runs(flow_run_filter=run_filter, limit=200),
+            "artifacts": await client.read_artifacts(artifact_filter=artifact_filter),
+            "graph": graph.json(),
         }
 
 
@@ -112,6 +113,13 @@ def test_sampled_traces_are_task_runs_whose_inputs_draw_their_dags(dag_run):
     for tool in fan_outs.values():
         branches = [n for n in expected if n.upstream == [tool.key] and n.kind == "step"]
         assert len(branches) == tool.figures["children"]  # the children's first steps, side by side
+    flow_run = view["flow_run"]
+    assert flow_run.state.is_completed() and all(t.state.is_final() for t in task_runs)
+    assert all(t.created >= flow_run.end_time for t in drawn.values())  # drawn once the flow run had ended
+    parents = {node["id"]: {e["id"] for e in node["parents"]} for node in view["graph"]["nodes"]}
+    for node in expected:  # the graph the UI draws: each node under its upstream nodes
+        ids = {t.name: str(t.id) for t in drawn.values()}
+        assert parents[ids[node.name]] == {ids[key_to_name[k]] for k in node.upstream}, node.name
     replayed = fan_outs["replay-fanout"]
     (joined,) = [n for n in expected if replayed.key in n.upstream and n.trace_id == "replay-fanout"]
     assert joined.name == "replay-fanout step 2: length" and len(joined.upstream) == 3  # the tool and both children

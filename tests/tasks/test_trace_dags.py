@@ -6,10 +6,8 @@ import uuid
 
 from flows.batch import batch_id_of_flow_run
 from pronk.agents.trace_dag import DagNode
-from pronk.batches.results import FinishedLine
-from pronk.batches.schemas import OutputLine
 from tasks.trace_dags import within_budget
-from tasks.traces import sample_markdown
+from tasks.trace_sample import SampledTrace, sample_markdown
 
 
 def dag(size: int) -> list[DagNode]:
@@ -24,8 +22,8 @@ def test_whole_dags_are_drawn_while_they_fit_the_budget():
 
 def test_the_sample_markdown_links_mlflow_and_shows_hostile_ids_as_text():
     lines = [
-        FinishedLine(line=3, output=OutputLine(custom_id="[x](javascript:alert(1))|<b>"), ok=True, steps=[{}, {}]),
-        FinishedLine(line=9, output=OutputLine(custom_id="t-9"), ok=False, steps=[{}]),
+        SampledTrace(line=3, custom_id="[x](javascript:alert(1))|<b>", ok=True, steps=[{}, {}]),
+        SampledTrace(line=9, custom_id="t-9", ok=False, steps=[{}]),
     ]
     failed_step = DagNode("t-9/0", "t-9 step 0: error", "step", "t-9", 0, failed=True)
     failed_step.figures = {"prompt_tokens": 5, "cached_tokens": 0, "output_tokens": 0, "worker": None}

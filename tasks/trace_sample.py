@@ -1,0 +1,253 @@
+"""A batch's trace sample, drawn off the flow run's path: the order its flow run leaves, and the drawer that fills it.
+
+Drawing the sample inside the flow run added 10-14 s to every batch's run (bench/RESULTS.md, "Trace
+granularity"). So the flow run, once its results are written, only leaves an order in the store (the
+sampled traces' step records and the per-trace table's rows) and starts `python -m tasks.trace_sample
+<batch id>` in a session of its own, which outlives the flow run's process however the batch was started
+(API, CLI, `prefect deployment run`). The drawer logs the sample to MLflow, creates its task runs against
+the finished flow run's id (`tasks.trace_dags`), then the per-trace table and the sample's markdown
+(created last: its presence says the drawing is done).
+
+It is for show: it never touches the batch or its files. It deletes the order before it starts, so a
+batch's sample is drawn at most once, and it lives at most `deadline_s(order)`: past it the process ends.
+Its own log goes to `logs/trace_samples.log`; a summary line goes to the flow run's logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any
+
+from prefect import get_client
+from prefect.client.orchestration import PrefectClient
+from prefect.client.schemas.actions import ArtifactCreate
+from pydantic import BaseModel, Field, ValidationError
+
+from pronk import storage
+from pronk.agents.step_records import StepRecord, log_mlflow_traces
+from pronk.agents.trace_dag import DagNode, readable, trace_dag
+from pronk.jobs import get_job
+from pronk.settings import PROJECT_ROOT, Settings, get_settings
+from tasks.prefect_calls import best_effort
+from tasks.trace_dags import MAX_TASK_RUNS, TASK_RUNS_PER_S, draw_trace_dags, log_line
+
+logger = logging.getLogger(__name__)
+
+TABLE_ROWS = 500
+MLFLOW_BUDGET_S = 60.0
+"""Longest the drawer waits on MLflow for the sample's traces (they are logged while the task runs are drawn)."""
+GRACE_S = 30.0
+"""A Prefect server that stops answering costs the drawer at most this long beyond the drawing's own pace."""
+MARKDOWN_SAFE = str.maketrans({c: "_" for c in "|[]<>`*\\"})
+"""A custom id is hostile input: in the sample's markdown it shows as text, never as a link, tag or table cell break."""
+
+
+class SampledTrace(BaseModel):
+    """One sampled line: what drawing it needs."""
+
+    line: int = Field(ge=1, description="1-based line number in the input file.")
+    custom_id: str
+    ok: bool = Field(description="False: the line ended in the error file.")
+    steps: list[dict[str, Any]] = Field(description="The line's step records.")
+
+
+class SampleOrder(BaseModel):
+    """What a batch's flow run leaves for the drawer: everything it shows, so it reads nothing else."""
+
+    batch_id: str
+    flow_run_id: str
+    job_id: str
+    traces: list[SampledTrace]
+    rows: list[dict[str, Any]] = Field(description="The per-trace table: its first rows, then every sampled line.")
+    placed_at: float = Field(default_factory=time.time, description="When the flow run had written the results.")
+
+
+def order_uri(settings: Settings, batch_id: str) -> str:
+    return storage.join(settings.store_uri, "trace_samples", f"{batch_id}.json")
+
+
+def place_order(order: SampleOrder, settings: Settings) -> None:
+    """Leave the order in the store and start its drawer, detached: it outlives this process."""
+    storage.write_bytes(order_uri(settings, order.batch_id), order.model_dump_json().encode(), settings)
+    settings.logs_dir.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT__FLOW_RUN_ID"}  # the drawer is not the flow run
+    with open(settings.logs_dir / "trace_samples.log", "ab") as log:
+        subprocess.Popen(
+            [sys.executable, "-m", "tasks.trace_sample", "--", order.batch_id],
+            cwd=PROJECT_ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def take_order(batch_id: str, settings: Settings) -> SampleOrder | None:
+    """The batch's order, deleted from the store before it is drawn (so never drawn twice); None if there is none."""
+    uri = order_uri(settings, batch_id)
+    try:
+        data = storage.read_bytes(uri, settings)
+    except FileNotFoundError:
+        return None
+    storage.delete(uri, settings)
+    try:
+        return SampleOrder.model_validate_json(data)
+    except ValidationError as exc:
+        logger.warning("batch %s: its trace sample order does not parse: %s", batch_id, exc.errors()[:1])
+        return None
+
+
+def deadline_s(order: SampleOrder) -> float:
+    """The most the drawer may take: MLflow's budget, the drawing's pace, and a grace for a slow server."""
+    nodes = sum(len(t.steps) for t in order.traces) * 2  # a step and its tool call, at most
+    return MLFLOW_BUDGET_S + min(nodes, MAX_TASK_RUNS) / TASK_RUNS_PER_S + GRACE_S
+
+
+def mlflow_trace_url(settings: Settings, experiment_id: str, trace_id: str) -> str:
+    """The MLflow UI's page of one trace."""
+    return f"{settings.mlflow_ui_url}/#/experiments/{experiment_id}/traces?selectedEvaluationId={trace_id}"
+
+
+async def log_sample_to_mlflow(order: SampleOrder, settings: Settings) -> dict[str, str]:
+    """The sampled traces as MLflow traces; each sampled line's custom_id → its URL in the MLflow UI.
+
+    MLflow trouble is logged, never a reason to skip the rest of the drawing.
+    """
+    job = get_job(order.job_id)
+    if not order.traces or not job.harness.mlflow_traces:
+        return {}
+    records = [StepRecord(**row) for t in order.traces for row in t.steps]
+    try:
+        experiment_id, logged = await asyncio.wait_for(
+            asyncio.to_thread(
+                log_mlflow_traces,
+                records,
+                settings.tracking_uri,
+                f"pronk-{job.job_id}",
+                settings.artifact_root,
+                {"pronk.batch_id": order.batch_id, "pronk.job_id": job.job_id},
+            ),
+            MLFLOW_BUDGET_S,
+        )
+    except Exception as exc:  # noqa: BLE001 - the batch's own results are written: this is for show
+        logger.warning("batch %s: logging MLflow traces failed: %r", order.batch_id, exc)
+        return {}
+    logger.info("batch %s: logged %d sampled traces to MLflow", order.batch_id, len(logged))
+    roots = {r.custom_id or "": r.root_trace_id for r in records}
+    return {
+        cid: mlflow_trace_url(settings, experiment_id, logged[root]) for cid, root in roots.items() if root in logged
+    }
+
+
+async def draw(client: PrefectClient, order: SampleOrder, dags: list[list[DagNode]]) -> int:
+    """The sampled traces as task runs in the batch's flow run graph; how many were created (best effort)."""
+    try:
+        return await draw_trace_dags(client, order.flow_run_id, dags)
+    except Exception as exc:  # noqa: BLE001 - the drawing is for show: the batch has ended already
+        logger.warning("batch %s: drawing the sampled traces failed: %r", order.batch_id, exc)
+        return 0
+
+
+def sample_markdown(
+    batch_id: str, sample: list[SampledTrace], links: dict[str, str], dags: list[list[DagNode]] | None = None
+) -> str:
+    """The sampled traces, each with its state and a link to its MLflow trace (when logged), then each one's task
+    runs with their figures (as their state messages say)."""
+    lines = [
+        f"# Sampled traces of batch {batch_id}",
+        "",
+        "Each is drawn in this run's graph as task runs named `<trace> step <n>: <tool>`.",
+        "",
+        "| line | custom_id | state | steps | MLflow trace |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for t in sample:
+        link = f"[open]({links[t.custom_id]})" if t.custom_id in links else "—"
+        state = "completed" if t.ok else "error"
+        lines.append(f"| {t.line} | {_cell(t.custom_id)} | {state} | {len(t.steps)} | {link} |")
+    for t, dag in zip(sample, dags or [], strict=False):
+        lines += ["", f"## {_cell(t.custom_id)}", "", "| task run | figures |", "| --- | --- |"]
+        lines += [f"| {_cell(n.name)}{' (failed)' if n.failed else ''} | {_cell(n.summary)} |" for n in dag]
+    return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return readable(text, 400).translate(MARKDOWN_SAFE)
+
+
+def trace_table(rows: list[dict[str, Any]], links: dict[str, str]) -> list[dict[str, Any]]:
+    """The per-trace table's rows, each sampled one with its MLflow trace's URL."""
+    return [{**row, "mlflow_trace": links.get(str(row.get("custom_id") or ""), "")} for row in rows]
+
+
+async def fulfil(order: SampleOrder, settings: Settings) -> None:
+    """Log the sample to MLflow and draw it in Prefect at once, then publish the table and the markdown."""
+    flow_run_id = uuid.UUID(order.flow_run_id)
+    dags = [trace_dag([StepRecord(**row) for row in t.steps]) for t in order.traces]
+    async with get_client() as client:
+        started = time.monotonic()
+        links, drawn = await asyncio.gather(log_sample_to_mlflow(order, settings), draw(client, order, dags))
+        summary = (
+            f"batch {order.batch_id}: {len(order.traces)} sampled traces drawn as {drawn} task runs and logged to "
+            f"MLflow in {time.monotonic() - started:.2f} s, done {time.time() - order.placed_at:.2f} s after the "
+            "run's results were written"
+        )
+        logger.info("%s", summary)
+        await best_effort(
+            "trace table",
+            client.create_artifact(
+                ArtifactCreate(
+                    type="table",
+                    data=json.dumps(trace_table(order.rows, links)),
+                    description=f"batch {order.batch_id}: traces (first {TABLE_ROWS}, then the sampled ones)",
+                    flow_run_id=flow_run_id,
+                )
+            ),
+        )
+        await best_effort(
+            "sampled traces",
+            client.create_artifact(
+                ArtifactCreate(
+                    type="markdown",
+                    data=sample_markdown(order.batch_id, order.traces, links, dags),
+                    description=f"batch {order.batch_id}: sampled traces",
+                    flow_run_id=flow_run_id,
+                )
+            ),
+        )
+        await best_effort("sample's log line", client.create_logs([log_line(order.flow_run_id, summary)]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Draw a finished batch's trace sample (started by its flow run).")
+    parser.add_argument("batch_id")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
+    settings = get_settings()
+    order = take_order(args.batch_id, settings)
+    if order is None:
+        logger.info("batch %s: no trace sample to draw", args.batch_id)
+        return 0
+    limit = deadline_s(order)
+    signal.alarm(math.ceil(limit) + 5)  # a call that ignores cancellation (MLflow's, in a thread) ends with the process
+    try:
+        asyncio.run(asyncio.wait_for(fulfil(order, settings), limit))
+    except Exception:
+        logger.exception("batch %s: drawing its trace sample failed", order.batch_id)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
