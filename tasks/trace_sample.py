@@ -233,7 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Draw a finished batch's trace sample (started by its flow run).")
     parser.add_argument("batch_id")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s", force=True
+    )  # Prefect and MLflow configured logging on import
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
     settings = get_settings()
     order = take_order(args.batch_id, settings)
     if order is None:

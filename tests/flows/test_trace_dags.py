@@ -116,7 +116,7 @@ def test_sampled_traces_are_task_runs_whose_inputs_draw_their_dags(dag_run):
     flow_run = view["flow_run"]
     assert flow_run.state.is_completed() and all(t.state.is_final() for t in task_runs)
     assert all(t.created >= flow_run.end_time for t in drawn.values())  # drawn once the flow run had ended
-    parents = {node["id"]: {e["id"] for e in node["parents"]} for node in view["graph"]["nodes"]}
+    parents = {id_: {e["id"] for e in node["parents"]} for id_, node in view["graph"]["nodes"]}
     for node in expected:  # the graph the UI draws: each node under its upstream nodes
         ids = {t.name: str(t.id) for t in drawn.values()}
         assert parents[ids[node.name]] == {ids[key_to_name[k]] for k in node.upstream}, node.name
