@@ -152,11 +152,14 @@ async def log_sample_to_mlflow(order: SampleOrder, settings: Settings) -> dict[s
 
 async def draw(client: PrefectClient, order: SampleOrder, dags: list[list[DagNode]]) -> int:
     """The sampled traces as task runs in the batch's flow run graph; how many were created (best effort)."""
+    started = time.monotonic()
     try:
-        return await draw_trace_dags(client, order.flow_run_id, dags)
+        drawn = await draw_trace_dags(client, order.flow_run_id, dags)
     except Exception as exc:  # noqa: BLE001 - the drawing is for show: the batch has ended already
         logger.warning("batch %s: drawing the sampled traces failed: %r", order.batch_id, exc)
         return 0
+    logger.info("batch %s: %d task runs drawn in %.2f s", order.batch_id, drawn, time.monotonic() - started)
+    return drawn
 
 
 def sample_markdown(

@@ -63,7 +63,15 @@ async def server_view(flow_run_id: str, deadline_s: float = 180.0) -> dict:
     """The finished flow run, once its sample's drawer has published the sample's markdown (its last act), with its
     task runs, its artifacts and its graph, as the Prefect server has them."""
     from prefect import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        FlowRunFilter,
+        FlowRunFilterId,
+        LogFilter,
+        LogFilterFlowRunId,
+        LogFilterTextSearch,
+    )
 
     run_filter = FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)]))
     artifact_filter = ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(flow_run_id)]))
@@ -74,11 +82,16 @@ async def server_view(flow_run_id: str, deadline_s: float = 180.0) -> dict:
             assert loop.time() < until, f"the trace sample was not drawn within {deadline_s} s of the flow run's end"
             await asyncio.sleep(1.0)
         graph = await client.request("GET", "/flow_runs/{id}/graph-v2", path_params={"id": flow_run_id})
+        flow_logs = LogFilter(
+            flow_run_id=LogFilterFlowRunId(any_=[UUID(flow_run_id)]), text=LogFilterTextSearch(query="sampled traces")
+        )
+        logs = await client.read_logs(flow_logs, limit=200)
         return {
             "flow_run": await client.read_flow_run(UUID(flow_run_id)),
             "task_runs": await client.read_task_runs(flow_run_filter=run_filter, limit=200),
             "artifacts": await client.read_artifacts(artifact_filter=artifact_filter),
             "graph": graph.json(),
+            "logs": [log.message for log in logs],
         }
 
 
@@ -120,6 +133,8 @@ def test_sampled_traces_are_task_runs_whose_inputs_draw_their_dags(dag_run):
     for node in expected:  # the graph the UI draws: each node under its upstream nodes
         ids = {t.name: str(t.id) for t in drawn.values()}
         assert parents[ids[node.name]] == {ids[key_to_name[k]] for k in node.upstream}, node.name
+    summary = f"{len(SAMPLED)} sampled traces drawn as {len(expected)} task runs"
+    assert [m for m in view["logs"] if summary in m]  # the drawer's summary line, in the flow run's logs
     replayed = fan_outs["replay-fanout"]
     (joined,) = [n for n in expected if replayed.key in n.upstream and n.trace_id == "replay-fanout"]
     assert joined.name == "replay-fanout step 2: length" and len(joined.upstream) == 3  # the tool and both children
