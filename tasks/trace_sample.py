@@ -78,19 +78,24 @@ def order_uri(settings: Settings, batch_id: str) -> str:
 
 def place_order(order: SampleOrder, settings: Settings) -> None:
     """Leave the order in the store and start its drawer, detached: it outlives this process."""
-    storage.write_bytes(order_uri(settings, order.batch_id), order.model_dump_json().encode(), settings)
-    settings.logs_dir.mkdir(parents=True, exist_ok=True)
+    uri = order_uri(settings, order.batch_id)
+    storage.write_bytes(uri, order.model_dump_json().encode(), settings)
     env = {k: v for k, v in os.environ.items() if k != "PREFECT__FLOW_RUN_ID"}  # the drawer is not the flow run
-    with open(settings.logs_dir / "trace_samples.log", "ab") as log:
-        subprocess.Popen(
-            [sys.executable, "-m", "tasks.trace_sample", "--", order.batch_id],
-            cwd=PROJECT_ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    try:
+        settings.logs_dir.mkdir(parents=True, exist_ok=True)
+        with open(settings.logs_dir / "trace_samples.log", "ab") as log:
+            subprocess.Popen(
+                [sys.executable, "-m", "tasks.trace_sample", "--", order.batch_id],
+                cwd=PROJECT_ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+    except BaseException:
+        storage.delete(uri, settings)  # no drawer: no order left behind
+        raise
 
 
 def take_order(batch_id: str, settings: Settings) -> SampleOrder | None:

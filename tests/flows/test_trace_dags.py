@@ -70,7 +70,6 @@ async def server_view(flow_run_id: str, deadline_s: float = 180.0) -> dict:
         FlowRunFilterId,
         LogFilter,
         LogFilterFlowRunId,
-        LogFilterTextSearch,
     )
 
     run_filter = FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)]))
@@ -82,9 +81,7 @@ async def server_view(flow_run_id: str, deadline_s: float = 180.0) -> dict:
             assert loop.time() < until, f"the trace sample was not drawn within {deadline_s} s of the flow run's end"
             await asyncio.sleep(1.0)
         graph = await client.request("GET", "/flow_runs/{id}/graph-v2", path_params={"id": flow_run_id})
-        flow_logs = LogFilter(
-            flow_run_id=LogFilterFlowRunId(any_=[UUID(flow_run_id)]), text=LogFilterTextSearch(query="sampled traces")
-        )
+        flow_logs = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[UUID(flow_run_id)]))  # SQLite: no text search
         logs = await client.read_logs(flow_logs, limit=200)
         return {
             "flow_run": await client.read_flow_run(UUID(flow_run_id)),

@@ -48,6 +48,16 @@ def settings(tmp_path) -> Settings:
     return Settings(data_dir=tmp_path, storage_uri=str(tmp_path / "store"))
 
 
+def test_an_order_whose_drawer_cannot_start_is_not_left_behind(settings, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise OSError("no more processes")
+
+    monkeypatch.setattr(trace_sample.subprocess, "Popen", refuse)
+    with pytest.raises(OSError):
+        trace_sample.place_order(order(), settings)
+    assert not storage.exists(order_uri(settings, "batch_1"), settings)
+
+
 def test_an_order_is_taken_once_and_a_malformed_one_is_dropped(settings):
     placed = order()
     storage.write_bytes(order_uri(settings, "batch_1"), placed.model_dump_json().encode(), settings)
