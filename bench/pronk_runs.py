@@ -68,10 +68,12 @@ class OneOrder:
 def pronk_router(job: JobConfig, settings: Settings, admission: str | None = None):
     from engine.registry import Registry
     from engine.router import Router
+    from pronk.worker_token import worker_token
 
     return Router(
         job.job_id,
         Registry.from_settings(settings),
+        token=worker_token(settings),
         policy=job.harness.routing,
         admission=admission or job.harness.admission,
         admission_timeout_s=job.harness.step_timeout_s,
@@ -110,8 +112,9 @@ async def worker_preemptions(job: JobConfig, settings: Settings) -> int:
     """Preemptions so far on the job's live pronk workers, from their /stats."""
     from engine.client import WorkerClient
     from engine.registry import Registry
+    from pronk.worker_token import worker_token
 
-    client = WorkerClient()
+    client = WorkerClient(worker_token(settings))
     try:
         stats = [await client.stats(w.url) for w in Registry.from_settings(settings).live(job.job_id)]
     finally:

@@ -1,9 +1,10 @@
-"""HTTP client of one engine worker."""
+"""HTTP client of the engine workers; every request carries the workers' shared token (`engine.auth`)."""
 
 from __future__ import annotations
 
 import httpx
 
+from engine.auth import auth_headers
 from engine.errors import EngineError
 from engine.protocol import StepRequest, StepResult, WorkerStats
 
@@ -25,9 +26,11 @@ class WorkerUnavailable(EngineError):
 
 
 class WorkerClient:
-    def __init__(self, timeout_s: float = 600.0):
+    def __init__(self, token: str, timeout_s: float = 600.0):
         self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout_s, connect=5.0), limits=httpx.Limits(max_connections=1024)
+            timeout=httpx.Timeout(timeout_s, connect=5.0),
+            limits=httpx.Limits(max_connections=1024),
+            headers=auth_headers(token),
         )
 
     async def generate(self, url: str, request: StepRequest) -> StepResult:
@@ -39,7 +42,8 @@ class WorkerClient:
             )
         except httpx.TransportError as exc:
             raise WorkerUnavailable(f"{url}: {type(exc).__name__}: {exc}") from exc
-        if response.status_code >= 500:
+        if response.status_code >= 500 or response.status_code == 401:
+            # 401: the worker holds another token (a stale worker of another stack): route around it like a dead one.
             raise WorkerUnavailable(f"{url}: HTTP {response.status_code}: {response.text[:200]}")
         if response.status_code == 429:
             raise NotAdmitted(f"{url}: {response.text[:300]}")

@@ -33,6 +33,7 @@ class Router:
         registry: Registry,
         policy: RoutingPolicy | str = "least_loaded",
         client: WorkerClient | None = None,
+        token: str | None = None,
         max_attempts: int = 3,
         refresh_interval_s: float = 0.5,
         wait_for_worker_s: float = 30.0,
@@ -44,7 +45,9 @@ class Router:
         self.job_id = job_id
         self.registry = registry
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
-        self.client = client or WorkerClient()
+        if client is None and token is None:
+            raise ValueError("a Router needs the workers' token (or a client that carries it)")
+        self.client = client or WorkerClient(token or "")
         self.max_attempts = max_attempts
         self.refresh_interval_s = refresh_interval_s
         self.wait_for_worker_s = wait_for_worker_s

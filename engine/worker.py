@@ -1,8 +1,9 @@
-"""An engine worker: one persistent process holding a job's model in vLLM, serving steps over HTTP on 127.0.0.1.
+"""An engine worker: one persistent process holding a job's model in vLLM, serving steps over HTTP.
 
-Started by `python -m pronk.stack.worker --job JOB [--index N]` (or `pronk worker start`), which resolves the
-job and its model and calls `serve`. It announces itself in the registry with a heartbeat carrying its load,
-and withdraws on SIGTERM.
+Started by `python -m pronk.stack.worker --job JOB [--index N] [--host ADDR --advertise URL]` (or `pronk worker
+start`), which resolves the job and its model and calls `serve`. It binds 127.0.0.1 unless told otherwise,
+announces itself in the registry (under the URL other hosts reach it by) with a heartbeat carrying its load,
+and withdraws on SIGTERM. Every request but a bare `GET /health` must carry the shared token (`engine.auth`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import os
 import socket
 import time
 
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Request
 
 from engine.admission import AdmissionTimeout, BudgetExceeded
+from engine.auth import TokenAuth, auth_headers
 from engine.protocol import ReleaseRequest, StepRequest, StepResult, WorkerStats
 from engine.registry import Registry, RegistryUnavailable, WorkerEntry
 from engine.vllm_backend import VllmBackend
@@ -45,8 +47,10 @@ def pin_to_cores(cores: list[int]) -> None:
 
 
 def create_app(
-    backend: VllmBackend, registry: Registry, url: str, heartbeat_interval_s: float, stager: Stager
+    backend: VllmBackend, registry: Registry, url: str, heartbeat_interval_s: float, stager: Stager, *, token: str
 ) -> FastAPI:
+    """The worker's app; `url` is what it announces (other hosts reach it there), `token` what every caller sends."""
+    auth_headers(token)  # refuses an empty token before anything is served
     started_at = time.time()
 
     def entry() -> WorkerEntry:
@@ -89,6 +93,7 @@ def create_app(
             backend.shutdown()
 
     app = FastAPI(title=f"pronk engine worker {backend.worker_id}", lifespan=lifespan)
+    app.add_middleware(TokenAuth, token=token)
 
     @app.post("/generate")
     async def generate(request: StepRequest) -> StepResult:
@@ -106,7 +111,10 @@ def create_app(
         return {"released": len(request.trace_ids)}
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
+    async def health(request: Request) -> dict[str, str]:
+        """Open to readiness probes; who the worker is and what it serves only for callers with the token."""
+        if not request.state.authenticated:
+            return {"status": "ok"}
         return {"status": "ok", "worker_id": backend.worker_id, "model_version": backend.model_version}
 
     @app.get("/stats")
@@ -130,10 +138,29 @@ def serve(
     stager: Stager,
     port: int,
     heartbeat_interval_s: float,
+    *,
+    token: str,
     host: str = "127.0.0.1",
+    advertise: str | None = None,
 ) -> None:
-    """Serve `backend` over HTTP until SIGTERM; the caller (pronk's worker entry point) built it from a job."""
+    """Serve `backend` on `host:port` until SIGTERM, announced as `advertise` (default `http://host:port`).
+
+    The caller (pronk's worker entry point) built the backend from a job. Bound to all interfaces (`0.0.0.0`),
+    a worker must be told the URL others reach it by: the bind address is no address to call.
+    """
     import uvicorn
 
-    app = create_app(backend, registry, f"http://{host}:{port}", heartbeat_interval_s, stager)
+    url = advertise_url(host, port, advertise)
+    app = create_app(backend, registry, url, heartbeat_interval_s, stager, token=token)
     uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+def advertise_url(host: str, port: int, advertise: str | None) -> str:
+    """The URL a worker announces: `advertise` when given (trailing slash dropped), else `http://host:port`."""
+    if advertise:
+        if not advertise.startswith(("http://", "https://")):
+            raise ValueError(f"--advertise must be an http(s) URL, got {advertise!r}")
+        return advertise.rstrip("/")
+    if host in ("0.0.0.0", "::", ""):
+        raise ValueError(f"a worker bound to {host or 'every interface'!r} needs --advertise (the URL others call)")
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

@@ -28,6 +28,7 @@ from pronk.errors import PronkError
 from pronk.jobs import MAX_TRACE_SAMPLE, get_job
 from pronk.settings import get_settings
 from pronk.stack.prefect_env import show_pronk_logs
+from pronk.worker_token import worker_token
 from tasks.chunks import run_chunks
 from tasks.files import input_limits, read_input_file, validate_lines
 from tasks.prefect_calls import best_effort
@@ -126,7 +127,11 @@ async def run_batch(
     )
 
     router = Router(
-        job.job_id, Registry.from_settings(settings), policy=job.harness.routing, admission=job.harness.admission
+        job.job_id,
+        Registry.from_settings(settings),
+        policy=job.harness.routing,
+        admission=job.harness.admission,
+        token=worker_token(settings),
     )
     harness = Harness(router, job, StepRecorder(), scratch_dir(settings, batch.id))
     run.check_stop(store)

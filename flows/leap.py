@@ -23,6 +23,7 @@ from pronk.models.registry import is_models_uri, models_uri, parse_models_uri, s
 from pronk.models.versions import check_version_fits, resolve_version
 from pronk.settings import Settings, get_settings
 from pronk.stack.prefect_env import show_pronk_logs
+from pronk.worker_token import worker_token
 from tasks.leap import LeapRun, reload_weights, stage_weights
 
 
@@ -135,7 +136,7 @@ async def leap(job_id: str, version: int | None = None, alias: str | None = None
         await asyncio.to_thread(store.save, record)
         await _publish(record)
         raise
-    run = LeapRun(record, store)
+    run = LeapRun(record, store, worker_token(settings))
     try:
         failed = await _switch(run, original)
         if failed:

@@ -6,7 +6,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +30,11 @@ class Settings(BaseSettings):
     mlflow_port: int = Field(default=5000, ge=1, le=65535, description="Port of the embedded MLflow UI server.")
     mlflow_tracking_uri: str | None = Field(
         default=None, description="MLflow tracking URI; defaults to SQLite under data_dir."
+    )
+    worker_token: SecretStr | None = Field(
+        default=None,
+        description="Token every request to an engine worker carries; unset: the stack's `data_dir/worker-token`. "
+        "Set the same one on every host of a cluster.",
     )
     worker_base_port: int = Field(default=8100, ge=1, le=65535, description="First port engine workers listen on.")
     heartbeat_interval_s: float = Field(

@@ -13,6 +13,7 @@ import httpx
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from engine.auth import auth_headers
 from pronk.errors import PronkError
 from pronk.models.leap_records import LeapRecord, LeapStore, WorkerLeapState
 
@@ -26,10 +27,10 @@ class WeightsRefused(PronkError, RuntimeError):
 class LeapRun:
     """Live state of one Leap shared by its tasks (a plain class, so Prefect passes it through untouched)."""
 
-    def __init__(self, record: LeapRecord, store: LeapStore, timeout_s: float = 300.0):
+    def __init__(self, record: LeapRecord, store: LeapStore, token: str, timeout_s: float = 300.0):
         self.record = record
         self.store = store
-        self.http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0))
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0), headers=auth_headers(token))
         self._saving = asyncio.Lock()
 
     async def save(self) -> None:

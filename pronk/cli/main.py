@@ -134,12 +134,19 @@ def model_make_tiny(
 def worker_start(
     job: Annotated[str, typer.Option("--job", help="Job id or name.")],
     index: Annotated[int, typer.Option(help="This worker's index within the job (picks its CPU cores).")] = 0,
-    port: Annotated[int, typer.Option(help="Port on 127.0.0.1; 0 picks a free one.")] = 0,
+    port: Annotated[int, typer.Option(help="Port to bind; 0 picks a free one.")] = 0,
+    host: Annotated[
+        str, typer.Option(help="Address to bind: 127.0.0.1, this host's address, or 0.0.0.0.")
+    ] = "127.0.0.1",
+    advertise: Annotated[
+        str | None, typer.Option(help="URL routers on other hosts reach this worker by (default http://HOST:PORT).")
+    ] = None,
 ) -> None:
-    """Run one engine worker in the foreground until SIGTERM."""
+    """Run one engine worker in the foreground until SIGTERM (every caller needs the worker token)."""
     from pronk.stack.worker import main
 
-    main(["--job", job, "--index", str(index), "--port", str(port)])
+    argv = ["--job", job, "--index", str(index), "--host", host, "--port", str(port)]
+    main(argv + (["--advertise", advertise] if advertise else []))
 
 
 @job_app.command("list")

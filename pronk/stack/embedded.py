@@ -23,6 +23,7 @@ from pronk.stack.prefect_yaml import write_prefect_yaml
 from pronk.stack.processes import alive, group_members, spawn, stop, wait_healthy
 from pronk.stack.state import SUPERVISOR, read_state, state_path, worker_name, worker_of, write_state
 from pronk.stack.supervisor import report_path
+from pronk.worker_token import worker_token
 
 log = logging.getLogger(__name__)
 WORK_POOL = "pronk"
@@ -189,6 +190,7 @@ def up(
     state = read_state(settings)
     stop_supervisor(settings, state)
     try:
+        worker_token(settings)  # made once here, before any worker or flow run races to make it
         ensure_tiny_model(settings)
         start_prefect_server(settings, state)
         if mlflow_ui:

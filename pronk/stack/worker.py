@@ -1,7 +1,8 @@
 """The engine worker's entry point: resolve a job and its model, then serve them with `engine.worker.serve`.
 
-Run as `python -m pronk.stack.worker --job JOB [--index N]` (or `pronk worker start`). `engine/` knows
-nothing of jobs, settings or MLflow: everything it needs from them is resolved here and passed in.
+Run as `python -m pronk.stack.worker --job JOB [--index N] [--host ADDR] [--advertise URL]` (or `pronk worker
+start`). `engine/` knows nothing of jobs, settings or MLflow: everything it needs from them (the shared
+worker token included) is resolved here and passed in.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pronk.models.checkpoints import CheckpointMismatch, check_compatible, read_
 from pronk.models.registry import resolve_model
 from pronk.settings import get_settings
 from pronk.stack.state import worker_name
+from pronk.worker_token import worker_token
 
 
 def stage_checkpoint(model_uri: str, current_path: str, current_version: str) -> StagedWeights:
@@ -41,10 +43,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--job", required=True, help="job id or name")
     parser.add_argument("--index", type=int, default=0, help="this worker's index within the job")
-    parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0 picks a free one)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: every interface)")
+    parser.add_argument("--port", type=int, default=0, help="port to bind (0 picks a free one)")
+    parser.add_argument("--advertise", default=None, help="URL routers reach this worker by (default http://HOST:PORT)")
     args = parser.parse_args(argv)
 
     settings = get_settings()
+    token = worker_token(settings)
     job = get_job(args.job)
     if job.device == "cpu":
         pin_to_cores(cores_for(args.index, job.cpu_cores_per_worker))
@@ -65,8 +70,11 @@ def main(argv: list[str] | None = None) -> None:
         backend,
         Registry.from_settings(settings),
         stage_checkpoint,
-        args.port or free_port(),
+        args.port or free_port(args.host),
         settings.heartbeat_interval_s,
+        token=token,
+        host=args.host,
+        advertise=args.advertise,
     )
 
 

@@ -12,6 +12,7 @@ from engine.registry import Registry
 from engine.router import Router
 from pronk.agents.replay import run_shape
 from pronk.agents.trace_shape import TraceShape
+from pronk.worker_token import worker_token
 
 log = logging.getLogger(__name__)
 pytestmark = pytest.mark.e2e
@@ -27,7 +28,13 @@ def shape(trace_id: str) -> TraceShape:
 
 
 async def one_run(settings, name: str):
-    router = Router(JOB, Registry.from_settings(settings), policy="trace_affinity", admission="kv_budget")
+    router = Router(
+        JOB,
+        Registry.from_settings(settings),
+        policy="trace_affinity",
+        admission="kv_budget",
+        token=worker_token(settings),
+    )
     try:
         return await asyncio.gather(
             *(run_shape(router, shape(f"{name}-{i}"), kv_pin_ttl_s=5.0) for i in range(TRACES_PER_RUN))
@@ -37,7 +44,7 @@ async def one_run(settings, name: str):
 
 
 async def worker_stats(settings):
-    client = WorkerClient(timeout_s=10)
+    client = WorkerClient(worker_token(settings), timeout_s=10)
     try:
         return [await client.stats(w.url) for w in Registry.from_settings(settings).live(JOB)]
     finally:

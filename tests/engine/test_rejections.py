@@ -10,6 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from engine import vllm_backend
+from engine.auth import auth_headers
 from engine.client import StepRejected, WorkerClient, WorkerUnavailable
 from engine.protocol import StepRequest
 from engine.registry import FileRegistry
@@ -50,8 +51,10 @@ def test_vllms_own_validation_errors_become_step_invalid(backend):
 
 
 def test_the_worker_answers_a_bad_step_with_400(backend, tmp_path):
-    app = create_app(backend, FileRegistry(tmp_path), "http://w0", 1.0, lambda *a: None)
-    response = TestClient(app).post("/generate", json={"request_id": "r", "prompt_token_ids": list(range(9))})
+    app = create_app(backend, FileRegistry(tmp_path), "http://w0", 1.0, lambda *a: None, token="t")
+    response = TestClient(app, headers=auth_headers("t")).post(
+        "/generate", json={"request_id": "r", "prompt_token_ids": list(range(9))}
+    )
     assert response.status_code == 400 and "max_model_len is 8" in response.json()["detail"]
 
 
@@ -60,7 +63,7 @@ def test_the_worker_answers_a_bad_step_with_400(backend, tmp_path):
     [(400, StepRejected), (413, StepRejected), (422, StepRejected), (500, WorkerUnavailable), (503, WorkerUnavailable)],
 )
 def test_the_client_tells_a_rejected_step_from_an_unavailable_worker(status, error):
-    client = WorkerClient()
+    client = WorkerClient("t")
     client._http = httpx.AsyncClient(transport=httpx.MockTransport(lambda request: httpx.Response(status, text="no")))
     with pytest.raises(error):
         asyncio.run(client.generate("http://w0", step()))

@@ -14,6 +14,7 @@ import pytest
 
 from pronk.batches.store import BatchStore
 from pronk.settings import PROJECT_ROOT
+from pronk.worker_token import worker_token
 from tests.flows.deployment_runs import run_batch_deployment
 
 pytestmark = pytest.mark.e2e
@@ -127,7 +128,12 @@ def test_a_raising_tool_a_runaway_python_call_and_a_stuck_tool_are_contained(sta
     )
     validated = validate_input(lines.encode(), job)
     assert validated.errors == []
-    router = Router(job.job_id, FileRegistry(stack.registry_dir, stack.heartbeat_timeout_s), policy="trace_affinity")
+    router = Router(
+        job.job_id,
+        FileRegistry(stack.registry_dir, stack.heartbeat_timeout_s),
+        policy="trace_affinity",
+        token=worker_token(stack),
+    )
     recorder = StepRecorder()
 
     async def run_all():
@@ -163,7 +169,12 @@ def test_replay_shapes_produce_exact_token_counts(stack):
     shapes = load_shapes(PROJECT_ROOT / "data" / "shapes" / "sample_shapes.jsonl")
 
     async def replay_all():
-        router = Router(JOB, FileRegistry(stack.registry_dir, stack.heartbeat_timeout_s), policy="trace_affinity")
+        router = Router(
+            JOB,
+            FileRegistry(stack.registry_dir, stack.heartbeat_timeout_s),
+            policy="trace_affinity",
+            token=worker_token(stack),
+        )
         try:
             return await asyncio.gather(*(run_shape(router, s, kv_pin_ttl_s=5.0, time_scale=0.2) for s in shapes))
         finally:

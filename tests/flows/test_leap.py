@@ -21,6 +21,7 @@ import uvicorn
 from fastapi import FastAPI, HTTPException
 from safetensors.torch import load_file, save_file
 
+from engine.auth import auth_headers
 from engine.client import WorkerClient
 from engine.protocol import SamplingSpec, StepRequest, WorkerStats
 from engine.registry import Registry, WorkerEntry
@@ -33,6 +34,8 @@ from pronk.models.registry import (
     register_model_dir,
     resolve_model,
 )
+from pronk.settings import get_settings
+from pronk.worker_token import worker_token
 
 pytestmark = pytest.mark.e2e
 JOB = "job-c0ffee01"
@@ -56,7 +59,7 @@ def run_leap(**params) -> dict:
 
 
 async def greedy(url: str, prompt: list[int], max_tokens: int = 16):
-    client = WorkerClient()
+    client = WorkerClient(worker_token(get_settings()))
     try:
         sampling = SamplingSpec(max_tokens=max_tokens, temperature=0, ignore_eos=True)
         return await client.generate(
@@ -198,7 +201,9 @@ def test_a_wrong_shape_checkpoint_is_refused_and_the_fleet_keeps_serving_v1(stac
     assert latest_version(MODEL, stack) == newest, "a refused checkpoint was registered"
 
     w0 = fleet(stack)[0]
-    staged = httpx.post(f"{w0.url}/weights/stage", json={"model_uri": str(wrong)}, timeout=60)
+    staged = httpx.post(
+        f"{w0.url}/weights/stage", json={"model_uri": str(wrong)}, headers=auth_headers(worker_token(stack)), timeout=60
+    )
     assert staged.status_code == 409 and "expected [688, 256]" in staged.json()["detail"]
 
     forced = register_model_dir(wrong, MODEL, settings=stack)
