@@ -60,6 +60,14 @@ class WorkerClient:
         if response.status_code >= 400:
             raise WorkerUnavailable(f"{url}: HTTP {response.status_code} on release: {response.text[:200]}")
 
+    async def healthy(self, url: str, timeout_s: float) -> bool:
+        """Whether the worker answers `GET /health` within `timeout_s` (a probe of a worker holding steps)."""
+        try:
+            response = await self._http.get(f"{url}/health", timeout=timeout_s)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
     async def stats(self, url: str) -> WorkerStats:
         response = await self._http.get(f"{url}/stats")
         response.raise_for_status()

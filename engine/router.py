@@ -1,5 +1,8 @@
 """The router: sends each step to a live worker of its job, and re-sends it if that worker dies.
 
+A step in flight on a worker that drops out of the registry (its heartbeat stopped) or stops answering a
+health probe (its host's link went down) is abandoned and re-sent, not left waiting on a dead connection.
+
 With an admission strategy (`engine.admission`), it also asks the worker to admit each step by its KV
 budget, places new traces by room and keeps started ones on the worker that holds their prefix. Callers
 tell it when a trace ends (`finish`), so the worker drops the trace's pin and admission at once.
@@ -41,6 +44,7 @@ class Router:
         admission_wait_s: float = 5.0,
         admission_timeout_s: float = 3600.0,
         max_families: int = 100_000,
+        liveness_interval_s: float = 3.0,
     ):
         self.job_id = job_id
         self.registry = registry
@@ -57,6 +61,8 @@ class Router:
         self.admission_wait_s = admission_wait_s
         self.admission_timeout_s = admission_timeout_s
         self.max_families = max_families
+        self.liveness_interval_s = liveness_interval_s
+        self._probes: dict[str, tuple[float, asyncio.Future[bool]]] = {}
         self._workers: list[WorkerEntry] = []
         self._read_at = 0.0
         self._since: dict[str, float] = {}
@@ -95,6 +101,33 @@ class Router:
                 raise NoWorkerAvailable(f"no live worker for job {self.job_id} (tried {sorted(excluded) or 'none'})")
             await asyncio.sleep(self.refresh_interval_s)
             self._read_at = 0.0
+
+    async def _call(self, worker: WorkerEntry, request: StepRequest) -> StepResult:
+        """The step on `worker`, checking every `liveness_interval_s` that the worker is still there."""
+        call = asyncio.ensure_future(self.client.generate(worker.url, request))
+        try:
+            while True:
+                done, _ = await asyncio.wait({call}, timeout=self.liveness_interval_s)
+                if done:
+                    return call.result()
+                if not await self._reachable(worker):
+                    raise WorkerUnavailable(
+                        f"{worker.url}: lost (no heartbeat or no answer) while step {request.request_id} was on it"
+                    )
+        finally:
+            call.cancel()
+
+    async def _reachable(self, worker: WorkerEntry) -> bool:
+        """Whether a worker holding a step is still live in the registry and answers a health probe (one probe per
+        worker per interval, shared by all its steps)."""
+        self.workers()
+        if not any(w.worker_id == worker.worker_id for w in self._workers):
+            return False
+        started, probe = self._probes.get(worker.worker_id, (0.0, None))
+        if probe is None or time.monotonic() - started >= self.liveness_interval_s:
+            probe = asyncio.ensure_future(self.client.healthy(worker.url, self.liveness_interval_s))
+            self._probes[worker.worker_id] = (time.monotonic(), probe)
+        return await asyncio.shield(probe)
 
     async def _pick(self, excluded: set[str], request: StepRequest) -> WorkerEntry:
         return self.policy.choose(await self._live(excluded), self.in_flight, request)
@@ -149,7 +182,7 @@ class Router:
                 self._pending[worker.worker_id] += _token_estimate(request)
             self.in_flight[worker.worker_id] += 1
             try:
-                result = await self.client.generate(worker.url, sent)
+                result = await self._call(worker, sent)
             except NotAdmitted:
                 busy.add(worker.worker_id)
                 if time.monotonic() >= deadline:
@@ -185,7 +218,7 @@ class Router:
             )
             self.in_flight[worker.worker_id] += 1
             try:
-                result = await self.client.generate(worker.url, sent)
+                result = await self._call(worker, sent)
                 return result.model_copy(update={"request_id": request.request_id})
             except WorkerUnavailable as exc:
                 self.failed[worker.worker_id] = time.time()
