@@ -45,6 +45,7 @@ class Router:
         admission_timeout_s: float = 3600.0,
         max_families: int = 100_000,
         liveness_interval_s: float = 3.0,
+        probe_timeout_s: float = 10.0,
     ):
         self.job_id = job_id
         self.registry = registry
@@ -62,6 +63,7 @@ class Router:
         self.admission_timeout_s = admission_timeout_s
         self.max_families = max_families
         self.liveness_interval_s = liveness_interval_s
+        self.probe_timeout_s = probe_timeout_s  # generous: a busy worker's event loop may answer late, not never
         self._probes: dict[str, tuple[float, asyncio.Future[bool]]] = {}
         self._workers: list[WorkerEntry] = []
         self._read_at = 0.0
@@ -125,7 +127,7 @@ class Router:
             return False
         started, probe = self._probes.get(worker.worker_id, (0.0, None))
         if probe is None or time.monotonic() - started >= self.liveness_interval_s:
-            probe = asyncio.ensure_future(self.client.healthy(worker.url, self.liveness_interval_s))
+            probe = asyncio.ensure_future(self.client.healthy(worker.url, self.probe_timeout_s))
             self._probes[worker.worker_id] = (time.monotonic(), probe)
         return await asyncio.shield(probe)
 
