@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from engine.auth import MissingToken, auth_headers, token_matches
 from engine.client import WorkerClient, WorkerUnavailable
-from engine.registry import Registry
+from engine.registry import FileRegistry
 from engine.vllm_backend import VllmBackend
 from engine.worker import advertise_url, create_app
 from tests.engine.test_router import JOB, step
@@ -20,7 +20,7 @@ TOKEN = "s3cret-token"
 @pytest.fixture
 def worker(tmp_path):
     backend = VllmBackend("m", "m/1", "w0", JOB, {}, _engine=SimpleNamespace())
-    return create_app(backend, Registry(tmp_path), "http://10.0.0.2:8100", 1.0, lambda *a: None, token=TOKEN)
+    return create_app(backend, FileRegistry(tmp_path), "http://10.0.0.2:8100", 1.0, lambda *a: None, token=TOKEN)
 
 
 @pytest.mark.parametrize(
@@ -67,7 +67,7 @@ def test_an_empty_token_is_refused_on_both_sides(tmp_path):
         WorkerClient("")
     backend = VllmBackend("m", "m/1", "w0", JOB, {}, _engine=SimpleNamespace())
     with pytest.raises(MissingToken):
-        create_app(backend, Registry(tmp_path), "http://w0", 1.0, lambda *a: None, token="")
+        create_app(backend, FileRegistry(tmp_path), "http://w0", 1.0, lambda *a: None, token="")
 
 
 def test_the_client_sends_the_token_and_routes_around_a_worker_that_refuses_it():

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from engine.registry import Registry
+from engine.registry import FileRegistry
 from engine.router import Router
 from tests.engine.test_router import JOB, StandInClient, announce, step
 
@@ -33,7 +33,7 @@ class HangingClient(StandInClient):
 
 @pytest.fixture
 def registry(tmp_path):
-    return Registry(tmp_path, heartbeat_timeout_s=5.0)
+    return FileRegistry(tmp_path, heartbeat_timeout_s=5.0)
 
 
 def router(registry, client) -> Router:
