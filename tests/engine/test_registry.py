@@ -99,7 +99,7 @@ def test_two_hosts_see_each_others_workers(postgres_server, job_id):
     now = time.time()
     host_b.announce(entry(job_id, "b0", now))
     host_c.announce(entry(job_id, "c0", now))
-    router = Router(job_id, router_host)
+    router = Router(job_id, router_host, token="t")
     assert {w.worker_id for w in router.workers()} == {"b0", "c0"}
     for made in (host_b, host_c, router_host):
         made.close()
@@ -141,7 +141,7 @@ def test_a_malformed_row_is_skipped_not_fatal(postgres_server, job_id):
 def test_an_unreachable_database_is_registry_unavailable_and_the_router_keeps_its_last_read(postgres_server, job_id):
     made = PostgresRegistry(postgres_server.url("pronk"), heartbeat_timeout_s=5.0)
     made.announce(entry(job_id, "w0", time.time()))
-    router = Router(job_id, made, refresh_interval_s=0.0)
+    router = Router(job_id, made, refresh_interval_s=0.0, token="t")
     assert [w.worker_id for w in router.workers()] == ["w0"]
     made.url = PostgresServer(postgres_server.host, postgres_server.port, "wrong").url("pronk")
     made.close()
