@@ -1,28 +1,32 @@
 """Scale out, proven on one machine: four hosts as network namespaces on a bridge (10.231.0.0/24).
 
-A (10.231.0.1) runs moto's S3 server, the Prefect server and the API; B and C run one engine worker each,
+A (10.231.0.1) runs moto's S3 server, PostgreSQL (the Prefect server's database and the worker registry),
+the Prefect server and the API; B and C run one engine worker each,
 bound to their own address and advertising it; D runs the Prefect process work pool worker that runs the
 `run-batch` and `leap` flow runs. Every request between hosts crosses the bridge, and every request to a
 worker carries the shared token. A Leap through the API switches the workers of B and C; a batch made through
 the API on A runs on both; cutting C's link while the batch runs moves C's steps to B, with every input line
 answered exactly once. Skipped where the machine cannot make namespaces (not root, no `ip`).
 
-The hosts share a disk, so the model registry (MLflow on SQLite) and the worker registry (files) are shared
-files here; with `PRONK_REGISTRY_URL` set to a PostgreSQL on A the workers announce themselves over the network.
+Workers announce themselves to PostgreSQL on A over the bridge, so a cut host's heartbeats stop. The hosts
+share a disk, so the model registry (MLflow on SQLite) is a shared file here.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from pronk.settings import PROJECT_ROOT
+from pronk.settings import PROJECT_ROOT, Settings
 from pronk.stack.embedded import WORK_POOL
+from pronk.stack.postgres import PREFECT_ON_POSTGRES, PostgresError, find_binaries
 from pronk.stack.prefect_env import RUN_PAGE_LOGGING, TUNED_SERVER
 from pronk.stack.prefect_yaml import write_prefect_yaml
 from pronk.stack.processes import wait_healthy
@@ -92,19 +96,46 @@ def make_bucket(endpoint: str) -> None:
     s3.create_bucket(Bucket="pronk-net")
 
 
+def start_postgres(hosts: Hosts, env: dict[str, str]) -> dict[str, str]:
+    """PostgreSQL on A, listening on A's address, started by the stack's own starter; the URLs of its databases."""
+    script = (
+        "import json; from pronk.settings import get_settings; from pronk.stack.postgres import start_postgres; "
+        "state = {}; server = start_postgres(get_settings(), state); print(json.dumps({'pid': state['postgres'], "
+        "'registry': server.url('pronk'), 'prefect': server.url('prefect', 'postgresql+asyncpg')}))"
+    )
+    env = {**env, "PRONK_POSTGRES_HOST": hosts.address["a"]}
+    started = json.loads(ok(hosts.run("a", [PYTHON, "-c", script], env, cwd=PROJECT_ROOT)).splitlines()[-1])
+    hosts.pids.append(started["pid"])
+    urls = {"PRONK_REGISTRY_URL": started["registry"], "PREFECT_API_DATABASE_CONNECTION_URL": started["prefect"]}
+    return {**urls, **PREFECT_ON_POSTGRES}
+
+
 def ok(done) -> str:
     assert done.returncode == 0, f"{done.args}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
     return done.stdout
 
 
 @pytest.fixture(scope="module")
-def cluster(hosts, tmp_path_factory):
-    """The four hosts' processes up; yields (env, API base URL on A, S3 client factory)."""
-    data_dir = tmp_path_factory.mktemp("scale-out")
+def data_dir():
+    """Under /tmp itself: PostgreSQL runs as its own user, and pytest's tmp folders let no other user through."""
+    made = Path(tempfile.mkdtemp(prefix="pronk-scale-out-"))
+    try:
+        find_binaries(Settings(data_dir=made))
+    except PostgresError as exc:
+        shutil.rmtree(made, ignore_errors=True)
+        pytest.skip(f"no PostgreSQL binaries for host A: {exc}")
+    yield made
+    shutil.rmtree(made, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster(data_dir, hosts):
+    """The four hosts' processes up (stopped before their data dir goes); yields what the tests need."""
     logs = data_dir / "logs"
     env = environment(hosts, data_dir)
     a, b, c = (hosts.address[h] for h in "abc")
 
+    env |= start_postgres(hosts, env)
     s3 = hosts.spawn("a", [PYTHON, "-m", "moto.server", "-H", a, "-p", str(PORTS["s3"])], logs / "s3.log", env)
     prefect = hosts.spawn(
         "a",
