@@ -55,6 +55,7 @@ def test_a_crashed_run_is_resumed_until_the_limit_then_its_batch_ends_failed(tmp
         ("failed", "finalizing", "run-failed"),
         ("done", "completed", "run-done"),
         ("moved_on", "in_progress", "a-newer-run"),
+        ("cancelled", "cancelling", "run-cancelled"),
     ]:
         batch = Batch(id=f"batch_{name}", input_file_id=str(path), job_id="job-c0ffee01", model="pronk-tiny")
         batch.mark(status)
@@ -70,6 +71,7 @@ def test_a_crashed_run_is_resumed_until_the_limit_then_its_batch_ends_failed(tmp
             flow_run("run-failed", "batch_failed", StateType.FAILED, str(path)),
             flow_run("run-done", "batch_done", StateType.CRASHED, str(path)),
             flow_run("run-old", "batch_moved_on", StateType.CRASHED, str(path)),
+            flow_run("run-cancelled", "batch_cancelled", StateType.CANCELLED, str(path)),
         ],
         {"batch_crashed_too_often": 3},
     )
@@ -89,7 +91,7 @@ def test_a_crashed_run_is_resumed_until_the_limit_then_its_batch_ends_failed(tmp
 
     acted = asyncio.run(reconciler.check())
 
-    assert sorted(acted) == ["batch_crashed", "batch_crashed_too_often", "batch_failed"]
+    assert sorted(acted) == ["batch_cancelled", "batch_crashed", "batch_crashed_too_often", "batch_failed"]
     assert runs.resumed == [("batch_crashed", "run-batch/run-batch", "batch_crashed-run-2")]
     resumed = store.load("batch_crashed")
     assert resumed.status == "in_progress" and resumed.flow_run_id == "resumed-batch_crashed-run-2"
@@ -104,4 +106,5 @@ def test_a_crashed_run_is_resumed_until_the_limit_then_its_batch_ends_failed(tmp
     assert outputs == ["batch_req_kept"] and (failed.request_counts.completed, failed.request_counts.failed) == (1, 0)
     assert "run 3 of at most 3" in store.load("batch_crashed_too_often").errors.data[0].message
     assert store.load("batch_moved_on").status == "in_progress"
+    assert store.load("batch_cancelled").status == "cancelled"  # a cancel never leaves a batch `cancelling`
     assert asyncio.run(reconciler.check()) == []  # each ended flow run is acted on once
