@@ -193,7 +193,7 @@ def test_worker_withdraws_from_the_registry_on_sigterm(stack):
     assert not any(e.worker_id.endswith("-w3") for e in registry.entries(JOB))
 
 
-def test_hostile_lines_each_end_in_one_line_and_none_too_large_reaches_a_worker(stack, tmp_path):
+def test_hostile_lines_each_end_in_one_line_and_a_too_long_prompt_never_runs(stack, tmp_path):
     def chat(custom_id: str, content: str = "Say hi.") -> dict:
         body = {"model": "pronk-tiny", "messages": [{"role": "user", "content": content}], "max_tokens": 4}
         return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
@@ -240,6 +240,10 @@ def test_hostile_lines_each_end_in_one_line_and_none_too_large_reaches_a_worker(
         8: "request_rejected",
         9: "line_too_large",
     }
-    # Refused before any worker: no step record, so no worker time, whatever the machine's speed.
-    stepped = {s["custom_id"] for s in read_jsonl(batch["steps_uri"])}
-    assert stepped == {"ok", "u2028", "u0085", "bare-cr"}
+    # The long chat prompt and the 20 MB line are refused before any worker: no step record, whatever the machine's
+    # speed. A replay shape's lengths are not counted up front: one worker refuses its first step with 400, and the
+    # router neither retries it elsewhere nor counts it against the worker (one attempt, no `engine_unavailable`).
+    steps = read_jsonl(batch["steps_uri"])
+    assert {s["custom_id"] for s in steps} == {"ok", "u2028", "u0085", "bare-cr", "replay-too-long"}
+    (refused,) = [s for s in steps if s["custom_id"] == "replay-too-long"]
+    assert "HTTP 400" in refused["error"], refused
