@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pronk.api.errors import error_response
+from pronk.errors import PronkError
 from pronk.settings import Settings
 
 UPLOAD_PATH = "/v1/files"
@@ -24,7 +25,7 @@ MULTIPART_SLACK = 64 * 1024
 """Bytes a multipart envelope may add around an uploaded file."""
 
 
-class BodyRefused(HTTPException):
+class BodyRefused(PronkError, HTTPException):
     """A request body over its size limit (413) or too slow to arrive (408); `code` is the error's stable code."""
 
     def __init__(self, status_code: int, message: str, code: str, param: str | None = None):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -21,3 +22,17 @@ def run_batch_deployment(env: dict[str, str] | None = None, **parameters: object
     return subprocess.run(
         command, capture_output=True, text=True, timeout=300, env=env or {**os.environ, **prefect_environment()}
     )
+
+
+def start_batch_deployment(**parameters: object) -> str:
+    """Start the run-batch deployment as `run_batch_deployment` does, without watching it; returns the flow run id."""
+    command = [sys.executable, "-m", "prefect", "deployment", "run", "run-batch/run-batch"]
+    for key, value in parameters.items():
+        command += ["-p", f"{key}={value}"]
+    started = subprocess.run(
+        command, capture_output=True, text=True, timeout=120, env={**os.environ, **prefect_environment()}
+    )
+    assert started.returncode == 0, started.stdout + started.stderr
+    found = re.search(r"UUID: ([0-9a-f-]{36})", started.stdout)
+    assert found, started.stdout
+    return found.group(1)

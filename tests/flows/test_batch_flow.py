@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from pronk.batches.store import BatchStore
@@ -122,6 +125,7 @@ def test_prefect_deployment_run_completes_a_batch_through_the_process_worker(sta
 
 
 def test_steps_are_resent_when_a_worker_dies_mid_batch(stack, tmp_path):
+    from engine.registry import FileRegistry
     from pronk.stack.fleet import start_workers, wait_for_workers
 
     job = get_job(JOB)
@@ -136,7 +140,7 @@ def test_steps_are_resent_when_a_worker_dies_mid_batch(stack, tmp_path):
                 "body": {
                     "model": "pronk-tiny",
                     "messages": [{"role": "user", "content": f"story {i}"}],
-                    "max_tokens": 400,
+                    "max_tokens": 1000,
                 },
             }
         )
@@ -145,25 +149,26 @@ def test_steps_are_resent_when_a_worker_dies_mid_batch(stack, tmp_path):
     path = tmp_path / "long.jsonl"
     path.write_text("\n".join(lines))
     (pid,) = extra.values()
+    (w2,) = [e for e in FileRegistry(stack.registry_dir).live(JOB) if e.worker_id.endswith("-w2")]
+    busy_at_kill: list[int] = []
 
     def kill_when_busy():
-        from engine.registry import FileRegistry
-
-        registry = FileRegistry(stack.registry_dir)
-        deadline = time.monotonic() + 60
+        # The worker's own /stats, not its heartbeat a second old: the kill lands while it holds steps.
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            entry = next((e for e in registry.entries(JOB) if e.worker_id.endswith("-w2")), None)
-            if entry and entry.stats.in_flight > 0:
-                break
-            time.sleep(0.1)
+            with contextlib.suppress(httpx.HTTPError):
+                in_flight = httpx.get(f"{w2.url}/stats", timeout=5).json()["in_flight"]
+                if in_flight > 0:
+                    busy_at_kill.append(in_flight)
+                    break
+            time.sleep(0.02)
         os.killpg(pid, signal.SIGKILL)
-
-    import threading
 
     killer = threading.Thread(target=kill_when_busy)
     killer.start()
     batch = run(path, tmp_path)
     killer.join()
+    assert busy_at_kill, "w2 never held a step, so nothing was resent"
     assert batch["request_counts"] == {"total": 24, "completed": 24, "failed": 0}
     workers = {line["response"]["body"]["pronk"]["worker_id"] for line in read_jsonl(batch["output_uri"])}
     assert not any(w.endswith("-w2") for w in workers)
@@ -188,7 +193,7 @@ def test_worker_withdraws_from_the_registry_on_sigterm(stack):
     assert not any(e.worker_id.endswith("-w3") for e in registry.entries(JOB))
 
 
-def test_hostile_lines_each_end_in_one_line_and_a_prompt_over_max_model_len_is_rejected_fast(stack, tmp_path):
+def test_hostile_lines_each_end_in_one_line_and_a_too_long_prompt_never_runs(stack, tmp_path):
     def chat(custom_id: str, content: str = "Say hi.") -> dict:
         body = {"model": "pronk-tiny", "messages": [{"role": "user", "content": content}], "max_tokens": 4}
         return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
@@ -216,18 +221,29 @@ def test_hostile_lines_each_end_in_one_line_and_a_prompt_over_max_model_len_is_r
         json.dumps(chat("bare-cr")).encode().replace(b', "body"', b',\r"body"'),
         json.dumps(too_long).encode(),
         json.dumps(replay_too_long).encode(),
+        json.dumps(chat("twenty-mb", "x" * (20 << 20))).encode(),
     ]
     path = tmp_path / "hostile.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
 
-    started = time.monotonic()
     batch = run(path, tmp_path / "out")
-    elapsed = time.monotonic() - started
     outputs, errors = read_jsonl(batch["output_uri"]), read_jsonl(batch["error_uri"])
 
     assert batch["status"] == "completed" and batch["request_counts"]["total"] == len(lines)
     assert len(outputs) + len(errors) == len(lines)
     assert sorted(o["custom_id"] for o in outputs) == ["bare-cr", "ok", "u0085", "u2028"]
     codes = {e["error"]["line"]: e["error"]["code"] for e in errors}
-    assert codes == {2: "invalid_json", 3: "invalid_json", 7: "request_rejected", 8: "request_rejected"}
-    assert elapsed < 60, f"the batch took {elapsed:.1f} s"
+    assert codes == {
+        2: "invalid_json",
+        3: "invalid_json",
+        7: "request_rejected",
+        8: "request_rejected",
+        9: "line_too_large",
+    }
+    # The long chat prompt and the 20 MB line are refused before any worker: no step record, whatever the machine's
+    # speed. A replay shape's lengths are not counted up front: one worker refuses its first step with 400, and the
+    # router neither retries it elsewhere nor counts it against the worker (one attempt, no `engine_unavailable`).
+    steps = read_jsonl(batch["steps_uri"])
+    assert {s["custom_id"] for s in steps} == {"ok", "u2028", "u0085", "bare-cr", "replay-too-long"}
+    (refused,) = [s for s in steps if s["custom_id"] == "replay-too-long"]
+    assert "HTTP 400" in refused["error"], refused

@@ -11,7 +11,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
+from uuid import UUID
 
 import openai
 import psutil
@@ -23,7 +25,9 @@ from pronk.batches.results import FinishedLine, ResultParts
 from pronk.batches.schemas import TERMINAL_STATUSES, Batch, OutputLine, ResponseEnvelope
 from pronk.batches.store import BatchStore
 from pronk.stack.embedded import read_state
-from tests.pronk.api.test_openai_client import JOB, jsonl, request_line, wait_for
+from pronk.stack.prefect_env import prefect_environment
+from tests.flows.deployment_runs import start_batch_deployment
+from tests.pronk.api.test_openai_client import JOB, REPLAY_URL, jsonl, request_line, slow_line, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -55,21 +59,23 @@ def assert_each_line_once_with_exact_counts(batch, outputs: list[dict], errors: 
 def test_a_sigkilled_run_is_resumed_without_losing_or_repeating_a_line(stack):
     key, _ = ApiKeyStore(stack).create(name="durable")
     client = openai.OpenAI(api_key=key, base_url=f"http://127.0.0.1:{stack.api_port}/v1", max_retries=0, timeout=60)
-    total = 128  # long enough that the kill lands mid-run, even on a quiet machine
-    data = "\n".join(request_line(f"r{i}", 256) for i in range(total)).encode()
+    total = 128  # 4 waves of 32 lines, >= 12 s of tool gaps on any machine, so the kill lands mid-run
+    data = "\n".join(slow_line(f"r{i}") for i in range(total)).encode()
     uploaded = client.files.create(file=("kill.jsonl", data), purpose="batch")
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint=REPLAY_URL, completion_window="24h")  # type: ignore[arg-type]
     parts = ResultParts(batch.id)
 
     deadline = time.monotonic() + 180
     while not parts.load() and time.monotonic() < deadline:  # some lines finished and persisted
-        time.sleep(0.3)
+        time.sleep(0.1)
     first_run = BatchStore().load(batch.id).flow_run_id
     proc = flow_run_process(first_run)
     assert proc is not None, f"no process for flow run {first_run}"
     proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
     kept = parts.load()  # persisted before the kill: these must come back unchanged, never run again
-    assert 0 < len(kept) < total
+    assert 0 < len(kept) < total, f"the kill did not land mid-run: {len(kept)} of {total} persisted"
+    assert BatchStore().load(batch.id).status == "in_progress"
 
     batch, _ = wait_for(client, batch.id, lambda b: b.status in TERMINAL_STATUSES, timeout_s=300)
     stored = BatchStore().load(batch.id)
@@ -79,6 +85,65 @@ def test_a_sigkilled_run_is_resumed_without_losing_or_repeating_a_line(stack):
     by_custom_id = {line["custom_id"]: line["id"] for line in outputs + errors}
     assert all(by_custom_id[f.output.custom_id] == f.output.id for f in kept.values())
     assert not storage.exists(parts.root)  # the parts go once the batch is terminal
+
+
+def flow_run_state(flow_run_id: str) -> str | None:
+    from prefect import get_client
+
+    async def read() -> str | None:
+        async with get_client() as client:
+            state = (await client.read_flow_run(UUID(flow_run_id))).state
+            return state.type.value if state else None
+
+    return asyncio.run(read())
+
+
+def test_a_prefect_retry_of_a_killed_run_runs_only_the_rest_in_the_same_flow_run(stack, tmp_path):
+    from flows.batch import batch_id_of_flow_run
+
+    total = 128  # 4 waves of 32 lines, >= 12 s of tool gaps on any machine, so the kill lands mid-run
+    path = tmp_path / "input.jsonl"
+    path.write_text("\n".join(slow_line(f"r{i}") for i in range(total)) + "\n")
+    # Started without a batch id, as `prefect deployment run` users do: the API's reconcile loop leaves such runs
+    # alone, so the retry below is the only thing that starts the batch again.
+    flow_run_id = start_batch_deployment(input_uri=path, job_id=JOB, output_dir=tmp_path / "out")
+    batch_id = batch_id_of_flow_run(flow_run_id)
+    parts = ResultParts(batch_id)
+    deadline = time.monotonic() + 240
+    while not parts.load() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc = flow_run_process(flow_run_id)
+    assert proc is not None, f"no process for flow run {flow_run_id}"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    kept = parts.load()
+    assert 0 < len(kept) < total, f"the kill did not land mid-run: {len(kept)} of {total} persisted"
+    deadline = time.monotonic() + 120
+    while flow_run_state(flow_run_id) != "CRASHED":
+        assert time.monotonic() < deadline, f"flow run {flow_run_id} is {flow_run_state(flow_run_id)}, not CRASHED"
+        time.sleep(0.5)
+    assert BatchStore().load(batch_id).status == "in_progress"
+
+    retried = subprocess.run(
+        [sys.executable, "-m", "prefect", "flow-run", "retry", flow_run_id],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **prefect_environment()},
+    )
+    assert retried.returncode == 0, retried.stdout + retried.stderr
+    deadline = time.monotonic() + 300
+    while (stored := BatchStore().load(batch_id)).status not in TERMINAL_STATUSES:
+        assert time.monotonic() < deadline, f"batch {batch_id} still {stored.status}"
+        time.sleep(0.5)
+
+    assert stored.status == "completed" and stored.flow_run_id == flow_run_id
+    outputs, errors = lines_of(stored.output_uri), lines_of(stored.error_uri)
+    assert_each_line_once_with_exact_counts(stored, outputs, errors, total)  # not 128 + what the first run did
+    by_custom_id = {line["custom_id"]: line["id"] for line in outputs + errors}
+    assert all(by_custom_id[f.output.custom_id] == f.output.id for f in kept.values())
+    steps = Counter(s["custom_id"] for s in lines_of(stored.steps_uri))
+    assert steps == {f"r{i}": 3 for i in range(total)}  # each line's three steps once: no line ran twice
 
 
 def test_pronk_batch_resume_runs_only_the_lines_no_run_persisted(stack, tmp_path):
@@ -132,9 +197,9 @@ def test_pronk_batch_resume_runs_only_the_lines_no_run_persisted(stack, tmp_path
 def test_a_prefect_server_that_stops_answering_neither_freezes_nor_blocks_the_batch(stack, tmp_path):
     from flows.batch import run_batch
 
-    total = 192  # long enough that Prefect stops answering mid-run
+    total = 192  # 6 waves of 32 lines, >= 18 s of tool gaps on any machine, so Prefect stops answering mid-run
     path = tmp_path / "input.jsonl"
-    path.write_text("\n".join(request_line(f"r{i}", 128) for i in range(total)) + "\n")
+    path.write_text("\n".join(slow_line(f"r{i}") for i in range(total)) + "\n")
     batch = Batch(input_file_id=str(path), job_id=JOB, model="pronk-tiny")
     BatchStore().save(batch)
     runner = threading.Thread(
@@ -157,6 +222,7 @@ def test_a_prefect_server_that_stops_answering_neither_freezes_nor_blocks_the_ba
     server.suspend()  # SIGSTOP: every Prefect API call now hangs, the harder case than a refused connection
     try:
         stopped_at = finished()
+        assert 0 < stopped_at < total and store.load(batch.id).status == "in_progress", "Prefect stopped too late"
         deadline = time.monotonic() + 240
         while store.load(batch.id).status not in TERMINAL_STATUSES and time.monotonic() < deadline:
             time.sleep(0.5)

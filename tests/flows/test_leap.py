@@ -123,9 +123,28 @@ def batch_file(path, lines: int) -> str:
     return str(path)
 
 
+def held_slots(lines: int, hold_s: float) -> list[str]:
+    """Replay lines that each hold one of the run's slots for at least `hold_s` (a tool gap), whatever the machine."""
+    shape = {"system_prompt_tokens": 16, "steps": [{"new_prompt_tokens": 4, "output_tokens": 4, "tool_gap_s": hold_s}]}
+    shape["steps"].append({"new_prompt_tokens": 4, "output_tokens": 4})
+    return [
+        json.dumps(
+            {
+                "custom_id": f"hold{i}",
+                "method": "POST",
+                "url": "/v1/pronk/replay",
+                "body": {"model": MODEL, "shape": {"trace_id": f"hold{i}", **shape}},
+            }
+        )
+        for i in range(lines)
+    ]
+
+
 def test_leap_during_a_running_batch_switches_every_step_cleanly(stack, on_v1, tmp_path):
     from flows.batch import run_batch
     from flows.leap import leap
+    from pronk.batches.schemas import Batch
+    from pronk.batches.store import BatchStore
     from pronk.stack.fleet import start_workers, wait_for_workers
     from pronk.stack.processes import stop
 
@@ -134,18 +153,26 @@ def test_leap_during_a_running_batch_switches_every_step_cleanly(stack, on_v1, t
     before = probe(w0.url)
     asyncio.run(greedy(w0.url, LONG_PROMPT, 2))
     assert asyncio.run(greedy(w0.url, LONG_PROMPT, 2)).cached_tokens > 0
-    time.sleep(2 * stack.heartbeat_interval_s + 0.5)  # the probes' own requests reach the heartbeats first
-    served_at_start = sum(w.stats.requests_served for w in fleet(stack))
+
+    # 64 chat lines, then 32 lines that hold all 32 of the run's slots for 30 s, then 64 chat lines: one chunk, so
+    # lines take slots in file order. The Leap starts once the first 64 have finished, so it lands between the two
+    # halves on any machine whose Leap takes under ~30 s, however fast it generates.
+    chat = Path(batch_file(tmp_path / "chat.jsonl", 128)).read_text().splitlines()
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join(chat[:64] + held_slots(32, 30.0) + chat[64:]))
+    record = Batch(input_file_id=str(path), job_id=JOB, model=MODEL)
+    BatchStore().save(record)
 
     async def batch_with_a_leap_in_the_middle():
         batch = asyncio.create_task(
-            run_batch(input_uri=batch_file(tmp_path / "in.jsonl", 128), job_id=JOB, output_dir=str(tmp_path))
+            run_batch(input_uri=str(path), job_id=JOB, output_dir=str(tmp_path), batch_id=record.id, chunk_size=160)
         )
-        while sum(w.stats.requests_served for w in fleet(stack)) < served_at_start + 4:
+        while BatchStore().load(record.id).request_counts.completed < 64:
             assert not batch.done(), "the batch ended before the Leap could start"
             await asyncio.sleep(0.2)
-        record = await leap(job_id=JOB, version=v2)
-        return await batch, record
+        leap_record = await leap(job_id=JOB, version=v2)
+        assert not batch.done(), "the batch ended before the Leap did"
+        return await batch, leap_record
 
     batch, record = asyncio.run(batch_with_a_leap_in_the_middle())
 
@@ -153,11 +180,13 @@ def test_leap_during_a_running_batch_switches_every_step_cleanly(stack, on_v1, t
     assert 0 < record["switch_seconds"] < 10
     assert alias_version(MODEL, "live", stack) == v2
     assert {w.stats.model_version for w in fleet(stack)} == {f"{MODEL}/{v2}"}
-    assert batch["request_counts"] == {"total": 128, "completed": 128, "failed": 0}
-    outputs = [json.loads(line) for line in Path(batch["output_uri"]).read_text().splitlines()]
+    assert batch["request_counts"] == {"total": 160, "completed": 160, "failed": 0}
+    lines = [json.loads(line) for line in Path(batch["output_uri"]).read_text().splitlines()]
+    outputs = [o for o in lines if o["custom_id"].startswith("r")]
     fingerprints = [o["response"]["body"]["system_fingerprint"] for o in outputs]
     assert all(o["response"]["body"]["pronk"]["model_version"] == f for o, f in zip(outputs, fingerprints))
-    assert set(fingerprints) == {f"{MODEL}/{v1}", f"{MODEL}/{v2}"}
+    assert set(fingerprints[:64]) == {f"{MODEL}/{v1}"}  # they finished before the Leap started
+    assert f"{MODEL}/{v2}" in fingerprints[64:]
 
     first = asyncio.run(greedy(w0.url, LONG_PROMPT, 2))
     again = asyncio.run(greedy(w0.url, LONG_PROMPT, 2))

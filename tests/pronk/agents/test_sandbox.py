@@ -78,8 +78,14 @@ def test_normal_code_prints_imports_the_stdlib_and_keeps_files_in_scratch(scratc
 @needs_sandbox
 @pytest.mark.parametrize(
     "rebind",
-    ["import sys\nsys.modules['__main__'].__dict__.clear()", "import sys\nsys.addaudithook = None\n__builtins__ = {}"],
-    ids=["main-module", "builtins"],
+    [
+        "import sys\nsys.modules['__main__'].__dict__.clear()",
+        "import sys\nsys.addaudithook = None\n__builtins__ = {}",
+        # the old in-process hook's trick: rebind the globals every function (a `_hook` among them) reads
+        "import gc\nfor f in [o for o in gc.get_objects() if type(o).__name__ == 'function']:\n"
+        "    f.__globals__.pop('_hook', None)\n    f.__globals__.pop('open', None)",
+    ],
+    ids=["main-module", "builtins", "hook-globals"],
 )
 def test_rebinding_globals_reads_nothing_outside(scratch, secret, rebind):
     code = (

@@ -15,6 +15,7 @@ from pronk.api.keys import ApiKeyStore
 pytestmark = pytest.mark.e2e
 JOB = "job-c0ffee01"
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
+REPLAY_URL = "/v1/pronk/replay"
 
 
 def request_line(custom_id: str, max_tokens: int, prompt: str = "Tell me a story") -> str:
@@ -24,6 +25,20 @@ def request_line(custom_id: str, max_tokens: int, prompt: str = "Tell me a story
         "max_tokens": max_tokens,
     }
     return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body})
+
+
+def slow_line(custom_id: str) -> str:
+    """A replay line that takes at least 3 s on any machine (its tool gaps are waits), with little
+    compute. A run holds the job's 32 lines at once, so N of these take at least ceil(N / 32) * 3 s however fast
+    the machine: a fault injected "mid-batch" really lands mid-batch."""
+    steps = [{"new_prompt_tokens": 8, "output_tokens": 8, "tool_gap_s": gap} for gap in (1.5, 1.5)]
+    shape = {
+        "trace_id": custom_id,
+        "system_prompt_tokens": 32,
+        "steps": [*steps, {"new_prompt_tokens": 8, "output_tokens": 8}],
+    }
+    body = {"model": "pronk-tiny", "shape": shape}
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": REPLAY_URL, "body": body})
 
 
 @pytest.fixture(scope="module")
@@ -120,13 +135,16 @@ def test_upload_create_poll_download_list_and_isolation(new_client):
 
 def test_cancel_mid_run_keeps_finished_results_and_ends_cancelled(new_client):
     client = new_client()
-    total = 256  # long enough that the run is still going when the cancel lands, even on a quiet machine
-    data = "\n".join(request_line(f"r{i}", 256) for i in range(total)).encode()
+    total = 256  # >= 24 s of tool gaps on any machine: the run is still going when the cancel lands
+    data = "\n".join(slow_line(f"r{i}") for i in range(total)).encode()
     uploaded = client.files.create(file=("long.jsonl", data), purpose="batch")
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint=REPLAY_URL, completion_window="24h")  # type: ignore[arg-type]
     assert batch.model_extra["job_id"] == JOB
 
-    wait_for(client, batch.id, lambda b: b.status == "in_progress" and b.request_counts.completed > 0)
+    running, _ = wait_for(
+        client, batch.id, lambda b: b.status in TERMINAL or (b.status == "in_progress" and b.request_counts.completed)
+    )
+    assert running.status == "in_progress" and 0 < running.request_counts.completed < total, running
     cancelling = client.batches.cancel(batch.id)
     assert cancelling.status == "cancelling" and cancelling.cancelling_at
     batch, seen = wait_for(client, batch.id, lambda b: b.status in TERMINAL)

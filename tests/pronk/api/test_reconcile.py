@@ -10,7 +10,8 @@ from types import SimpleNamespace
 from prefect.client.schemas.objects import StateType
 
 from pronk.api.reconcile import Reconciler
-from pronk.batches.schemas import Batch
+from pronk.batches.results import FinishedLine, ResultParts
+from pronk.batches.schemas import Batch, OutputLine, ResponseEnvelope
 from pronk.batches.store import BatchStore
 from pronk.settings import Settings
 
@@ -54,6 +55,7 @@ def test_a_crashed_run_is_resumed_until_the_limit_then_its_batch_ends_failed(tmp
         ("failed", "finalizing", "run-failed"),
         ("done", "completed", "run-done"),
         ("moved_on", "in_progress", "a-newer-run"),
+        ("cancelled", "cancelling", "run-cancelled"),
     ]:
         batch = Batch(id=f"batch_{name}", input_file_id=str(path), job_id="job-c0ffee01", model="pronk-tiny")
         batch.mark(status)
@@ -69,22 +71,40 @@ def test_a_crashed_run_is_resumed_until_the_limit_then_its_batch_ends_failed(tmp
             flow_run("run-failed", "batch_failed", StateType.FAILED, str(path)),
             flow_run("run-done", "batch_done", StateType.CRASHED, str(path)),
             flow_run("run-old", "batch_moved_on", StateType.CRASHED, str(path)),
+            flow_run("run-cancelled", "batch_cancelled", StateType.CANCELLED, str(path)),
         ],
         {"batch_crashed_too_often": 3},
     )
+    kept = FinishedLine(  # the failed run finished line 1 before it failed: it must reach the output file
+        line=1,
+        output=OutputLine(
+            id="batch_req_kept",
+            custom_id="a",
+            response=ResponseEnvelope(status_code=200, request_id="kept", body={"usage": {"prompt_tokens": 5}}),
+        ),
+        ok=True,
+        prompt_tokens=5,
+        completion_tokens=2,
+    )
+    ResultParts("batch_failed", settings).write_part("run-failed", 1, [kept])
     reconciler = Reconciler(settings, runs, runs, store)
 
     acted = asyncio.run(reconciler.check())
 
-    assert sorted(acted) == ["batch_crashed", "batch_crashed_too_often", "batch_failed"]
+    assert sorted(acted) == ["batch_cancelled", "batch_crashed", "batch_crashed_too_often", "batch_failed"]
     assert runs.resumed == [("batch_crashed", "run-batch/run-batch", "batch_crashed-run-2")]
     resumed = store.load("batch_crashed")
     assert resumed.status == "in_progress" and resumed.flow_run_id == "resumed-batch_crashed-run-2"
     for name in ("crashed_too_often", "failed"):
         ended = store.load(f"batch_{name}")
         assert ended.status == "failed" and ended.errors.data[0].code == "batch_run_failed"
-        errors = [json.loads(x)["error"]["code"] for x in Path(ended.error_uri).read_text().splitlines()]
-        assert errors == ["batch_run_failed"]
+    too_often = store.load("batch_crashed_too_often")
+    errors = [json.loads(x)["error"]["code"] for x in Path(too_often.error_uri).read_text().splitlines()]
+    assert errors == ["batch_run_failed"]
+    failed = store.load("batch_failed")
+    outputs = [json.loads(x)["id"] for x in Path(failed.output_uri).read_text().splitlines()]
+    assert outputs == ["batch_req_kept"] and (failed.request_counts.completed, failed.request_counts.failed) == (1, 0)
     assert "run 3 of at most 3" in store.load("batch_crashed_too_often").errors.data[0].message
     assert store.load("batch_moved_on").status == "in_progress"
+    assert store.load("batch_cancelled").status == "cancelled"  # a cancel never leaves a batch `cancelling`
     assert asyncio.run(reconciler.check()) == []  # each ended flow run is acted on once

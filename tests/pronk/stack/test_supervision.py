@@ -82,7 +82,7 @@ def test_a_sigkilled_worker_leaves_no_children_and_is_restarted_while_a_batch_co
         report = read_report(stack)
         return next((w for w in report.workers if w.worker_id == WORKER), None) if report else None
 
-    wait_for(lambda: (r := row()) is not None and r.state == WorkerState.SERVING, 5, "the report saying serving")
+    wait_for(lambda: (r := row()) is not None and r.state == WorkerState.SERVING, 30, "the report saying serving")
     row_now = row()
     assert row_now is not None
     assert row_now.restarts == 1 and row_now.pid == new_pid and (row_now.last_failure or "").startswith("exited")
