@@ -37,5 +37,18 @@ class TraceShape(BaseModel):
     def total_output_tokens(self) -> int:
         return sum(step.output_tokens + sum(c.total_output_tokens() for c in step.fan_out) for step in self.steps)
 
+    def longest_prompt(self, prefix: int = 0) -> int:
+        """Prompt tokens of this trace's longest step, its fan-out included (replay's lengths are exact), when the
+        trace starts after `prefix` tokens of its parent."""
+        context = prefix + self.system_prompt_tokens
+        longest = 0
+        for step in self.steps:
+            context += step.new_prompt_tokens
+            longest = max(
+                longest, context, *(child.longest_prompt(context + step.output_tokens) for child in step.fan_out)
+            )
+            context += step.output_tokens
+        return longest
+
 
 ShapeStep.model_rebuild()

@@ -156,8 +156,15 @@ def _check_line(
 def _length_problem(
     body: ChatCompletionBody | ReplayBody, job: JobConfig, limits: InputLimits
 ) -> tuple[str, str] | None:
-    if not isinstance(body, ChatCompletionBody):
-        return None
+    if isinstance(body, ReplayBody):
+        longest = body.shape.longest_prompt()
+        if longest < job.engine.max_model_len:
+            return None
+        return (
+            ErrorCode.REQUEST_REJECTED,
+            f"the shape's longest step has a {longest}-token prompt; job {job.job_id}'s max_model_len is"
+            f" {job.engine.max_model_len} (prompt and at least one output token)",
+        )
     asked = body.max_completion_tokens or body.max_tokens
     cap = job.output_token_cap
     if asked is not None and asked > cap:

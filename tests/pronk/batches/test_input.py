@@ -170,6 +170,27 @@ def test_a_prompt_longer_than_the_longest_tokens_allow_is_rejected_without_token
     assert f"at least {limit} tokens" in validated.errors[0].error.message
 
 
+def test_a_replay_shape_whose_longest_step_passes_max_model_len_is_rejected_without_a_worker(job):
+    limit = job.engine.max_model_len
+
+    def replay_line(custom_id: str, shape: dict) -> dict:
+        body = {"model": job.served_model_name, "shape": {"trace_id": custom_id, **shape}}
+        return {"custom_id": custom_id, "method": "POST", "url": "/v1/pronk/replay", "body": body}
+
+    def step(new: int, out: int = 4, fan_out: tuple = ()) -> dict:
+        return {"new_prompt_tokens": new, "output_tokens": out, "fan_out": list(fan_out)}
+
+    fits = {"system_prompt_tokens": limit - 20, "steps": [step(5), step(5)]}  # last prompt: limit - 6
+    last_step = {"system_prompt_tokens": limit - 20, "steps": [step(5), step(5), step(2, out=1)]}  # limit
+    child = {"trace_id": "child", "system_prompt_tokens": 10, "steps": [step(1)]}
+    in_a_child = {"system_prompt_tokens": limit - 20, "steps": [step(5, fan_out=(child,))]}  # limit - 20 + 9 + 11
+    data = jsonl(replay_line("fits", fits), replay_line("last-step", last_step), replay_line("in-a-child", in_a_child))
+    validated = validate_input(data, job)
+    assert [r.custom_id for r in validated.requests] == ["fits"]
+    assert codes(validated) == {2: ErrorCode.REQUEST_REJECTED, 3: ErrorCode.REQUEST_REJECTED}
+    assert f"a {limit}-token prompt" in validated.errors[0].error.message
+
+
 def test_without_a_tokenizer_long_prompts_are_left_to_the_worker(job):
     def broken():
         raise OSError("no model")
