@@ -32,6 +32,7 @@ from pronk.worker_token import worker_token
 from tasks.chunks import run_chunks
 from tasks.files import input_limits, read_input_file, validate_lines
 from tasks.prefect_calls import best_effort
+from tasks.reports import publish_batch_report
 from tasks.traces import publish_traces, scratch_dir
 
 
@@ -146,5 +147,6 @@ async def run_batch(
         "summary table",
         acreate_table_artifact(table=run.summary_table(), key=None, description=f"batch {batch.id} summary"),
     )
+    await publish_batch_report(run, settings)
     logger.info("batch %s %s: %s", batch.id, batch.status, batch.request_counts.model_dump())
     return batch.model_dump(mode="json")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -177,8 +180,118 @@ def load_job_file(path: Path) -> JobConfig:
     return load_config_file(path, JobConfig, JobFileError, "job file")
 
 
-def load_jobs(jobs_dir: Path | None = None) -> dict[str, JobConfig]:
-    """Every job in the folder, by job id; duplicate ids are an error."""
+TUNABLE_KEYS = frozenset({"engine", "harness", "max_concurrency", "workers", "cpu_cores_per_worker"})
+"""What a configuration version may change; the job's identity, model and price stay the job file's."""
+
+
+class JobVersion(BaseModel):
+    """A configuration version of a job (the Herd tuner's winner): changes over the job file, which stays the base."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: str = Field(pattern=r"^job-[0-9a-f]{8}$")
+    version: int = Field(ge=1, description="1, 2, … in the order they were applied.")
+    changes: dict[str, Any] = Field(
+        description="Keys of the job file to change (`engine`/`harness` sections merge key by key)."
+    )
+    mlflow_run_id: str | None = Field(default=None, description="The tuning run the version came from.")
+    created_at: float = Field(default_factory=time.time)
+    note: str = ""
+
+
+def versions_dir(job_id: str) -> Path:
+    """Where a job's configuration versions live: beside the stack's state (`<data dir>/job_versions/<job id>/`)."""
+    return get_settings().data_dir / "job_versions" / job_id
+
+
+def job_versions(job_id: str) -> list[JobVersion]:
+    """Every configuration version of the job, oldest first."""
+    folder = versions_dir(job_id)
+    versions = []
+    for path in sorted(folder.glob("v*.json"), key=lambda p: int(p.stem[1:]) if p.stem[1:].isdigit() else 0):
+        try:
+            versions.append(JobVersion.model_validate_json(path.read_text()))
+        except ValueError as exc:
+            raise JobFileError(f"{path}: not a job configuration version: {exc}") from exc
+    return versions
+
+
+def current_version(job_id: str) -> JobVersion | None:
+    """The version in force (named by `current`), or None when the job runs as its file says."""
+    folder = versions_dir(job_id)
+    try:
+        number = int((folder / "current").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    if number == 0:
+        return None
+    path = folder / f"v{number}.json"
+    try:
+        return JobVersion.model_validate_json(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise JobFileError(f"{path}: the current configuration version of {job_id} is unreadable: {exc}") from exc
+
+
+def with_changes(job: JobConfig, changes: dict[str, Any]) -> JobConfig:
+    """`job` with `changes` applied (sections merge key by key), validated like a job file."""
+    unknown = set(changes) - TUNABLE_KEYS
+    if unknown:
+        raise JobFileError(f"job {job.job_id}: keys {sorted(unknown)} are not tunable (only {sorted(TUNABLE_KEYS)})")
+    merged = job.model_dump()
+    for key, value in changes.items():
+        merged[key] = {**merged[key], **value} if isinstance(value, dict) and isinstance(merged[key], dict) else value
+    try:
+        return JobConfig.model_validate(merged)
+    except ValueError as exc:
+        raise JobFileError(f"job {job.job_id}: configuration changes {changes} are invalid: {exc}") from exc
+
+
+def apply_version(job: JobConfig) -> JobConfig:
+    """The job as its current configuration version makes it (itself when it has none)."""
+    version = current_version(job.job_id)
+    return with_changes(job, version.changes) if version else job
+
+
+def save_version(job: JobConfig, changes: dict[str, Any], mlflow_run_id: str | None, note: str = "") -> JobVersion:
+    """Record `changes` to the job file `job` as its next configuration version and make it current.
+
+    The changes are checked against the job file first; each file is written whole (write, then rename).
+    """
+    with_changes(job, changes)
+    job_id = job.job_id
+    folder = versions_dir(job_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    existing = job_versions(job_id)
+    version = JobVersion(
+        job_id=job_id,
+        version=(existing[-1].version if existing else 0) + 1,
+        changes=changes,
+        mlflow_run_id=mlflow_run_id,
+        note=note,
+    )
+    _write_whole(folder / f"v{version.version}.json", version.model_dump_json(indent=2))
+    set_current_version(job_id, version.version)
+    return version
+
+
+def set_current_version(job_id: str, number: int) -> None:
+    """Make version `number` current (0: the job file alone)."""
+    folder = versions_dir(job_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    if number and not (folder / f"v{number}.json").exists():
+        raise JobFileError(f"job {job_id} has no configuration version {number}")
+    _write_whole(folder / "current", json.dumps(number))
+
+
+def _write_whole(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def load_jobs(jobs_dir: Path | None = None, versions: bool = True) -> dict[str, JobConfig]:
+    """Every job in the folder, by job id, with its current configuration version applied unless `versions`
+    is false (the job files alone); duplicate ids are an error."""
     folder = jobs_dir or get_settings().jobs_dir
     jobs: dict[str, JobConfig] = {}
     for path in sorted(folder.glob("*.yaml")):
@@ -188,12 +301,12 @@ def load_jobs(jobs_dir: Path | None = None) -> dict[str, JobConfig]:
                 f"{path}: key 'job_id' value {job.job_id!r}: already used by job '{jobs[job.job_id].name}'"
             )
         jobs[job.job_id] = job
-    return jobs
+    return {job_id: apply_version(job) for job_id, job in jobs.items()} if versions else jobs
 
 
-def get_job(job: str, jobs_dir: Path | None = None) -> JobConfig:
-    """A job by id or by name."""
-    jobs = load_jobs(jobs_dir)
+def get_job(job: str, jobs_dir: Path | None = None, versions: bool = True) -> JobConfig:
+    """A job by id or by name, with its current configuration version unless `versions` is false."""
+    jobs = load_jobs(jobs_dir, versions)
     if job in jobs:
         return jobs[job]
     for candidate in jobs.values():

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from pronk.cli.enrich import register as register_enrich_commands
+from pronk.cli.herd import register as register_herd_commands
 from pronk.cli.leap import register as register_leap_commands
 from pronk.cli.terminal import batch_progress, fail
 from pronk.settings import get_settings
@@ -37,6 +38,7 @@ JobOption = Annotated[str | None, typer.Option("--job", help="Job id or name (de
 
 register_leap_commands(app, model_app)
 register_enrich_commands(app)
+register_herd_commands(app)
 
 
 @stack_app.command("up")

@@ -1,0 +1,210 @@
+"""Reports on a job's batches: the `pronk runs` table, each batch's figures and completion-time plot.
+
+The same figures go to three places: the terminal (`pronk runs`), the batch's Prefect run page (a markdown
+artifact) and the job's MLflow experiment (one run per batch), so tasks per dollar can be charted over time.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import polars as pl
+
+from pronk import storage
+from pronk.agents.step_records import StepRecord
+from pronk.batches.schemas import Batch
+from pronk.herd.profile import job_batches
+from pronk.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+MARKDOWN_SAFE = str.maketrans({c: "_" for c in "|[]<>`*\\"})
+BARS = " ▁▂▃▄▅▆▇█"
+
+
+@dataclass(slots=True)
+class RunFigures:
+    """One batch's row of `pronk runs`."""
+
+    batch_id: str
+    job_id: str
+    status: str
+    lines: int
+    completed: int
+    failed: int
+    input_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    cached_pct: float
+    cost_usd: float
+    tasks_per_dollar: float | None
+    duration_s: float | None
+    model_version: str
+    created_at: int
+
+    @classmethod
+    def of(cls, batch: Batch, model_version: str = "") -> RunFigures:
+        usage = batch.usage
+        cached = usage.input_tokens_details.cached_tokens
+        end = batch.completed_at or batch.failed_at or batch.cancelled_at or batch.expired_at
+        start = batch.in_progress_at or batch.created_at
+        return cls(
+            batch_id=batch.id,
+            job_id=batch.job_id,
+            status=batch.status,
+            lines=batch.request_counts.total,
+            completed=batch.request_counts.completed,
+            failed=batch.request_counts.failed,
+            input_tokens=usage.input_tokens,
+            cached_tokens=cached,
+            output_tokens=usage.output_tokens,
+            cached_pct=round(100.0 * cached / usage.input_tokens, 2) if usage.input_tokens else 0.0,
+            cost_usd=round(batch.processing_cost, 8),
+            tasks_per_dollar=round(batch.tasks_per_dollar, 2) if batch.tasks_per_dollar is not None else None,
+            duration_s=float(end - start) if end else None,
+            model_version=model_version,
+            created_at=batch.created_at,
+        )
+
+    def metrics(self) -> dict[str, float]:
+        """The figures MLflow charts (numbers only)."""
+        return {
+            k: float(v)
+            for k, v in asdict(self).items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "created_at"
+        }
+
+
+def model_versions(steps_uri: str | None, settings: Settings) -> str:
+    """The model versions a batch's steps ran on (from its step records; empty when they are not readable)."""
+    if not steps_uri:
+        return ""
+    try:
+        options = storage.storage_options(steps_uri, settings) if steps_uri.startswith("s3://") else None
+        frame = pl.scan_ndjson(steps_uri, schema={"model_version": pl.String}, storage_options=options)
+        versions = frame.select(pl.col("model_version").drop_nulls().unique()).collect()["model_version"]
+    except (OSError, pl.exceptions.PolarsError):
+        return ""
+    return ",".join(sorted(versions.to_list()))
+
+
+def recent_runs(settings: Settings, job_ids: list[str], limit: int = 20) -> list[RunFigures]:
+    """The most recent batches of the jobs, newest first."""
+    batches = sorted(
+        (b for job_id in job_ids for b in job_batches(job_id, settings)), key=lambda b: b.created_at, reverse=True
+    )[:limit]
+    return [RunFigures.of(b, model_versions(b.steps_uri, settings)) for b in batches]
+
+
+def runs_table(rows: list[RunFigures]) -> str:
+    """`pronk runs`: one line per batch."""
+    head = (
+        f"{'batch':<32} {'job':<13} {'status':<10} {'lines':>7} {'failed':>6} {'in tok':>9} {'out tok':>8} "
+        f"{'cached':>7} {'cost $':>10} {'tasks/$':>10} {'dur s':>7}  model"
+    )
+    lines = [head]
+    for r in rows:
+        tpd = f"{r.tasks_per_dollar:,.0f}" if r.tasks_per_dollar is not None else "-"
+        dur = f"{r.duration_s:.0f}" if r.duration_s is not None else "-"
+        lines.append(
+            f"{r.batch_id:<32} {r.job_id:<13} {r.status:<10} {r.lines:>7} {r.failed:>6} {r.input_tokens:>9} "
+            f"{r.output_tokens:>8} {r.cached_pct:>6.1f}% {r.cost_usd:>10.6f} {tpd:>10} {dur:>7}  {r.model_version}"
+        )
+    return "\n".join(lines)
+
+
+def completion_times(records: list[StepRecord]) -> list[float]:
+    """Seconds from the batch's first step to the end of each root trace (its last step or tool), sorted."""
+    if not records:
+        return []
+    start = min(r.started_at for r in records)
+    ends: dict[str, float] = {}
+    for r in records:
+        end = r.started_at + r.engine_time_s + r.tool_time_s
+        ends[r.root_trace_id] = max(ends.get(r.root_trace_id, 0.0), end - start)
+    return sorted(round(e, 3) for e in ends.values())
+
+
+def text_histogram(values: list[float], bins: int = 24) -> str:
+    """A one-line bar chart of `values` over [0, max] (for markdown, which shows no images from a local file)."""
+    if not values:
+        return ""
+    top = max(values) or 1.0
+    counts = [0] * bins
+    for v in values:
+        counts[min(bins - 1, int(v / top * bins))] += 1
+    peak = max(counts)
+    return "".join(BARS[round(c / peak * (len(BARS) - 1))] for c in counts)
+
+
+def completion_plot(times: list[float], path: Path, title: str) -> Path:
+    """Traces finished over time, as a step curve PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.step([0.0, *times], list(range(len(times) + 1)), where="post", color="#3b6ea8")
+    ax.set_xlabel("seconds since the batch's first step")
+    ax.set_ylabel("traces finished")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def batch_markdown(figures: RunFigures, times: list[float], mlflow_url: str | None) -> str:
+    """A batch's run-page report: its figures, a completion-time chart and where MLflow charts it over time."""
+    rows = [
+        ("status", figures.status),
+        ("lines (completed / failed)", f"{figures.lines} ({figures.completed} / {figures.failed})"),
+        ("tokens in / cached / out", f"{figures.input_tokens} / {figures.cached_tokens} / {figures.output_tokens}"),
+        ("cached", f"{figures.cached_pct:.1f}%"),
+        ("cost (USD)", f"{figures.cost_usd:.6f}"),
+        ("tasks per dollar", f"{figures.tasks_per_dollar:,.2f}" if figures.tasks_per_dollar is not None else "—"),
+        ("duration (s)", f"{figures.duration_s:.0f}" if figures.duration_s is not None else "—"),
+        ("model version", figures.model_version or "—"),
+    ]
+    lines = [f"# Batch {figures.batch_id}", "", "| figure | value |", "| --- | --- |"]
+    lines += [f"| {name} | {str(value).translate(MARKDOWN_SAFE)} |" for name, value in rows]
+    if times:
+        p = lambda q: times[min(len(times) - 1, int(q * (len(times) - 1) + 0.5))]  # noqa: E731
+        lines += [
+            "",
+            "## Completion times",
+            "",
+            f"{len(times)} traces: p50 {p(0.5):.1f} s, p90 {p(0.9):.1f} s, last {times[-1]:.1f} s.",
+            "",
+            f"`0 s {text_histogram(times)} {times[-1]:.0f} s` (traces finished per interval)",
+        ]
+    if mlflow_url:
+        lines += ["", f"The plot and these figures per run: [MLflow]({mlflow_url})."]
+    return "\n".join(lines) + "\n"
+
+
+def log_batch_run(figures: RunFigures, times: list[float], settings: Settings) -> tuple[str, str]:
+    """The batch's figures as a run of the job's MLflow experiment (named by the batch), with its completion-time
+    plot; returns (run id, the run's URL in the MLflow UI)."""
+    import mlflow
+
+    from pronk.herd.tracking import job_experiment
+
+    experiment_id = job_experiment(figures.job_id, settings)
+    with mlflow.start_run(run_name=figures.batch_id) as run:
+        mlflow.set_tags(
+            {"pronk.batch_id": figures.batch_id, "pronk.job_id": figures.job_id, "pronk.status": figures.status}
+        )
+        if figures.model_version:
+            mlflow.set_tag("pronk.model_version", figures.model_version)
+        mlflow.log_metrics(figures.metrics())
+        if times:
+            with tempfile.TemporaryDirectory() as tmp:
+                plot = completion_plot(times, Path(tmp) / "completion_times.png", f"batch {figures.batch_id}")
+                mlflow.log_artifact(str(plot))
+        run_id = run.info.run_id
+    return run_id, f"{settings.mlflow_ui_url}/#/experiments/{experiment_id}/runs/{run_id}"

@@ -1,0 +1,89 @@
+"""The traffic profile from hand-written step records: every figure checked against what the records say."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pronk.agents.step_records import StepRecord, steps_ndjson
+from pronk.herd.profile import NoStepRecords, profile_steps, scan_steps
+
+
+def records() -> list[StepRecord]:
+    """Root trace `a` (3 steps, a failed attempt, one child), its child `a.1.0` (2 steps) and root `b` (1 step)."""
+    served = {"worker_id": "w0", "model_version": "m/1", "engine_time_s": 0.1, "custom_id": "x"}
+    return [
+        StepRecord("a", 0, "a", prompt_tokens=100, output_tokens=10, tool_name="sql", tool_time_s=0.5,
+                   tool_ok=True, started_at=0.0, **served),
+        StepRecord("a", 1, "a", prompt_tokens=130, cached_tokens=96, output_tokens=20, tool_name="spawn_subagents",
+                   tool_time_s=1.0, tool_ok=True, started_at=1.0, **served),
+        StepRecord("a", 2, "a", attempt=0, error="unparsable step output", prompt_tokens=200, started_at=2.9),
+        StepRecord("a", 2, "a", attempt=1, prompt_tokens=200, cached_tokens=128, output_tokens=5, started_at=3.0,
+                   **served),
+        StepRecord("a.1.0", 0, "a", parent_trace_id="a", prompt_tokens=150, output_tokens=8, started_at=2.0, **served),
+        StepRecord("a.1.0", 1, "a", parent_trace_id="a", prompt_tokens=170, output_tokens=4, started_at=2.5,
+                   **served),
+        StepRecord("b", 0, "b", prompt_tokens=120, output_tokens=6, started_at=0.5, **served),
+    ]  # fmt: skip
+
+
+def write(path: Path, rows: list[StepRecord]) -> str:
+    path.write_bytes(steps_ndjson(rows))
+    return str(path)
+
+
+def test_profile_of_known_step_records(tmp_path):
+    profile = profile_steps(scan_steps([write(tmp_path / "one_steps.jsonl", records())]))
+
+    assert (profile.runs, profile.traces, profile.root_traces) == (1, 3, 2)
+    assert (profile.steps, profile.failed_attempts) == (6, 1)
+    assert profile.system_prompt_tokens.values == [100.0, 120.0]
+    assert profile.system_prompt_tokens.mean == 110.0
+    # a: 130-100-10 = 20, 200-130-20 = 50; the child: 170-150-8 = 12
+    assert profile.new_prompt_tokens.values == [12.0, 20.0, 50.0]
+    assert (profile.new_prompt_tokens.p50, profile.new_prompt_tokens.mean) == (20.0, 27.333333)
+    assert profile.output_tokens.values == [4.0, 5.0, 6.0, 8.0, 10.0, 20.0]
+    assert (profile.output_tokens.p50, profile.output_tokens.p10, profile.output_tokens.p90) == (7.0, 4.5, 15.0)
+    assert profile.steps_per_trace.values == [1.0, 2.0, 3.0]
+    assert profile.fan_out.values == [1.0]
+    assert profile.fan_out_share == 0.5
+    assert {tool: d.values for tool, d in profile.tool_gap_s.items()} == {"spawn_subagents": [1.0], "sql": [0.5]}
+    assert profile.cached_ratio == round(224 / 870, 6)
+    # a runs 0 → 3.1, b 0.5 → 0.6: in flight 1, 2, 1, 0
+    assert profile.concurrency.values == [0.0, 1.0, 1.0, 2.0]
+    assert profile.concurrency.max == 2.0
+    assert profile.arrival_rate_per_s == 2.0  # two roots 0.5 s apart
+    assert "new_prompt_tokens" in profile.text()
+
+
+def test_runs_stay_apart(tmp_path):
+    """The same trace ids in two runs are two traces each; arrivals are counted within each run."""
+    uris = [write(tmp_path / f"{i}_steps.jsonl", records()) for i in range(2)]
+    profile = profile_steps(scan_steps(uris))
+    assert (profile.runs, profile.traces, profile.root_traces, profile.steps) == (2, 6, 4, 12)
+    assert profile.steps_per_trace.values == [1.0, 1.0, 2.0, 2.0, 3.0, 3.0]
+    assert profile.arrival_rate_per_s == 2.0
+    assert profile.cached_ratio == round(224 / 870, 6)
+
+
+def test_no_records():
+    with pytest.raises(NoStepRecords):
+        scan_steps([])
+
+
+def test_profile_as_mlflow_run_with_histograms(tmp_path):
+    import mlflow
+
+    from pronk.herd.tracking import log_profile
+    from pronk.settings import Settings
+
+    settings = Settings(data_dir=tmp_path)
+    profile = profile_steps(scan_steps([write(tmp_path / "one_steps.jsonl", records())]))
+    run_id = log_profile(profile, "job-c0ffee01", settings)
+    client = mlflow.MlflowClient(settings.tracking_uri)
+    run = client.get_run(run_id)
+    assert run.data.metrics["output_tokens.p50"] == 7.0 and run.data.metrics["cached_ratio"] == round(224 / 870, 6)
+    assert run.data.tags["pronk.herd"] == "profile"
+    pngs = {a.path for a in client.list_artifacts(run_id, "histograms")}
+    assert {"histograms/output_tokens.png", "histograms/tool_gap_s_sql.png"} <= pngs

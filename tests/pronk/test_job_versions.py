@@ -1,0 +1,72 @@
+"""Configuration versions: the job file stays the base, the current version's changes apply on every load."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from pronk.jobs import (
+    JobFileError,
+    current_version,
+    get_job,
+    job_versions,
+    save_version,
+    set_current_version,
+    versions_dir,
+)
+
+JOB = "job-abcdef12"
+JOB_FILE = f"""
+job_id: {JOB}
+name: versioned
+model: models:/pronk-tiny@live
+served_model_name: pronk-tiny
+price_per_worker_hour: 0.05
+max_concurrency: 8
+engine: {{max_model_len: 2048, max_num_seqs: 16, kv_cache_memory_bytes: 67108864}}
+harness: {{kv_pin_ttl_s: 30, routing: trace_affinity}}
+"""
+
+
+def base(jobs_dir):
+    return get_job(JOB, jobs_dir, versions=False)
+
+
+@pytest.fixture
+def jobs_dir(tmp_path):
+    (tmp_path / "versioned.yaml").write_text(JOB_FILE)
+    shutil.rmtree(versions_dir(JOB), ignore_errors=True)
+    yield tmp_path
+    shutil.rmtree(versions_dir(JOB), ignore_errors=True)
+
+
+def test_versions_apply_over_the_job_file(jobs_dir):
+    assert current_version(JOB) is None and get_job(JOB, jobs_dir).engine.max_num_seqs == 16
+    first = save_version(base(jobs_dir), {"engine": {"max_num_seqs": 32}, "max_concurrency": 24}, "run-1")
+    job = get_job(JOB, jobs_dir)
+    assert (first.version, job.engine.max_num_seqs, job.max_concurrency) == (1, 32, 24)
+    assert job.engine.max_model_len == 2048 and job.engine.kv_cache_memory_bytes == 67108864  # merged, not replaced
+    second = save_version(base(jobs_dir), {"harness": {"routing": "least_loaded"}}, "run-2")
+    job = get_job("versioned", jobs_dir)
+    assert (second.version, job.harness.routing, job.engine.max_num_seqs) == (2, "least_loaded", 16)
+    assert get_job(JOB, jobs_dir, versions=False).harness.routing == "trace_affinity"
+    assert [v.mlflow_run_id for v in job_versions(JOB)] == ["run-1", "run-2"]
+    set_current_version(JOB, 1)
+    assert get_job(JOB, jobs_dir).engine.max_num_seqs == 32
+    set_current_version(JOB, 0)
+    assert get_job(JOB, jobs_dir).engine.max_num_seqs == 16
+
+
+def test_bad_versions_are_refused(jobs_dir):
+    with pytest.raises(JobFileError, match="not tunable"):
+        save_version(base(jobs_dir), {"model": "elsewhere"}, None)
+    with pytest.raises(JobFileError, match="invalid"):
+        save_version(base(jobs_dir), {"engine": {"max_num_seqs": 0}}, None)
+    assert job_versions(JOB) == []
+    with pytest.raises(JobFileError, match="no configuration version 7"):
+        set_current_version(JOB, 7)
+    save_version(base(jobs_dir), {"max_concurrency": 4}, None)
+    (versions_dir(JOB) / "v1.json").write_text("{not json")  # a damaged version is refused, never half applied
+    with pytest.raises(JobFileError, match="unreadable"):
+        get_job(JOB, jobs_dir)
