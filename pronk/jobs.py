@@ -126,6 +126,13 @@ class HarnessConfig(BaseModel):
         description="`kv_budget`: workers admit traces by KV capacity (shared by every run of the job), new traces "
         "go to the worker with the most room, started traces before new ones (engine.admission).",
     )
+    kv_budget_headroom: float | None = Field(
+        default=None,
+        ge=0,
+        lt=1,
+        description="With `admission: kv_budget`, the share of each worker's KV cache kept out of the budget; read "
+        "when a worker starts (default: `PRONK_KV_BUDGET_HEADROOM`, 0.1).",
+    )
     tables_dir: str = Field(
         default="data/tables", description="Tables the `sql` tool sees (csv/parquet; relative to the project root)."
     )

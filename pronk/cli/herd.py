@@ -45,6 +45,93 @@ def herd_profile(
         typer.echo(f"MLflow run {run_id} (experiment pronk-{config.job_id})", err=True)
 
 
+@herd_app.command("tune")
+def herd_tune(
+    job: JobArg = None,
+    budget_minutes: Annotated[float, typer.Option("--budget-minutes", help="Stop within this many minutes.")] = 10.0,
+    sample: Annotated[int, typer.Option(help="Root traces of the job's own traffic replayed per trial.")] = 8,
+    repeats: Annotated[int, typer.Option(help="Replays of the current configuration (the guard's noise).")] = 2,
+    knobs: Annotated[
+        str | None, typer.Option(help="Comma-separated knobs to search (default: all; `live` = no new workers).")
+    ] = None,
+    max_workers: Annotated[int | None, typer.Option(help="Most workers a candidate may have.")] = None,
+    time_scale: Annotated[float, typer.Option(help="Multiplies the replayed tool-call gaps.")] = 1.0,
+    runs: Annotated[int | None, typer.Option(help="Profile only the job's last N batches.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the sample and of Optuna's sampler.")] = 0,
+    apply: Annotated[bool, typer.Option(help="Apply the winner when the guard accepts it.")] = False,
+) -> None:
+    """Replay the job's own traces against candidate configurations on temporary workers; report (and apply) the
+    winner. The summary is the last stdout line, as JSON."""
+    from pronk.herd.apply import apply_changes
+    from pronk.herd.profile import NoStepRecords
+    from pronk.herd.tuner import KNOBS, LIVE_KNOBS, TuneConfig, Tuner
+
+    settings = get_settings()
+    config = _job(job)
+    chosen = tuple(KNOBS) if not knobs else LIVE_KNOBS if knobs == "live" else tuple(knobs.split(","))
+    tune_config = TuneConfig(
+        budget_minutes=budget_minutes,
+        sample=sample,
+        repeats=repeats,
+        knobs=chosen,
+        max_workers=max_workers,
+        time_scale=time_scale,
+        runs=runs,
+        seed=seed,
+    )
+    try:
+        result = Tuner(config, settings, tune_config).tune()
+    except (NoStepRecords, ValueError) as exc:
+        fail(str(exc))
+    summary = result.summary()
+    for row in summary["table"]:
+        typer.echo(
+            f"{row['trial']:<22} {row['tasks_per_dollar']:>12,.1f} tasks/$  p50 {row['p50_s']}  p90 {row['p90_s']}  "
+            f"cached {row['cached_ratio']}  {row['error'] or json.dumps(row['params'])}",
+            err=True,
+        )
+    if result.verdict is not None:
+        typer.echo(f"guard: {'accepted' if result.verdict.accept else 'refused'}: {result.verdict.reason}", err=True)
+        if apply and result.verdict.accept and result.winner is not None:
+            version, applied = apply_changes(
+                config.job_id, result.winner.changes, result.mlflow_run_id, settings, f"herd tune {result.winner.label}"
+            )
+            summary["applied"] = {"version": version.version, "mode": applied.mode, "restarted": applied.restarted}
+            typer.echo(f"applied as configuration version {version.version} ({applied.mode})", err=True)
+    typer.echo(json.dumps(summary, default=str))
+
+
+@herd_app.command("versions")
+def herd_versions(job: JobArg = None) -> None:
+    """The job's configuration versions (the current one marked)."""
+    from pronk.jobs import current_version, job_versions
+
+    config = _job(job)
+    current = current_version(config.job_id)
+    for version in job_versions(config.job_id):
+        mark = "*" if current and current.version == version.version else " "
+        typer.echo(f"{mark} v{version.version}  run {version.mlflow_run_id}  {json.dumps(version.changes)}")
+    if current is None:
+        typer.echo("* the job file alone (no version current)")
+
+
+@herd_app.command("use")
+def herd_use(
+    version: Annotated[int, typer.Argument(help="Configuration version to make current; 0 = the job file alone.")],
+    job: JobArg = None,
+) -> None:
+    """Make a configuration version current and roll it out (a rolling restart when workers need one)."""
+    from pronk.herd.apply import use_version
+    from pronk.jobs import JobFileError
+
+    config = _job(job)
+    try:
+        applied = use_version(config.job_id, version, get_settings())
+    except JobFileError as exc:
+        fail(str(exc))
+    typer.echo(f"job {config.job_id} runs configuration version {version} ({applied.mode})")
+
+
 def register(app: typer.Typer) -> None:
     """Add `pronk herd …` and `pronk runs` to the command line."""
     app.add_typer(herd_app, name="herd")

@@ -8,11 +8,12 @@ worker token included) is resolved here and passed in.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from engine.kv_retention import scheduler_class
 from engine.registry import Registry
-from engine.vllm_backend import VllmBackend
+from engine.vllm_backend import HEADROOM_ENV, VllmBackend
 from engine.weight_swap import IncompatibleWeights, StagedWeights
 from engine.worker import (
     compact_json_outputs,
@@ -51,6 +52,8 @@ def main(argv: list[str] | None = None) -> None:
     settings = get_settings()
     token = worker_token(settings)
     job = get_job(args.job)
+    if job.harness.kv_budget_headroom is not None:
+        os.environ[HEADROOM_ENV] = str(job.harness.kv_budget_headroom)
     if job.device == "cpu":
         pin_to_cores(cores_for(args.index, job.cpu_cores_per_worker))
     model = resolve_model(job.model, settings)

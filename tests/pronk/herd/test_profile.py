@@ -87,3 +87,23 @@ def test_profile_as_mlflow_run_with_histograms(tmp_path):
     assert run.data.tags["pronk.herd"] == "profile"
     pngs = {a.path for a in client.list_artifacts(run_id, "histograms")}
     assert {"histograms/output_tokens.png", "histograms/tool_gap_s_sql.png"} <= pngs
+
+
+def test_shapes_rebuild_the_traces(tmp_path):
+    from pronk.herd.shapes import relabel, shapes_from_steps
+
+    shapes = shapes_from_steps(scan_steps([write(tmp_path / "one_steps.jsonl", records())]))
+    assert [s.trace_id for s in shapes] == ["0-a", "0-b"]
+    a, b = shapes
+    assert a.system_prompt_tokens == 99 and [s.new_prompt_tokens for s in a.steps] == [1, 20, 50]
+    assert [s.output_tokens for s in a.steps] == [10, 20, 5]
+    assert [s.tool_gap_s for s in a.steps] == [0.5, 0.0, 0.0]  # the spawning step's gap is its children's run
+    (child,) = a.steps[1].fan_out  # spawned after step 1 (started 1.0 ≤ 2.0 < 3.0), from its 130 + 20 tokens
+    assert child.system_prompt_tokens == 1  # its first prompt (150) is all parent prefix: one token of its own
+    assert [s.new_prompt_tokens for s in child.steps] == [1, 12] and [s.output_tokens for s in child.steps] == [8, 4]
+    assert (b.system_prompt_tokens, b.total_steps()) == (119, 1)
+    assert a.total_steps() == 5 and a.total_output_tokens() == 47
+    again = relabel(shapes, "t1")
+    assert [s.trace_id for s in again] == ["t1-0000", "t1-0001"] and again[0].steps[1].fan_out[
+        0
+    ].trace_id == "t1-0000.1.0"

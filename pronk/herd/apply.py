@@ -1,0 +1,67 @@
+"""Apply a tuned configuration: it becomes the job's next configuration version, then reaches the running fleet.
+
+Harness and router settings apply live: every batch run resolves its job when it starts, so the next run uses
+them. Settings a worker reads when it starts (`trial.restart_key`: engine arguments, workers, admission
+headroom) reach the running workers by a rolling restart, one worker at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.registry import Registry
+from pronk.herd.trial import restart_key
+from pronk.jobs import JobVersion, current_version, get_job, save_version, set_current_version
+from pronk.settings import Settings
+from pronk.stack.rolling import rolling_restart
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Applied:
+    version: int
+    mode: str
+    """`live` (harness and router settings only, or no workers running) or `rolling restart`."""
+    restarted: dict[str, int] = field(default_factory=dict)
+
+
+def merge_changes(base: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """`more` over `base`, sections (`engine`, `harness`) merged key by key."""
+    merged = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
+    for key, value in more.items():
+        merged[key] = {**merged.get(key, {}), **value} if isinstance(value, dict) else value
+    return merged
+
+
+def roll_out(job_id: str, before_key: str, settings: Settings) -> Applied:
+    """Bring the running workers to the job's current configuration (a rolling restart when they need one)."""
+    after = get_job(job_id)
+    version = current_version(job_id)
+    number = version.version if version else 0
+    running = Registry.from_settings(settings).live(job_id)
+    if restart_key(after) == before_key or not running:
+        return Applied(number, "live")
+    logger.info("job %s: configuration version %d needs new workers: rolling restart", job_id, number)
+    return Applied(number, "rolling restart", rolling_restart(after, settings))
+
+
+def apply_changes(
+    job_id: str, changes: dict[str, Any], mlflow_run_id: str | None, settings: Settings, note: str = ""
+) -> tuple[JobVersion, Applied]:
+    """Record `changes` (relative to the job as it runs now) as its next configuration version and roll it out."""
+    before = get_job(job_id)
+    current = current_version(job_id)
+    version = save_version(
+        get_job(job_id, versions=False), merge_changes(current.changes if current else {}, changes), mlflow_run_id, note
+    )
+    return version, roll_out(job_id, restart_key(before), settings)
+
+
+def use_version(job_id: str, number: int, settings: Settings) -> Applied:
+    """Go back (or forward) to configuration version `number` (0: the job file alone) and roll it out."""
+    before = get_job(job_id)
+    set_current_version(job_id, number)
+    return roll_out(job_id, restart_key(before), settings)

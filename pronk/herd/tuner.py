@@ -1,0 +1,290 @@
+"""The Herd tuner: profile the job, replay a sample of its own traces against candidate configurations chosen by
+Optuna, judge the winner against the current configuration, and (when asked) apply it.
+
+Knobs searched (`KNOBS`): the engine's `max_num_seqs`, `max_num_batched_tokens` (the chunked-prefill token
+budget) and `scheduling_policy`; the admission scheduler (`admission`, `kv_budget_headroom`); KV pins
+(`kv_pin_ttl_s`, `kv_pin_ttl`); the routing policy; batch concurrency (`max_concurrency`); and the number of
+workers. The current configuration is replayed `repeats` times first (the guard's noise), then Optuna's TPE
+sampler proposes candidates until the next trial would not fit in the budget; the best one is replayed once more
+when there is time. Every trial is a child MLflow run of the tuning run (params; tasks per dollar, p50/p90 trace
+time, cached ratio).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pronk.herd.guard import Verdict, judge
+from pronk.herd.profile import job_step_uris, profile_steps, scan_steps
+from pronk.herd.shapes import relabel, sample_shapes, shapes_from_steps
+from pronk.herd.trial import Measurement, TrialFleet, replay_sample, restart_key
+from pronk.jobs import JobConfig, with_changes
+from pronk.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+KNOBS: dict[str, tuple[str, list[Any]]] = {
+    "max_num_seqs": ("engine", [8, 16, 32, 64, 128]),
+    "max_num_batched_tokens": ("engine", [512, 1024, 2048, 4096, 8192]),
+    "scheduling_policy": ("engine", ["fcfs", "priority"]),
+    "admission": ("harness", ["none", "kv_budget"]),
+    "kv_budget_headroom": ("harness", [0.05, 0.1, 0.2]),
+    "kv_pin_ttl_s": ("harness", [0.0, 5.0, 30.0, 120.0]),
+    "kv_pin_ttl": ("harness", ["fixed", "auto"]),
+    "routing": ("harness", ["trace_affinity", "least_loaded"]),
+    "max_concurrency": ("", [4, 8, 16, 32, 64]),
+    "workers": ("", []),  # 1 … max_workers
+}
+"""Each knob: the job-file section it lives in ("" = top level) and its candidate values."""
+LIVE_KNOBS = ("admission", "kv_pin_ttl_s", "kv_pin_ttl", "routing", "max_concurrency")
+"""Knobs that need no new workers: a search over only these runs every trial on one fleet."""
+
+
+def changes_of(params: dict[str, Any]) -> dict[str, Any]:
+    """Knob values as job-file changes (`{"engine": {...}, "harness": {...}, "workers": n}`)."""
+    changes: dict[str, Any] = {}
+    for knob, value in params.items():
+        section = KNOBS[knob][0]
+        if section:
+            changes.setdefault(section, {})[knob] = value
+        else:
+            changes[knob] = value
+    return changes
+
+
+@dataclass(slots=True)
+class TuneConfig:
+    budget_minutes: float
+    sample: int = 8
+    """Root traces replayed per trial (the same ones for every trial)."""
+    repeats: int = 2
+    """Replays of the current configuration, for the guard's noise."""
+    knobs: tuple[str, ...] = tuple(KNOBS)
+    max_workers: int | None = None
+    """Most workers a candidate may have (default: the job's)."""
+    time_scale: float = 1.0
+    """Multiplies the replayed tool gaps."""
+    runs: int | None = None
+    """Profile only the job's last N batches."""
+    seed: int = 0
+    min_noise: float = 0.05
+
+
+@dataclass(slots=True)
+class Trial:
+    number: int
+    label: str
+    params: dict[str, Any]
+    changes: dict[str, Any]
+    measurement: Measurement | None
+    error: str | None = None
+    seconds: float = 0.0
+    mlflow_run_id: str | None = None
+
+    @property
+    def value(self) -> float:
+        m = self.measurement
+        return m.tasks_per_dollar if m is not None and m.failed == 0 else 0.0
+
+
+@dataclass(slots=True)
+class TuneResult:
+    job_id: str
+    mlflow_run_id: str
+    profile: dict[str, Any]
+    trials: list[Trial] = field(default_factory=list)
+    winner: Trial | None = None
+    verdict: Verdict | None = None
+    seconds: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "mlflow_run_id": self.mlflow_run_id,
+            "trials": len(self.trials),
+            "seconds": round(self.seconds, 1),
+            "winner": {"label": self.winner.label, "changes": self.winner.changes} if self.winner else None,
+            "verdict": asdict(self.verdict) if self.verdict else None,
+            "table": [
+                {
+                    "trial": t.label,
+                    "tasks_per_dollar": t.value,
+                    "p50_s": t.measurement.p50_s if t.measurement else None,
+                    "p90_s": t.measurement.p90_s if t.measurement else None,
+                    "cached_ratio": t.measurement.cached_ratio if t.measurement else None,
+                    "error": t.error,
+                    "params": t.params,
+                }
+                for t in self.trials
+            ],
+        }
+
+
+TrialRunner = Callable[[str, Callable[[], Trial]], Trial]
+"""How a trial runs: the command line calls it; the `herd` flow makes it a Prefect task run named by its label."""
+
+
+def _direct(label: str, run: Callable[[], Trial]) -> Trial:
+    return run()
+
+
+class Tuner:
+    def __init__(
+        self, job: JobConfig, settings: Settings, config: TuneConfig, run_trial: TrialRunner | None = None
+    ) -> None:
+        unknown = set(config.knobs) - set(KNOBS)
+        if unknown:
+            raise ValueError(f"unknown knobs {sorted(unknown)}; known: {sorted(KNOBS)}")
+        self.job = job
+        self.settings = settings
+        self.config = config
+        self.run_trial = run_trial or _direct
+        self.deadline = time.monotonic() + config.budget_minutes * 60.0
+        self.fleet = TrialFleet(settings)
+        self.replay_seconds: list[float] = []
+        self.parent_run_id: str | None = None
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def tune(self) -> TuneResult:
+        import mlflow
+        import optuna
+
+        from pronk.herd.tracking import flat_metrics, job_experiment
+
+        started = time.monotonic()
+        cfg, job = self.config, self.job
+        uris = job_step_uris(job.job_id, self.settings, cfg.runs)
+        frame = scan_steps(uris, self.settings)
+        profile = profile_steps(frame)
+        shapes = sample_shapes(shapes_from_steps(frame), cfg.sample, cfg.seed)
+        logger.info(
+            "herd tune %s: %d traces replayed per trial, %.1f min budget", job.job_id, len(shapes), cfg.budget_minutes
+        )
+        job_experiment(job.job_id, self.settings)
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=cfg.seed))
+        with mlflow.start_run(run_name=f"herd-tune {job.job_id}") as parent, self.fleet:
+            mlflow.set_tags({"pronk.herd": "tune", "pronk.job_id": job.job_id})
+            mlflow.log_params(
+                {
+                    "budget_minutes": cfg.budget_minutes,
+                    "sample": len(shapes),
+                    "repeats": cfg.repeats,
+                    "knobs": ",".join(cfg.knobs),
+                    "time_scale": cfg.time_scale,
+                    "seed": cfg.seed,
+                }
+            )
+            mlflow.log_metrics(flat_metrics(profile.summary(), "profile."))
+            self.parent_run_id = parent.info.run_id
+            result = TuneResult(job.job_id, parent.info.run_id, profile.summary())
+            current: list[Trial] = []
+            for r in range(cfg.repeats):
+                if r and not self._fits(job):
+                    break
+                current.append(self._trial(len(result.trials), f"current #{r + 1}", {}, shapes))
+                result.trials.append(current[-1])
+            while self._fits(None):
+                optuna_trial = study.ask()
+                params = self._suggest(optuna_trial)
+                trial = self._trial(len(result.trials), f"candidate {optuna_trial.number}", params, shapes)
+                result.trials.append(trial)
+                if trial.measurement is None:
+                    study.tell(optuna_trial, state=optuna.trial.TrialState.FAIL)
+                else:
+                    study.tell(optuna_trial, trial.value)
+            candidates = [t for t in result.trials if t.params and t.measurement is not None]
+            if candidates and current:
+                best = max(candidates, key=lambda t: t.value)
+                repeats = [best]
+                if self._fits(with_changes(job, best.changes)):
+                    repeats.append(self._trial(len(result.trials), f"{best.label} again", best.params, shapes))
+                    result.trials.append(repeats[-1])
+                result.winner = best
+                result.verdict = judge(
+                    [t.value for t in current],
+                    [t.value for t in repeats],
+                    sum(t.measurement.failed for t in repeats if t.measurement),
+                    cfg.min_noise,
+                )
+                mlflow.log_dict(best.changes, "winner_changes.json")
+                mlflow.set_tags(
+                    {"pronk.herd.accept": str(result.verdict.accept), "pronk.herd.reason": result.verdict.reason}
+                )
+                mlflow.log_metrics(
+                    {
+                        "current_tasks_per_dollar": result.verdict.current,
+                        "winner_tasks_per_dollar": result.verdict.winner,
+                        "gain": result.verdict.gain,
+                        "noise": result.verdict.noise,
+                    }
+                )
+            result.seconds = time.monotonic() - started
+            mlflow.log_metric("trials", len(result.trials))
+            mlflow.log_dict(result.summary(), "tune.json")
+        return result
+
+    def _suggest(self, trial) -> dict[str, Any]:
+        params: dict[str, Any] = {}
+        for knob in self.config.knobs:
+            if knob == "workers":
+                params[knob] = trial.suggest_int(knob, 1, self.config.max_workers or self.job.workers)
+            else:
+                params[knob] = trial.suggest_categorical(knob, KNOBS[knob][1])
+        return params
+
+    def _fits(self, candidate: JobConfig | None) -> bool:
+        """Whether one more trial (of `candidate`; None: unknown, so with a fleet start) fits the budget."""
+        replay = max(self.replay_seconds, default=0.0) * 1.2
+        needs_start = candidate is None or self.fleet.key != restart_key(candidate)
+        start = max(self.fleet.starts, default=0.0) * 1.2 if needs_start else 0.0
+        return self.remaining() > replay + start
+
+    def _trial(self, number: int, label: str, params: dict[str, Any], shapes) -> Trial:
+        changes = changes_of(params)
+
+        def run() -> Trial:
+            import mlflow
+
+            began = time.monotonic()
+            trial = Trial(number, label, params, changes, None)
+            with mlflow.start_run(
+                run_name=f"trial {number}: {label}", nested=True, parent_run_id=self.parent_run_id
+            ) as child:
+                trial.mlflow_run_id = child.info.run_id
+                mlflow.set_tags({"pronk.herd": "trial", "pronk.herd.trial": label})
+                mlflow.log_params({k: str(v) for k, v in params.items()} or {"configuration": "current"})
+                try:
+                    candidate = with_changes(self.job, changes)
+                    self.fleet.start_timeout_s = max(30.0, self.remaining())
+                    trial_job = self.fleet.serve(candidate)
+                    shapes_here = relabel(shapes, f"herd{number}-{int(time.time())}")
+                    trial.measurement = asyncio.run(
+                        replay_sample(
+                            trial_job, shapes_here, self.settings, self.config.time_scale, max(10.0, self.remaining())
+                        )
+                    )
+                    self.replay_seconds.append(trial.measurement.wall_s)
+                    mlflow.log_metrics(trial.measurement.metrics())
+                    if trial.measurement.errors:
+                        mlflow.log_dict({"errors": trial.measurement.errors}, "errors.json")
+                except Exception as exc:  # noqa: BLE001 - a configuration that cannot run is a failed trial
+                    logger.warning("herd trial %s failed: %s", label, exc)
+                    trial.error = f"{type(exc).__name__}: {exc}"[:500]
+                    mlflow.set_tag("pronk.herd.error", trial.error)
+                    self.fleet.stop()
+            trial.seconds = time.monotonic() - began
+            logger.info(
+                "herd trial %s: %.1f tasks/$ in %.1f s %s", label, trial.value, trial.seconds, json.dumps(params)
+            )
+            return trial
+
+        return self.run_trial(label, run)

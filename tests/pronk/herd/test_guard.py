@@ -1,0 +1,43 @@
+"""The guard refuses a winner that does not beat the current configuration by more than the measured noise."""
+
+from __future__ import annotations
+
+import pytest
+
+from pronk.herd.guard import judge, relative_spread
+
+
+def test_relative_spread():
+    assert relative_spread([100.0]) == 0.0
+    assert relative_spread([90.0, 110.0]) == pytest.approx(0.2)
+
+
+def test_a_clear_winner_is_accepted():
+    verdict = judge([100.0, 104.0], [150.0, 146.0])
+    assert verdict.accept and verdict.gain == pytest.approx(148 / 102)
+    assert verdict.noise == pytest.approx(0.05)  # spreads of 3.9% and 2.7% are below the floor
+
+
+def test_a_winner_inside_the_noise_is_refused():
+    verdict = judge([100.0, 120.0], [125.0])  # 18% noise from the repeats; 1.136x does not beat it
+    assert not verdict.accept and verdict.noise == pytest.approx(20 / 110)
+    assert "within the measured noise" in verdict.reason
+    assert judge([100.0, 120.0], [135.0]).accept  # 1.227x does
+
+
+def test_the_winner_own_spread_counts():
+    assert not judge([100.0, 101.0], [160.0, 90.0]).accept  # mean 125, but its own repeats spread 56%
+
+
+def test_equal_or_worse_is_refused_and_failures_refuse():
+    assert not judge([100.0, 100.0], [100.0]).accept
+    assert not judge([100.0, 100.0], [80.0]).accept
+    refused = judge([100.0, 100.0], [300.0], winner_failed=1)
+    assert not refused.accept and "failed 1 trace" in refused.reason
+
+
+def test_one_measurement_of_the_current_configuration_is_not_enough():
+    verdict = judge([100.0], [300.0])
+    assert not verdict.accept and "measured once" in verdict.reason
+    with pytest.raises(ValueError):
+        judge([], [1.0])
