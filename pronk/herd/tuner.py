@@ -16,9 +16,10 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from pronk.herd.guard import Verdict, judge
 from pronk.herd.profile import job_step_uris, profile_steps, scan_steps
@@ -28,6 +29,7 @@ from pronk.jobs import JobConfig, with_changes
 from pronk.settings import Settings
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 KNOBS: dict[str, tuple[str, list[Any]]] = {
     "max_num_seqs": ("engine", [8, 16, 32, 64, 128]),
@@ -67,7 +69,7 @@ class TuneConfig:
     """Replays of the current configuration, for the guard's noise."""
     knobs: tuple[str, ...] = tuple(KNOBS)
     max_workers: int | None = None
-    """Most workers a candidate may have (default: the job's)."""
+    """Most workers any trial's fleet has, the current configuration's replay included (default: the job's)."""
     time_scale: float = 1.0
     """Multiplies the replayed tool gaps."""
     runs: int | None = None
@@ -126,6 +128,17 @@ class TuneResult:
         }
 
 
+def run_coroutine(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run `coroutine` to its end from sync code, in a thread of its own when this one already runs an event loop
+    (a Prefect task may)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
 TrialRunner = Callable[[str, Callable[[], Trial]], Trial]
 """How a trial runs: the command line calls it; the `herd` flow makes it a Prefect task run named by its label."""
 
@@ -141,6 +154,8 @@ class Tuner:
         unknown = set(config.knobs) - set(KNOBS)
         if unknown:
             raise ValueError(f"unknown knobs {sorted(unknown)}; known: {sorted(KNOBS)}")
+        if config.max_workers is not None and job.workers > config.max_workers:
+            job = with_changes(job, {"workers": config.max_workers})  # every trial's fleet, the current one's too
         self.job = job
         self.settings = settings
         self.config = config
@@ -267,7 +282,7 @@ class Tuner:
                     self.fleet.start_timeout_s = max(30.0, self.remaining())
                     trial_job = self.fleet.serve(candidate)
                     shapes_here = relabel(shapes, f"herd{number}-{int(time.time())}")
-                    trial.measurement = asyncio.run(
+                    trial.measurement = run_coroutine(
                         replay_sample(
                             trial_job, shapes_here, self.settings, self.config.time_scale, max(10.0, self.remaining())
                         )

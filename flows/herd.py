@@ -1,0 +1,74 @@
+"""The Herd flow: profile a job's traffic, tune its configuration on temporary workers, apply the winner.
+
+Profile, every trial and apply are task runs, so the run page lists each trial with its figures; the tuning run
+and its trials are also MLflow runs of the job's experiment. The `herd` deployment runs it on demand or on its
+(inactive by default) schedule.
+"""
+
+from __future__ import annotations
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
+
+from pronk.herd.tuner import KNOBS, LIVE_KNOBS, TuneConfig, Tuner, TuneResult
+from pronk.jobs import get_job
+from pronk.settings import get_settings
+from pronk.stack.prefect_env import show_pronk_logs
+from tasks.herd import apply_winner, herd_trial, profile_job
+
+
+def tune_markdown(result: TuneResult) -> str:
+    lines = [f"# Herd tuning of {result.job_id}", "", f"MLflow run `{result.mlflow_run_id}`, {result.seconds:.0f} s."]
+    if result.verdict is not None:
+        lines += ["", f"**Guard: {'accepted' if result.verdict.accept else 'refused'}**: {result.verdict.reason}."]
+    lines += [
+        "",
+        "| trial | tasks per dollar | p50 s | p90 s | cached | settings |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for t in result.trials:
+        m = t.measurement
+        figures = f"{t.value:,.1f} | {m.p50_s} | {m.p90_s} | {m.cached_ratio}" if m else f"— | — | — | {t.error}"
+        settings = ", ".join(f"{k}={v}" for k, v in t.params.items()) or "current"
+        lines.append(f"| {t.label} | {figures} | {settings} |")
+    return "\n".join(lines) + "\n"
+
+
+@flow(name="herd", log_prints=False)
+def herd(
+    job_id: str,
+    budget_minutes: float = 10.0,
+    sample: int = 8,
+    repeats: int = 2,
+    knobs: list[str] | None = None,
+    max_workers: int | None = None,
+    time_scale: float = 1.0,
+    runs: int | None = None,
+    apply: bool = False,
+) -> dict:
+    """Profile the job, replay its traces against Optuna's candidates within the budget, apply the winner when
+    `apply` and the guard accepts it. `knobs`: names of `pronk.herd.tuner.KNOBS`, or ["live"]."""
+    show_pronk_logs()
+    logger = get_run_logger()
+    settings = get_settings()
+    job = get_job(job_id)
+    profile_job(job.job_id, settings, runs)
+    chosen = tuple(KNOBS) if not knobs else LIVE_KNOBS if knobs == ["live"] else tuple(knobs)
+    config = TuneConfig(
+        budget_minutes=budget_minutes,
+        sample=sample,
+        repeats=repeats,
+        knobs=chosen,
+        max_workers=max_workers,
+        time_scale=time_scale,
+        runs=runs,
+    )
+    result = Tuner(
+        job, settings, config, lambda label, run: herd_trial.with_options(task_run_name=label)(label, run)
+    ).tune()
+    summary = result.summary()
+    if apply and result.verdict is not None and result.verdict.accept and result.winner is not None:
+        summary["applied"] = apply_winner(job.job_id, result.winner.changes, result.mlflow_run_id, settings)
+    create_markdown_artifact(markdown=tune_markdown(result), key=None, description=f"herd tuning of {job.job_id}")
+    logger.info("herd %s: %d trials, verdict %s", job.job_id, len(result.trials), summary["verdict"])
+    return summary

@@ -1,0 +1,117 @@
+"""Herd on the shared stack: `pronk herd tune` within its budget on temporary workers, and a rolling restart of
+the job's workers while a batch runs (every line completes)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from engine.registry import Registry
+from pronk.batches.store import BatchStore
+from pronk.jobs import get_job
+from pronk.settings import PROJECT_ROOT
+from pronk.stack.embedded import read_state
+from pronk.stack.processes import alive
+from pronk.stack.rolling import rolling_restart
+from pronk.stack.state import SUPERVISOR
+
+pytestmark = pytest.mark.e2e
+JOB = "job-c0ffee01"
+PRONK = str(Path(sys.executable).parent / "pronk")
+
+
+def run_batch_file(path: Path, out: Path, batch_id: str | None = None) -> dict:
+    from flows.batch import run_batch
+
+    return asyncio.run(
+        run_batch(input_uri=str(path), job_id=JOB, output_dir=str(out), batch_id=batch_id, trace_sample=0)
+    )
+
+
+def long_replay_lines(count: int, steps: int, gap_s: float) -> list[dict]:
+    shape = {
+        "system_prompt_tokens": 300,
+        "steps": [{"new_prompt_tokens": 40, "output_tokens": 16, "tool_gap_s": gap_s} for _ in range(steps)],
+    }
+    return [
+        {
+            "custom_id": f"long-{i}",
+            "method": "POST",
+            "url": "/v1/pronk/replay",
+            "body": {"model": "pronk-tiny", "shape": {**shape, "trace_id": f"long-{i}"}},
+        }
+        for i in range(count)
+    ]
+
+
+def test_herd_tune_within_budget_on_temporary_workers(stack, tmp_path):
+    batch = run_batch_file(PROJECT_ROOT / "data" / "replay_batch.jsonl", tmp_path / "out")
+    assert batch["status"] == "completed" and batch["steps_uri"]
+    workers_before = {k: v for k, v in read_state(stack).items() if k.startswith(JOB)}
+
+    started = time.monotonic()
+    tuned = subprocess.run(
+        [PRONK, "herd", "tune", "--job", JOB, "--budget-minutes", "2", "--sample", "3", "--max-workers", "1",
+         "--knobs", "routing,kv_pin_ttl_s,max_concurrency", "--time-scale", "0.2"],
+        capture_output=True, text=True, timeout=400, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+    )  # fmt: skip
+    wall = time.monotonic() - started
+    assert tuned.returncode == 0, tuned.stderr[-3000:]
+    summary = json.loads(tuned.stdout.strip().splitlines()[-1])
+    measured = [row for row in summary["table"] if row["error"] is None]
+    print(f"herd tune: {wall:.1f} s, {len(summary['table'])} trials", tuned.stderr[-2000:])
+    assert len(measured) >= 2, summary
+    assert all(row["tasks_per_dollar"] > 0 for row in measured)
+    assert summary["seconds"] <= 2 * 60 + 15  # the budget, plus stopping the last trial's fleet
+
+    # the job's own workers were never touched, and no trial worker is left
+    assert {k: v for k, v in read_state(stack).items() if k.startswith(JOB)} == workers_before
+    registry = Registry.from_settings(stack)
+    trial_jobs = [p.name for p in stack.registry_dir.iterdir() if p.is_dir() and p.name != JOB]
+    assert all(not registry.live(job_id) for job_id in trial_jobs)
+
+    client = mlflow.MlflowClient(stack.tracking_uri)
+    children = client.search_runs(
+        [client.get_run(summary["mlflow_run_id"]).info.experiment_id],
+        f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'",
+    )
+    assert len(children) == len(summary["table"])
+    assert all("tasks_per_dollar" in run.data.metrics for run in children if "pronk.herd.error" not in run.data.tags)
+
+
+def test_rolling_restart_with_a_batch_running(stack, tmp_path):
+    path = tmp_path / "long.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in long_replay_lines(16, 10, 8.0)))
+    batch_id = "batch_" + "5" * 24
+    result: dict = {}
+    runner = threading.Thread(target=lambda: result.update(run_batch_file(path, tmp_path / "out", batch_id)))
+    runner.start()
+    store = BatchStore(stack)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if store.exists(batch_id) and store.load(batch_id).status == "in_progress":
+            break
+        time.sleep(0.5)
+    before = read_state(stack)
+    time.sleep(3)  # steps in flight on both workers
+    restarted = rolling_restart(get_job(JOB), stack)
+    running_after = runner.is_alive()
+    runner.join(timeout=600)
+
+    assert set(restarted) == {f"{JOB}-w0", f"{JOB}-w1"}
+    assert all(restarted[name] != before[name] and not alive(before[name]) for name in restarted)
+    assert result["status"] == "completed", result
+    assert result["request_counts"] == {"total": 16, "completed": 16, "failed": 0}
+    state = read_state(stack)
+    assert alive(state[SUPERVISOR]) and {n: state[n] for n in restarted} == restarted
+    assert len(Registry.from_settings(stack).live(JOB)) == 2
+    print(f"rolling restart done with the batch {'still running' if running_after else 'finished'}")
