@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
+from pronk.agents.trace_shape import TraceShape
 from pronk.herd.guard import Verdict, judge
 from pronk.herd.profile import job_step_uris, profile_steps, scan_steps
 from pronk.herd.shapes import relabel, sample_shapes, shapes_from_steps
@@ -168,7 +169,9 @@ class Tuner:
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
 
-    def tune(self) -> TuneResult:
+    def tune(self, traffic: list[TraceShape] | None = None) -> TuneResult:
+        """Tune on a sample of the job's own traces (from its step records), or of `traffic` when given (the
+        benchmark's drawn workload)."""
         import mlflow
         import optuna
 
@@ -176,10 +179,13 @@ class Tuner:
 
         started = time.monotonic()
         cfg, job = self.config, self.job
-        uris = job_step_uris(job.job_id, self.settings, cfg.runs)
-        frame = scan_steps(uris, self.settings)
-        profile = profile_steps(frame)
-        shapes = sample_shapes(shapes_from_steps(frame), cfg.sample, cfg.seed)
+        if traffic is None:
+            frame = scan_steps(job_step_uris(job.job_id, self.settings, cfg.runs), self.settings)
+            profile: dict[str, Any] = profile_steps(frame).summary()
+            traffic = shapes_from_steps(frame)
+        else:
+            profile = {"traces": len(traffic)}
+        shapes = sample_shapes(traffic, cfg.sample, cfg.seed)
         logger.info(
             "herd tune %s: %d traces replayed per trial, %.1f min budget", job.job_id, len(shapes), cfg.budget_minutes
         )
@@ -198,9 +204,9 @@ class Tuner:
                     "seed": cfg.seed,
                 }
             )
-            mlflow.log_metrics(flat_metrics(profile.summary(), "profile."))
+            mlflow.log_metrics(flat_metrics(profile, "profile."))
             self.parent_run_id = parent.info.run_id
-            result = TuneResult(job.job_id, parent.info.run_id, profile.summary())
+            result = TuneResult(job.job_id, parent.info.run_id, profile)
             current: list[Trial] = []
             for r in range(cfg.repeats):
                 if r and not self._fits(job):
