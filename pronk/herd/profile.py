@@ -153,8 +153,10 @@ class TrafficProfile:
         return "\n".join([head, *rows])
 
 
-def job_batches(job_id: str, settings: Settings, limit: int | None = None) -> list[Batch]:
-    """The job's batch records in the store, newest first (at most `limit`); unreadable records are skipped."""
+def job_batches(job_id: str | set[str], settings: Settings, limit: int | None = None) -> list[Batch]:
+    """The batch records of the job (or jobs) in the store, newest first (at most `limit`); unreadable records
+    are skipped."""
+    jobs = {job_id} if isinstance(job_id, str) else job_id
     store = BatchStore(settings)
     names = [n for n in storage.list_names(store.root, settings) if n.endswith(".json")]
     batches = []
@@ -165,7 +167,7 @@ def job_batches(job_id: str, settings: Settings, limit: int | None = None) -> li
             batch = Batch.model_validate_json(data)
         except ValueError:
             continue
-        if batch.job_id == job_id:
+        if batch.job_id in jobs:
             batches.append(batch)
     batches.sort(key=lambda b: (b.created_at, b.id), reverse=True)
     return batches[:limit] if limit else batches

@@ -93,9 +93,7 @@ def model_versions(steps_uri: str | None, settings: Settings) -> str:
 
 def recent_runs(settings: Settings, job_ids: list[str], limit: int = 20) -> list[RunFigures]:
     """The most recent batches of the jobs, newest first."""
-    batches = sorted(
-        (b for job_id in job_ids for b in job_batches(job_id, settings)), key=lambda b: b.created_at, reverse=True
-    )[:limit]
+    batches = job_batches(set(job_ids), settings, limit)
     return [RunFigures.of(b, model_versions(b.steps_uri, settings)) for b in batches]
 
 

@@ -60,7 +60,7 @@ def test_herd_tune_within_budget_on_temporary_workers(stack, tmp_path):
 
     started = time.monotonic()
     tuned = subprocess.run(
-        [PRONK, "herd", "tune", "--job", JOB, "--budget-minutes", "2", "--sample", "3", "--max-workers", "1",
+        [PRONK, "herd", "tune", "--job", JOB, "--budget-minutes", "3", "--sample", "3", "--max-workers", "1",
          "--knobs", "routing,kv_pin_ttl_s,max_concurrency", "--time-scale", "0.2"],
         capture_output=True, text=True, timeout=400, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
     )  # fmt: skip
@@ -71,7 +71,7 @@ def test_herd_tune_within_budget_on_temporary_workers(stack, tmp_path):
     print(f"herd tune: {wall:.1f} s, {len(summary['table'])} trials", tuned.stderr[-2000:])
     assert len(measured) >= 2, summary
     assert all(row["tasks_per_dollar"] > 0 for row in measured)
-    assert summary["seconds"] <= 2 * 60 + 15  # the budget, plus stopping the last trial's fleet
+    assert summary["seconds"] <= 3 * 60 + 20  # the budget, plus stopping the last trial's fleet
 
     # the job's own workers were never touched, and no trial worker is left
     assert {k: v for k, v in read_state(stack).items() if k.startswith(JOB)} == workers_before
