@@ -115,3 +115,29 @@ def test_rolling_restart_with_a_batch_running(stack, tmp_path):
     assert alive(state[SUPERVISOR]) and {n: state[n] for n in restarted} == restarted
     assert len(Registry.from_settings(stack).live(JOB)) == 2
     print(f"rolling restart done with the batch {'still running' if running_after else 'finished'}")
+
+
+def test_herd_flow_shows_each_trial_as_a_task_run(stack, tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from flows.herd import herd
+
+    run_batch_file(PROJECT_ROOT / "data" / "replay_batch.jsonl", tmp_path / "out")
+    state = herd(
+        job_id=JOB, budget_minutes=2.5, sample=3, knobs=["live"], max_workers=1, time_scale=0.2, return_state=True
+    )
+    summary = state.result()
+    labels = [row["trial"] for row in summary["table"]]
+    assert labels[:2] == ["current #1", "current #2"]
+
+    async def task_run_names() -> list[str]:
+        async with get_client() as client:
+            runs = await client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
+            )
+        return [t.name for t in runs]
+
+    names = asyncio.run(task_run_names())
+    assert set(labels) <= set(names)
+    assert any(name.startswith("herd-profile") for name in names)
