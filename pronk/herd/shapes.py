@@ -27,19 +27,18 @@ class _Step:
     started_at: float
 
 
-def _trace_steps(good: pl.DataFrame) -> tuple[dict[str, list[_Step]], dict[str, str | None], dict[str, str]]:
+def _trace_steps(good: pl.DataFrame) -> tuple[dict[str, list[_Step]], dict[str, str | None]]:
+    """Each trace's steps in order, and each trace's parent (None for a root)."""
     steps: dict[str, list[_Step]] = defaultdict(list)
     parents: dict[str, str | None] = {}
-    roots: dict[str, str] = {}
     for row in good.iter_rows(named=True):
         steps[row["trace_id"]].append(
             _Step(row["step"], row["prompt_tokens"], row["output_tokens"], row["tool_time_s"] or 0.0, row["started_at"])
         )
         parents[row["trace_id"]] = row["parent_trace_id"]
-        roots[row["trace_id"]] = row["root_trace_id"]
     for rows in steps.values():
         rows.sort(key=lambda s: s.step)
-    return steps, parents, roots
+    return steps, parents
 
 
 def shapes_from_steps(steps: pl.LazyFrame, max_gap_s: float = 300.0) -> list[TraceShape]:
@@ -71,7 +70,7 @@ def shapes_from_steps(steps: pl.LazyFrame, max_gap_s: float = 300.0) -> list[Tra
         )
         .collect()
     )
-    by_trace, parents, _ = _trace_steps(good)
+    by_trace, parents = _trace_steps(good)
     children: dict[str, list[str]] = defaultdict(list)
     for trace_id, parent in parents.items():
         if parent is not None and parent in by_trace:
