@@ -87,9 +87,10 @@ def side_by_side(default: list[Measurement], tuned: list[Measurement]) -> dict[s
 
 
 def replay_on(job: JobConfig, shapes, label: str, settings: Settings, config: HerdBenchConfig) -> Measurement:
-    """`shapes` on a fresh temporary fleet of `job`'s configuration (start-up not charged)."""
+    """`shapes` on a fresh temporary fleet of `job`'s configuration (start-up and one warm-up trace not charged)."""
     with TrialFleet(settings) as fleet:
         trial_job = fleet.serve(job)
+        run_coroutine(replay_sample(trial_job, relabel(shapes[:1], f"warmup-{label}"), settings, 0.0, 120.0))
         return run_coroutine(
             replay_sample(trial_job, relabel(shapes, label), settings, config.time_scale, config.replay_timeout_s)
         )

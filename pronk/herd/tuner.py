@@ -265,7 +265,10 @@ class Tuner:
     def _fits(self, candidate: JobConfig | None) -> bool:
         """Whether one more trial (of `candidate`; None: unknown, so with a fleet start) fits the budget."""
         replay = max(self.replay_seconds, default=0.0) * 1.2
-        needs_start = candidate is None or self.fleet.key != restart_key(candidate)
+        live_only = set(self.config.knobs) <= set(LIVE_KNOBS)  # then every candidate runs on the current fleet
+        needs_start = self.fleet.key is None or (
+            self.fleet.key != restart_key(candidate) if candidate is not None else not live_only
+        )
         start = max(self.fleet.starts, default=0.0) * 1.2 if needs_start else 0.0
         return self.remaining() > replay + start
 
@@ -286,7 +289,12 @@ class Tuner:
                 try:
                     candidate = with_changes(self.job, changes)
                     self.fleet.start_timeout_s = max(30.0, self.remaining())
+                    fleets = len(self.fleet.starts)
                     trial_job = self.fleet.serve(candidate)
+                    if len(self.fleet.starts) > fleets:  # a cold engine's first steps would be charged to this trial
+                        run_coroutine(
+                            replay_sample(trial_job, relabel(shapes[:1], f"warmup{number}"), self.settings, 0.0, 60.0)
+                        )
                     shapes_here = relabel(shapes, f"herd{number}-{int(time.time())}")
                     trial.measurement = run_coroutine(
                         replay_sample(
