@@ -2,7 +2,8 @@
 
 Noise is measured, not assumed: the current configuration is replayed more than once on the same sample, and
 the winner again when the budget allows; the larger relative spread (max − min over mean) of the two is the
-noise, never below `min_noise`. A winner with a failed trace is refused whatever its tasks per dollar.
+noise, never below `min_noise`. A winner measured once, or with a failed trace, is refused whatever its tasks
+per dollar (one lucky replay of a candidate can show twice what the same settings give the next time).
 """
 
 from __future__ import annotations
@@ -42,10 +43,9 @@ def judge(current: list[float], winner: list[float], winner_failed: int = 0, min
     gain = best / base if base > 0 else float("inf")
     if winner_failed:
         return Verdict(False, f"the winner failed {winner_failed} trace(s)", base, best, gain, noise)
-    if len(current) < 2:
-        return Verdict(
-            False, "the current configuration was measured once: no noise to judge by", base, best, gain, noise
-        )
+    if len(current) < 2 or len(winner) < 2:
+        which = "current configuration" if len(current) < 2 else "winner"
+        return Verdict(False, f"the {which} was measured once: no noise to judge by", base, best, gain, noise)
     if gain <= 1.0 + noise:
         return Verdict(False, f"gain {gain:.3f}x is within the measured noise ({noise:.1%})", base, best, gain, noise)
     return Verdict(True, f"gain {gain:.3f}x beats the measured noise ({noise:.1%})", base, best, gain, noise)

@@ -213,7 +213,7 @@ class Tuner:
                     break
                 current.append(self._trial(len(result.trials), f"current #{r + 1}", {}, shapes))
                 result.trials.append(current[-1])
-            while self._fits(None):
+            while self._fits(None, trials=2):  # room for the candidate and, should it win, its repeat
                 optuna_trial = study.ask()
                 params = self._suggest(optuna_trial)
                 trial = self._trial(len(result.trials), f"candidate {optuna_trial.number}", params, shapes)
@@ -262,9 +262,9 @@ class Tuner:
                 params[knob] = trial.suggest_categorical(knob, KNOBS[knob][1])
         return params
 
-    def _fits(self, candidate: JobConfig | None) -> bool:
-        """Whether one more trial (of `candidate`; None: unknown, so with a fleet start) fits the budget."""
-        replay = max(self.replay_seconds, default=0.0) * 1.2
+    def _fits(self, candidate: JobConfig | None, trials: int = 1) -> bool:
+        """Whether `trials` more trials (of `candidate`; None: not yet known) fit the budget."""
+        replay = max(self.replay_seconds, default=0.0) * 1.2 * trials
         live_only = set(self.config.knobs) <= set(LIVE_KNOBS)  # then every candidate runs on the current fleet
         needs_start = self.fleet.key is None or (
             self.fleet.key != restart_key(candidate) if candidate is not None else not live_only

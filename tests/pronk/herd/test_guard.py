@@ -19,10 +19,10 @@ def test_a_clear_winner_is_accepted():
 
 
 def test_a_winner_inside_the_noise_is_refused():
-    verdict = judge([100.0, 120.0], [125.0])  # 18% noise from the repeats; 1.136x does not beat it
+    verdict = judge([100.0, 120.0], [125.0, 125.0])  # 18% noise from the repeats; 1.136x does not beat it
     assert not verdict.accept and verdict.noise == pytest.approx(20 / 110)
     assert "within the measured noise" in verdict.reason
-    assert judge([100.0, 120.0], [135.0]).accept  # 1.227x does
+    assert judge([100.0, 120.0], [135.0, 135.0]).accept  # 1.227x does
 
 
 def test_the_winner_own_spread_counts():
@@ -30,14 +30,16 @@ def test_the_winner_own_spread_counts():
 
 
 def test_equal_or_worse_is_refused_and_failures_refuse():
-    assert not judge([100.0, 100.0], [100.0]).accept
-    assert not judge([100.0, 100.0], [80.0]).accept
-    refused = judge([100.0, 100.0], [300.0], winner_failed=1)
+    assert not judge([100.0, 100.0], [100.0, 100.0]).accept
+    assert not judge([100.0, 100.0], [80.0, 80.0]).accept
+    refused = judge([100.0, 100.0], [300.0, 300.0], winner_failed=1)
     assert not refused.accept and "failed 1 trace" in refused.reason
 
 
-def test_one_measurement_of_the_current_configuration_is_not_enough():
-    verdict = judge([100.0], [300.0])
-    assert not verdict.accept and "measured once" in verdict.reason
+def test_one_measurement_of_either_is_not_enough():
+    verdict = judge([100.0], [300.0, 300.0])
+    assert not verdict.accept and "current configuration was measured once" in verdict.reason
+    verdict = judge([100.0, 100.0], [300.0])
+    assert not verdict.accept and "winner was measured once" in verdict.reason
     with pytest.raises(ValueError):
         judge([], [1.0])
