@@ -77,7 +77,11 @@ async def server_view(flow_run_id: str, deadline_s: float = 180.0) -> dict:
     async with get_client() as client:
         loop = asyncio.get_running_loop()
         until = loop.time() + deadline_s
-        while not [a for a in await client.read_artifacts(artifact_filter=artifact_filter) if a.type == "markdown"]:
+        while not [
+            a
+            for a in await client.read_artifacts(artifact_filter=artifact_filter)
+            if a.type == "markdown" and "sampled traces" in (a.description or "")  # the run's report is markdown too
+        ]:
             assert loop.time() < until, f"the trace sample was not drawn within {deadline_s} s of the flow run's end"
             await asyncio.sleep(1.0)
         graph = await client.request("GET", "/flow_runs/{id}/graph-v2", path_params={"id": flow_run_id})
