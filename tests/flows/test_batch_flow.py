@@ -16,9 +16,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from engine.auth import auth_headers
 from pronk.batches.store import BatchStore
 from pronk.jobs import get_job
 from pronk.settings import PROJECT_ROOT
+from pronk.worker_token import worker_token
 from tests.conftest import DATA
 from tests.flows.deployment_runs import run_batch_deployment
 
@@ -154,15 +156,19 @@ def test_steps_are_resent_when_a_worker_dies_mid_batch(stack, tmp_path):
 
     def kill_when_busy():
         # The worker's own /stats, not its heartbeat a second old: the kill lands while it holds steps.
+        headers = auth_headers(worker_token(stack))
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                in_flight = httpx.get(f"{w2.url}/stats", timeout=5).json()["in_flight"]
-                if in_flight > 0:
-                    busy_at_kill.append(in_flight)
-                    break
-            time.sleep(0.02)
-        os.killpg(pid, signal.SIGKILL)
+        try:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(httpx.HTTPError):
+                    response = httpx.get(f"{w2.url}/stats", headers=headers, timeout=5)
+                    in_flight = response.raise_for_status().json()["in_flight"]
+                    if in_flight > 0:
+                        busy_at_kill.append(in_flight)
+                        break
+                time.sleep(0.02)
+        finally:  # whatever happened above, w2 must not outlive the test (later tests count the fleet)
+            os.killpg(pid, signal.SIGKILL)
 
     killer = threading.Thread(target=kill_when_busy)
     killer.start()

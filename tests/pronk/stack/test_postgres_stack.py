@@ -111,7 +111,8 @@ def test_a_batch_on_the_postgres_stack_keeps_prefects_state_and_the_registry_in_
     assert started.returncode == 0, started.stdout + started.stderr
     flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", started.stdout).group(1)  # type: ignore[union-attr]
 
-    stored = BatchStore(Settings(data_dir=data_dir)).load("batch_onpostgres")
+    # The stack's own store (its data dir), not the S3 store this test session's environment may name.
+    stored = BatchStore(Settings(data_dir=data_dir, storage_uri=str(data_dir / "store"))).load("batch_onpostgres")
     assert stored.status == "completed" and stored.request_counts.completed == 3
     steps = [json.loads(line) for line in Path(stored.steps_uri).read_text().splitlines()]
     assert {step["worker_id"] for step in steps} <= {w for (w,) in workers}
