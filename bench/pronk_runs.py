@@ -48,9 +48,10 @@ ABLATIONS = (
 
 
 class OneOrder:
-    """The router with every step stamped with one trace start time, so priority is off even on workers that run
-    vLLM's priority queue: equal priorities run in arrival order (fcfs), and admission's waiting line falls back
-    to started traces first, then arrival."""
+    """The router with every step stamped with one trace start time, so the engine's priority is off even on
+    workers that run vLLM's priority queue: equal priorities run in arrival order (fcfs). Admission still orders
+    its queue by each family's own start (the router sends it apart, in the admission hints), so `+ admission`
+    measures admission alone."""
 
     def __init__(self, router):
         self.router = router

@@ -40,6 +40,12 @@ class AdmissionHints(BaseModel):
 
     started: bool = Field(default=False, description="The trace already ran a step: it goes before new traces.")
     wait_s: float = Field(default=5.0, ge=0, le=60, description="Longest wait for room before 'not admitted'.")
+    since: float | None = Field(
+        default=None,
+        description="Wall time the trace's family first asked for a step: its place in the worker's admission "
+        "queue and its age when room runs short (older traces are never paused for younger ones); "
+        "`trace_started_at` when omitted.",
+    )
 
 
 class StepRequest(BaseModel):

@@ -142,9 +142,9 @@ class Router:
     async def generate(self, request: StepRequest) -> StepResult:
         """Run one step on a worker of the job; the request is stamped with its family's start time."""
         family = request.affinity_key or request.trace_id
+        if family is not None and family not in self._since:
+            self._remember(self._since, family, time.time())
         if family is not None and request.trace_started_at is None:
-            if family not in self._since:
-                self._remember(self._since, family, time.time())
             request = request.model_copy(update={"trace_started_at": self._since[family]})
         if self.admission.enabled and request.trace_id is not None:
             result = await self._generate_admitted(request, request.trace_id, family or request.trace_id)
@@ -163,7 +163,8 @@ class Router:
         """Ask workers to admit the step until one does: a started trace waits at the worker holding its prefix,
         a new one at its family's home, else at the worker with the most free budget, then the next."""
         started = trace in self._served
-        hints = AdmissionHints(started=started, wait_s=self.admission_wait_s)
+        # The admission queue's order is the family's own start, even where a caller set the engine's priority.
+        hints = AdmissionHints(started=started, wait_s=self.admission_wait_s, since=self._since.get(family))
         deadline = time.monotonic() + self.admission_timeout_s
         busy: set[str] = set()
         errors: list[str] = []

@@ -192,7 +192,7 @@ class VllmBackend:
                 trace_id,
                 len(prompt_ids) + request.sampling.max_tokens,
                 started=request.admission.started,
-                since=since,
+                since=request.admission.since or since,
                 timeout_s=request.admission.wait_s,
             )
         # vLLM's priority queue runs the lowest number first: the trace's start time in ms, earlier first

@@ -228,7 +228,7 @@ class BudgetClient:
                 request.trace_id,
                 tokens,
                 started=request.admission.started,
-                since=request.trace_started_at,
+                since=request.admission.since or request.trace_started_at,
                 timeout_s=request.admission.wait_s,
             )
         except AdmissionTimeout as exc:
@@ -287,6 +287,29 @@ async def test_router_places_by_room_keeps_started_home_and_moves_on_when_not_ad
     # a trace that ends leaves its worker's budget
     await router.finish("a")
     assert "a" not in budgets["w0"].resident
+
+
+@run_async
+async def test_admission_orders_by_the_familys_start_even_when_the_caller_sets_the_engine_priority(tmp_path):
+    """The benchmark's `+ admission` setup stamps every step with one engine priority; the worker's admission queue
+    must still see each family's own start, or a paused trace could never again make room for itself."""
+    registry = FileRegistry(tmp_path)
+    registry.announce(entry("w0", 99))
+    client = BudgetClient({"w0": budget()})
+    sent: list[StepRequest] = []
+    generate = client.generate
+
+    async def spy(url, request):
+        sent.append(request)
+        return await generate(url, request)
+
+    client.generate = spy  # type: ignore[method-assign]
+    router = Router(JOB, registry, client=client, admission="kv_budget")
+    for trace, family in [("old", "old"), ("old.child", "old"), ("young", "young"), ("old", "old")]:
+        await router.generate(step(trace, 5, family).model_copy(update={"trace_started_at": 1.0}))
+    assert {r.trace_started_at for r in sent} == {1.0}
+    old, child, young, again = (r.admission.since for r in sent if r.admission is not None)
+    assert old == child == again and old is not None and young is not None and 1.0 < old <= young
 
 
 @run_async
