@@ -10,7 +10,7 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
-from pronk.herd.tuner import KNOBS, LIVE_KNOBS, TuneConfig, Tuner, TuneResult
+from pronk.herd.tuner import TuneConfig, Tuner, TuneResult, chosen_knobs
 from pronk.jobs import get_job
 from pronk.settings import get_settings
 from pronk.stack.prefect_env import show_pronk_logs
@@ -53,12 +53,11 @@ def herd(
     settings = get_settings()
     job = get_job(job_id)
     profile_job(job.job_id, settings, runs)
-    chosen = tuple(KNOBS) if not knobs else LIVE_KNOBS if knobs == ["live"] else tuple(knobs)
     config = TuneConfig(
         budget_minutes=budget_minutes,
         sample=sample,
         repeats=repeats,
-        knobs=chosen,
+        knobs=chosen_knobs(knobs),
         max_workers=max_workers,
         time_scale=time_scale,
         runs=runs,

@@ -64,16 +64,15 @@ def herd_tune(
     winner. The summary is the last stdout line, as JSON."""
     from pronk.herd.apply import apply_changes
     from pronk.herd.profile import NoStepRecords
-    from pronk.herd.tuner import KNOBS, LIVE_KNOBS, TuneConfig, Tuner
+    from pronk.herd.tuner import TuneConfig, Tuner, chosen_knobs
 
     settings = get_settings()
     config = _job(job)
-    chosen = tuple(KNOBS) if not knobs else LIVE_KNOBS if knobs == "live" else tuple(knobs.split(","))
     tune_config = TuneConfig(
         budget_minutes=budget_minutes,
         sample=sample,
         repeats=repeats,
-        knobs=chosen,
+        knobs=chosen_knobs(knobs.split(",") if knobs else None),
         max_workers=max_workers,
         time_scale=time_scale,
         runs=runs,

@@ -46,6 +46,15 @@ KNOBS: dict[str, tuple[str, list[Any]]] = {
 }
 """Each knob: the job-file section it lives in ("" = top level) and its candidate values."""
 LIVE_KNOBS = ("admission", "kv_pin_ttl_s", "kv_pin_ttl", "routing", "max_concurrency")
+
+
+def chosen_knobs(names: list[str] | None) -> tuple[str, ...]:
+    """The knobs a tuning searches: every one when none are named, the live ones for ["live"], else those named."""
+    if not names:
+        return tuple(KNOBS)
+    return LIVE_KNOBS if names == ["live"] else tuple(names)
+
+
 """Knobs that need no new workers: a search over only these runs every trial on one fleet."""
 
 

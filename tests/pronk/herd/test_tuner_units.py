@@ -62,3 +62,11 @@ def test_unknown_knobs_are_refused(tmp_path):
         Tuner(get_job("job-c0ffee01"), Settings(data_dir=tmp_path), TuneConfig(1.0, knobs=("speed",)))
     capped = Tuner(get_job("job-c0ffee01"), Settings(data_dir=tmp_path), TuneConfig(1.0, max_workers=1))
     assert capped.job.workers == 1
+
+
+def test_chosen_knobs_all_live_or_named():
+    from pronk.herd.tuner import KNOBS, LIVE_KNOBS, chosen_knobs
+
+    assert chosen_knobs(None) == chosen_knobs([]) == tuple(KNOBS)
+    assert chosen_knobs(["live"]) == LIVE_KNOBS
+    assert chosen_knobs(["routing", "max_num_seqs"]) == ("routing", "max_num_seqs")
