@@ -8,7 +8,7 @@ from pronk.agents.replay import TraceRecord
 from pronk.agents.step_records import StepRecord
 from pronk.herd.apply import merge_changes
 from pronk.herd.trial import measure, restart_key
-from pronk.herd.tuner import KNOBS, LIVE_KNOBS, TuneConfig, Tuner, changes_of
+from pronk.herd.tuner import KNOBS, LIVE_KNOBS, TuneConfig, Tuner, changes_of, chosen_knobs
 from pronk.jobs import get_job, with_changes
 
 
@@ -65,8 +65,6 @@ def test_unknown_knobs_are_refused(tmp_path):
 
 
 def test_chosen_knobs_all_live_or_named():
-    from pronk.herd.tuner import KNOBS, LIVE_KNOBS, chosen_knobs
-
     assert chosen_knobs(None) == chosen_knobs([]) == tuple(KNOBS)
     assert chosen_knobs(["live"]) == LIVE_KNOBS
     assert chosen_knobs(["routing", "max_num_seqs"]) == ("routing", "max_num_seqs")
