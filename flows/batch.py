@@ -142,11 +142,11 @@ async def run_batch(
         await router.aclose()
     finish_run(run, store, FileStore(settings))
 
-    await publish_traces(run, settings, job.harness.trace_sample if trace_sample is None else trace_sample)
     await best_effort(
         "summary table",
         acreate_table_artifact(table=run.summary_table(), key=None, description=f"batch {batch.id} summary"),
     )
     await publish_batch_report(run, settings)
+    await publish_traces(run, settings, job.harness.trace_sample if trace_sample is None else trace_sample)
     logger.info("batch %s %s: %s", batch.id, batch.status, batch.request_counts.model_dump())
     return batch.model_dump(mode="json")

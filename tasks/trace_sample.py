@@ -47,6 +47,7 @@ TABLE_ROWS = 500
 MLFLOW_BUDGET_S = 60.0
 """Longest the drawer waits on MLflow for the sample's traces (they are logged while the task runs are drawn)."""
 GRACE_S = 30.0
+FLOW_END_WAIT_S = 30.0  # the longest the drawer waits for its flow run to end before drawing anyway
 """A Prefect server that stops answering costs the drawer at most this long beyond the drawing's own pace."""
 MARKDOWN_SAFE = str.maketrans({c: "_" for c in "|[]<>`*\\"})
 """A custom id is hostile input: in the sample's markdown it shows as text, never as a link, tag or table cell break."""
@@ -116,7 +117,19 @@ def take_order(batch_id: str, settings: Settings) -> SampleOrder | None:
 def deadline_s(order: SampleOrder) -> float:
     """The most the drawer may take: MLflow's budget, the drawing's pace, and a grace for a slow server."""
     nodes = sum(len(t.steps) for t in order.traces) * 2  # a step and its tool call, at most
-    return MLFLOW_BUDGET_S + min(nodes, MAX_TASK_RUNS) / TASK_RUNS_PER_S + GRACE_S
+    return FLOW_END_WAIT_S + MLFLOW_BUDGET_S + min(nodes, MAX_TASK_RUNS) / TASK_RUNS_PER_S + GRACE_S
+
+
+async def wait_for_the_flow_run_to_end(client: PrefectClient, order: SampleOrder) -> None:
+    """Wait (at most `FLOW_END_WAIT_S`) until the batch's flow run is final: the drawing starts with the run's last
+    steps otherwise, and would compete with the very run whose end it must not delay."""
+    deadline = time.monotonic() + FLOW_END_WAIT_S
+    while time.monotonic() < deadline:
+        flow_run = await client.read_flow_run(uuid.UUID(order.flow_run_id))
+        if flow_run.state is not None and flow_run.state.is_final():
+            return
+        await asyncio.sleep(0.5)
+    logger.warning("batch %s: its flow run had not ended after %.0f s; drawing anyway", order.batch_id, FLOW_END_WAIT_S)
 
 
 def mlflow_trace_url(settings: Settings, experiment_id: str, trace_id: str) -> str:
@@ -204,6 +217,7 @@ async def fulfil(order: SampleOrder, settings: Settings) -> None:
     flow_run_id = uuid.UUID(order.flow_run_id)
     dags = [trace_dag([StepRecord(**row) for row in t.steps]) for t in order.traces]
     async with get_client() as client:
+        await wait_for_the_flow_run_to_end(client, order)
         started = time.monotonic()
         links, drawn = await asyncio.gather(log_sample_to_mlflow(order, settings), draw(client, order, dags))
         summary = (

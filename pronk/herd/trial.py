@@ -32,6 +32,7 @@ from pronk.settings import Settings
 from pronk.stack.fleet import wait_for_workers
 from pronk.stack.processes import spawn, stop
 from pronk.stack.state import worker_name
+from pronk.worker_token import worker_token
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +127,7 @@ async def replay_sample(
         policy=harness.routing,
         admission=harness.admission,
         admission_timeout_s=harness.step_timeout_s,
+        token=worker_token(settings),
     )
     gaps = ToolGaps(harness.kv_pin_ttl_s) if harness.kv_pin_ttl == "auto" else None
     slots = asyncio.Semaphore(job.max_concurrency)
