@@ -9,6 +9,7 @@ tool, traces in flight and their arrival rate, and the cached share of prompt to
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 from dataclasses import asdict, dataclass, field
@@ -179,14 +180,20 @@ def job_step_uris(job_id: str, settings: Settings, limit: int | None = None) -> 
     return [u for u in uris if storage.exists(u, settings)]
 
 
+def steps_frame(uri: str, schema: Any, settings: Settings | None = None) -> pl.LazyFrame:
+    """One step-records file as a lazy frame. An `s3://` file is read through pronk's store (its endpoint and
+    credentials): polars' own object store does not take fsspec's options and would dial AWS instead."""
+    if uri.startswith("s3://"):
+        return pl.read_ndjson(io.BytesIO(storage.read_bytes(uri, settings)), schema=schema).lazy()
+    return pl.scan_ndjson(uri, schema=schema)
+
+
 def scan_steps(uris: list[str], settings: Settings | None = None) -> pl.LazyFrame:
     """The step records of many files as one lazy frame, with the step-record schema."""
     if not uris:
         raise NoStepRecords("no step records to read")
-    options = storage.storage_options(uris[0], settings) if uris[0].startswith("s3://") else None
     frames = [
-        pl.scan_ndjson(uri, schema=STEP_SCHEMA, storage_options=options).with_columns(pl.lit(i).alias("_run"))
-        for i, uri in enumerate(uris)
+        steps_frame(uri, STEP_SCHEMA, settings).with_columns(pl.lit(i).alias("_run")) for i, uri in enumerate(uris)
     ]
     return pl.concat(frames, how="vertical")
 

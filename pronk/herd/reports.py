@@ -13,10 +13,9 @@ from pathlib import Path
 
 import polars as pl
 
-from pronk import storage
 from pronk.agents.step_records import StepRecord
 from pronk.batches.schemas import Batch
-from pronk.herd.profile import job_batches
+from pronk.herd.profile import job_batches, steps_frame
 from pronk.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -83,8 +82,7 @@ def model_versions(steps_uri: str | None, settings: Settings) -> str:
     if not steps_uri:
         return ""
     try:
-        options = storage.storage_options(steps_uri, settings) if steps_uri.startswith("s3://") else None
-        frame = pl.scan_ndjson(steps_uri, schema={"model_version": pl.String}, storage_options=options)
+        frame = steps_frame(steps_uri, {"model_version": pl.String}, settings)
         versions = frame.select(pl.col("model_version").drop_nulls().unique()).collect()["model_version"]
     except (OSError, pl.exceptions.PolarsError):
         return ""
