@@ -79,18 +79,6 @@ def _env(api_url: str, home: Path, database_url: str | None) -> dict[str, str]:
     return env
 
 
-def _wait(url: str, timeout_s: float = 180) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{url} not answering after {timeout_s}s")
-
-
 def _completed_task_runs(api: str) -> int:
     body = {"task_runs": {"state": {"type": {"any_": ["COMPLETED"]}}}}
     return int(httpx.post(f"{api}/task_runs/count", json=body, timeout=10).json())
@@ -102,7 +90,7 @@ def _stamp(value: str) -> float:
 
 def measure(database_url: str | None, tasks: int, starts: int) -> dict[str, float | list[float]]:
     from engine.worker import free_port
-    from pronk.stack.processes import stop
+    from pronk.stack.processes import stop, wait_healthy
 
     home = Path(tempfile.mkdtemp(prefix="prefect-db-"))
     port = free_port()
@@ -113,7 +101,7 @@ def measure(database_url: str | None, tasks: int, starts: int) -> dict[str, floa
         server = subprocess.Popen(argv, env=env, stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True)
     served = None
     try:
-        _wait(f"{api}/health")
+        wait_healthy(f"{api}/health", "Prefect server", server.pid, home / "server.log", timeout_s=180)
         client = subprocess.run(
             [sys.executable, "-m", "bench.prefect_db", "--client", str(tasks)],
             env=env,
