@@ -48,7 +48,8 @@ def test_agent_batch_completes_with_all_tools_and_a_fan_out(agent_run):
     assert outputs["agent-narrow-sql"]["choices"][0]["finish_reason"] == "max_steps"
     transcript = outputs["agent-sql"]["pronk"]["transcript"]
     assert [m["role"] for m in transcript[:4]] == ["system", "user", "assistant", "tool"]
-    assert json.loads(transcript[2]["content"])["tool"] == "sql"
+    # The harness reads a step the way parse_call does: a raw control character inside a generated string is kept.
+    assert json.loads(transcript[2]["content"], strict=False)["tool"] == "sql"
     assert sum(body["usage"]["prompt_tokens"] for body in outputs.values()) == batch["usage"]["input_tokens"]
 
 
