@@ -52,8 +52,25 @@ class EngineArgs(BaseModel):
         "RoPE model past its trained context (RoPE has no weights, so the checkpoint is unchanged).",
     )
 
+    speculative_ngram_tokens: int = Field(
+        default=0,
+        ge=0,
+        le=16,
+        description="n-gram (prompt-lookup) speculative decoding: tokens proposed per step from matches of the "
+        "latest tokens earlier in the context, all verified by the model in one pass (0 = off). Pays where outputs "
+        "repeat their context (tool arguments quoting the prompt, extraction).",
+    )
+
     def as_vllm_kwargs(self) -> dict[str, Any]:
-        return self.model_dump(exclude_none=True)
+        kwargs = self.model_dump(exclude_none=True, exclude={"speculative_ngram_tokens"})
+        if self.speculative_ngram_tokens:
+            kwargs["speculative_config"] = {
+                "method": "ngram",
+                "num_speculative_tokens": self.speculative_ngram_tokens,
+                "prompt_lookup_min": 2,
+                "prompt_lookup_max": 4,
+            }
+        return kwargs
 
 
 class PythonToolLimits(BaseModel):
@@ -188,7 +205,7 @@ def load_job_file(path: Path) -> JobConfig:
 
 
 TUNABLE_KEYS = frozenset({"engine", "harness", "max_concurrency", "workers", "cpu_cores_per_worker"})
-"""What a configuration version may change; the job's identity, model and price stay the job file's."""
+"""What a configuration version may change; the job's identity, model and price per core stay the job file's."""
 
 
 class JobVersion(BaseModel):
@@ -247,6 +264,10 @@ def with_changes(job: JobConfig, changes: dict[str, Any]) -> JobConfig:
     merged = job.model_dump()
     for key, value in changes.items():
         merged[key] = {**merged[key], **value} if isinstance(value, dict) and isinstance(merged[key], dict) else value
+    if merged["device"] == "cpu":  # a CPU worker with more cores costs more: the price is for the job's cores
+        merged["price_per_worker_hour"] = (
+            job.price_per_worker_hour * merged["cpu_cores_per_worker"] / job.cpu_cores_per_worker
+        )
     try:
         return JobConfig.model_validate(merged)
     except ValueError as exc:

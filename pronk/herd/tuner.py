@@ -2,12 +2,13 @@
 Optuna, judge the winner against the current configuration, and (when asked) apply it.
 
 Knobs searched (`KNOBS`): the engine's `max_num_seqs`, `max_num_batched_tokens` (the chunked-prefill token
-budget) and `scheduling_policy`; the admission scheduler (`admission`, `kv_budget_headroom`); KV pins
-(`kv_pin_ttl_s`, `kv_pin_ttl`); the routing policy; batch concurrency (`max_concurrency`); and the number of
-workers. The current configuration is replayed `repeats` times first (the guard's noise), then Optuna's TPE
-sampler proposes candidates until the next trial would not fit in the budget; the best one is replayed once more
-when there is time. Every trial is a child MLflow run of the tuning run (params; tasks per dollar, p50/p90 trace
-time, cached ratio).
+budget), `scheduling_policy` and n-gram speculative decoding (`speculative_ngram_tokens`); the admission
+scheduler (`admission`, `kv_budget_headroom`); KV pins (`kv_pin_ttl_s`, `kv_pin_ttl`); the routing policy; batch
+concurrency (`max_concurrency`); the number of workers and the cores of each (a candidate never has more
+workers than the machine has cores for; a worker's price grows with its cores). The current configuration is
+replayed `repeats` times first (the guard's noise), then Optuna's TPE sampler proposes candidates until the next
+trial would not fit in the budget; the best one is replayed once more when there is time. Every trial is a child
+MLflow run of the tuning run (params; tasks per dollar, p50/p90 trace time, cached ratio).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +38,7 @@ KNOBS: dict[str, tuple[str, list[Any]]] = {
     "max_num_seqs": ("engine", [8, 16, 32, 64, 128]),
     "max_num_batched_tokens": ("engine", [512, 1024, 2048, 4096, 8192]),
     "scheduling_policy": ("engine", ["fcfs", "priority"]),
+    "speculative_ngram_tokens": ("engine", [0, 2, 4]),
     "admission": ("harness", ["none", "kv_budget"]),
     "kv_budget_headroom": ("harness", [0.05, 0.1, 0.2]),
     "kv_pin_ttl_s": ("harness", [0.0, 5.0, 30.0, 120.0]),
@@ -43,9 +46,11 @@ KNOBS: dict[str, tuple[str, list[Any]]] = {
     "routing": ("harness", ["trace_affinity", "least_loaded"]),
     "max_concurrency": ("", [4, 8, 16, 32, 64]),
     "workers": ("", []),  # 1 … max_workers
+    "cpu_cores_per_worker": ("", [1, 2, 4, 8]),  # those the machine has
 }
 """Each knob: the job-file section it lives in ("" = top level) and its candidate values."""
 LIVE_KNOBS = ("admission", "kv_pin_ttl_s", "kv_pin_ttl", "routing", "max_concurrency")
+"""Knobs that need no new workers: a search over only these runs every trial on one fleet."""
 
 
 def chosen_knobs(names: list[str] | None) -> tuple[str, ...]:
@@ -55,7 +60,14 @@ def chosen_knobs(names: list[str] | None) -> tuple[str, ...]:
     return LIVE_KNOBS if names == ["live"] else tuple(names)
 
 
-"""Knobs that need no new workers: a search over only these runs every trial on one fleet."""
+def fit_to_cores(params: dict[str, Any], job: JobConfig, cores: int) -> dict[str, Any]:
+    """`params` with fewer workers where the workers times their cores exceed the machine's `cores` (a CPU job's
+    workers are pinned to cores of their own; sharing them would measure contention, not the configuration)."""
+    per_worker = params.get("cpu_cores_per_worker", job.cpu_cores_per_worker)
+    workers = params.get("workers", job.workers)
+    if job.device != "cpu" or workers * per_worker <= cores:
+        return params
+    return {**params, "workers": max(1, cores // per_worker)}
 
 
 def changes_of(params: dict[str, Any]) -> dict[str, Any]:
@@ -263,13 +275,16 @@ class Tuner:
         return result
 
     def _suggest(self, trial) -> dict[str, Any]:
+        cores = len(os.sched_getaffinity(0))
         params: dict[str, Any] = {}
         for knob in self.config.knobs:
             if knob == "workers":
                 params[knob] = trial.suggest_int(knob, 1, self.config.max_workers or self.job.workers)
+            elif knob == "cpu_cores_per_worker":
+                params[knob] = trial.suggest_categorical(knob, [c for c in KNOBS[knob][1] if c <= cores])
             else:
                 params[knob] = trial.suggest_categorical(knob, KNOBS[knob][1])
-        return params
+        return fit_to_cores(params, self.job, cores)
 
     def _fits(self, candidate: JobConfig | None, trials: int = 1) -> bool:
         """Whether `trials` more trials (of `candidate`; None: not yet known) fit the budget."""

@@ -8,7 +8,7 @@ from pronk.agents.replay import TraceRecord
 from pronk.agents.step_records import StepRecord
 from pronk.herd.apply import merge_changes
 from pronk.herd.trial import measure, restart_key
-from pronk.herd.tuner import KNOBS, LIVE_KNOBS, TuneConfig, Tuner, changes_of, chosen_knobs
+from pronk.herd.tuner import KNOBS, LIVE_KNOBS, TuneConfig, Tuner, changes_of, chosen_knobs, fit_to_cores
 from pronk.jobs import get_job, with_changes
 
 
@@ -68,3 +68,21 @@ def test_chosen_knobs_all_live_or_named():
     assert chosen_knobs(None) == chosen_knobs([]) == tuple(KNOBS)
     assert chosen_knobs(["live"]) == LIVE_KNOBS
     assert chosen_knobs(["routing", "max_num_seqs"]) == ("routing", "max_num_seqs")
+
+
+def test_ngram_speculation_becomes_vllms_speculative_config():
+    job = with_changes(get_job("job-c0ffee01", versions=False), changes_of({"speculative_ngram_tokens": 4}))
+    kwargs = job.engine.as_vllm_kwargs()
+    assert kwargs["speculative_config"]["method"] == "ngram"
+    assert kwargs["speculative_config"]["num_speculative_tokens"] == 4
+    assert "speculative_ngram_tokens" not in kwargs
+    assert "speculative_config" not in get_job("job-c0ffee01", versions=False).engine.as_vllm_kwargs()
+
+
+def test_a_worker_with_more_cores_costs_more_and_never_shares_them():
+    job = get_job("job-c0ffee01", versions=False)  # 2 workers of 1 core
+    wider = with_changes(job, changes_of({"cpu_cores_per_worker": 2, "workers": 1}))
+    assert wider.price_per_worker_hour == pytest.approx(2 * job.price_per_worker_hour)
+    assert fit_to_cores({"cpu_cores_per_worker": 2}, job, cores=2) == {"cpu_cores_per_worker": 2, "workers": 1}
+    assert fit_to_cores({"cpu_cores_per_worker": 1}, job, cores=2) == {"cpu_cores_per_worker": 1}
+    assert fit_to_cores({"workers": 4, "cpu_cores_per_worker": 2}, job, cores=4)["workers"] == 2
