@@ -1,14 +1,15 @@
 """`python -m bench.herd`: the Herd goal measured side by side: a job's default configuration (its file) against
 the configuration `herd tune` picks for the same traffic, in one run.
 
-Per workload profile (`agent-long` and `cpu` by default, `bench.workload.PROFILES`): the tuner replays a tuning
+Per workload profile (`agent-long` and `cpu` by default, `bench.workload.PROFILES`), with the job `make bench` runs
+it on (`PROFILE_JOBS`: `agent-long` for agent-long, the embedded default `tiny-cpu` for cpu): the tuner replays a tuning
 workload (seed `seed`) against Optuna's candidates on temporary workers within `budget_minutes`; then, for each
 round, a held-out workload (seed `seed + 1 + round`) is replayed on the default configuration and on the tuned one
 (the default again when the guard refused every candidate), in an order rotated each round, each on temporary
 workers of its own (start-up not charged). Tasks per dollar are charged as a batch is: the fleet's worker-seconds
 for the replay's wall time. The goal: tuned ≥ 1.5x default on every profile, and never below it.
 
-    python -m bench.herd --job agent-long --profiles agent-long,cpu --budget-minutes 30 --rounds 3 --record
+    python -m bench.herd --profiles agent-long,cpu --budget-minutes 18 --rounds 3 --record
     python -m bench.herd --smoke          # a few traces and a 1.5-minute budget, to keep the script alive
 
 Do not run the full bench on a shared machine: it holds every core for the whole budget and the rounds.
@@ -38,10 +39,15 @@ log = logging.getLogger(__name__)
 
 GOAL = 1.5
 RESULTS = PROJECT_ROOT / "bench" / "herd_results.json"
+PROFILE_JOBS = {"agent-long": "agent-long", "cpu": "tiny-cpu", "smoke": "tiny-cpu"}
+"""The job whose file is the default configuration of each profile, as `make bench` pairs them (any other
+profile: the embedded default `tiny-cpu`)."""
 
 
 class HerdBenchConfig(BaseModel):
-    job: str = Field(default="agent-long", description="Job whose file is the default configuration.")
+    job: str | None = Field(
+        default=None, description="Job whose file is the default configuration (default: `PROFILE_JOBS`)."
+    )
     profiles: list[str] = Field(default_factory=lambda: ["agent-long", "cpu"])
     traces: int | None = Field(default=None, ge=1, description="Root traces per held-out round (default: profile's).")
     tune_traces: int = Field(default=12, ge=1, description="Root traces replayed per tuning trial.")
@@ -55,7 +61,6 @@ class HerdBenchConfig(BaseModel):
 
 
 SMOKE = HerdBenchConfig(
-    job="tiny-cpu",
     profiles=["smoke"],
     traces=3,
     tune_traces=3,
@@ -97,7 +102,7 @@ def replay_on(job: JobConfig, shapes, label: str, settings: Settings, config: He
 
 
 def bench_profile(profile: str, config: HerdBenchConfig, settings: Settings, echo=print) -> dict[str, Any]:
-    default = get_job(config.job, versions=False)
+    default = get_job(config.job or PROFILE_JOBS.get(profile, "tiny-cpu"), versions=False)
     tuner = Tuner(
         default,
         settings,
@@ -124,6 +129,7 @@ def bench_profile(profile: str, config: HerdBenchConfig, settings: Settings, ech
             echo(f"{profile} round {r}: {name} {runs[name][-1].tasks_per_dollar:,.1f} tasks/$")
     return {
         "profile": profile,
+        "job": default.name,
         "tuning_run": result.mlflow_run_id,
         "tuning": result.summary(),
         "tuned_changes": result.winner.changes if accepted and result.winner else {},
