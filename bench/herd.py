@@ -1,13 +1,13 @@
 """`python -m bench.herd`: the Herd goal measured side by side: a job's default configuration (its file) against
 the configuration `herd tune` picks for the same traffic, in one run.
 
-Per workload profile (`agent-long` and `cpu` by default, `bench.workload.PROFILES`), with the job `make bench` runs
-it on (`PROFILE_JOBS`: `agent-long` for agent-long, the embedded default `tiny-cpu` for cpu): the tuner replays a tuning
-workload (seed `seed`) against Optuna's candidates on temporary workers within `budget_minutes`; then, for each
-round, a held-out workload (seed `seed + 1 + round`) is replayed on the default configuration and on the tuned one
-(the default again when the guard refused every candidate), in an order rotated each round, each on temporary
-workers of its own (start-up not charged). Tasks per dollar are charged as a batch is: the fleet's worker-seconds
-for the replay's wall time. The goal: tuned ≥ 1.5x default on every profile, and never below it.
+Per workload profile (`agent-long` and `cpu` by default, `bench.workload.PROFILES`), with the job `make bench`
+runs it on (`PROFILE_JOBS`: `agent-long` for agent-long, the embedded default `tiny-cpu` for cpu): the tuner
+replays a tuning workload (seed `seed`) against Optuna's candidates on temporary workers within `budget_minutes`;
+then, for each round, a held-out workload (seed `seed + 1 + round`) is replayed on the default configuration and
+on the tuned one (the default again when the guard refused every candidate), in an order rotated each round, each
+on temporary workers of its own (start-up not charged). Tasks per dollar are charged as a batch is: the fleet's
+worker-seconds for the replay's wall time. The goal: tuned ≥ 1.5x default on every profile, and never below it.
 
     python -m bench.herd --profiles agent-long,cpu --budget-minutes 18 --rounds 3 --record
     python -m bench.herd --smoke          # a few traces and a 1.5-minute budget, to keep the script alive
