@@ -77,7 +77,8 @@ def test_step_records_show_one_worker_per_trace_and_cached_prefixes(agent_run):
     agent = served.filter(pl.col("kind") == "agent")
     assert agent.filter(pl.col("step") >= 1)["cached_tokens"].min() > 0
     children = agent.filter(pl.col("parent_trace_id").is_not_null())
-    assert children.height >= 2 and children["cached_tokens"].min() > 0
+    # The model picks how many sub-agents to spawn (the tool's schema allows 1 to max_fan_out): at least one ran.
+    assert children.height >= 1 and children["cached_tokens"].min() > 0
     assert set(steps["kind"]) == {"agent", "chat", "replay"}
     assert served["model_version"].unique().to_list() == ["pronk-tiny/1"]
 
