@@ -49,9 +49,9 @@ def test_server_takes_a_password_login_and_has_pronks_databases(postgres_server)
 
 
 def test_server_runs_as_a_non_root_user(postgres_server):
-    with connect(postgres_server) as conn:
+    with connect(postgres_server) as conn:  # the backend exits with its connection: read its owner while it lives
         pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
-    uid = os.stat(f"/proc/{pid}").st_uid
+        uid = os.stat(f"/proc/{pid}").st_uid
     assert uid != 0 or os.geteuid() != 0, "PostgreSQL runs as root"
     assert pwd.getpwuid(uid).pw_name in (
         {"postgres", "pronk-postgres"} if os.geteuid() == 0 else {pwd.getpwuid(os.geteuid()).pw_name}
