@@ -47,8 +47,9 @@ TABLE_ROWS = 500
 MLFLOW_BUDGET_S = 60.0
 """Longest the drawer waits on MLflow for the sample's traces (they are logged while the task runs are drawn)."""
 GRACE_S = 30.0
-FLOW_END_WAIT_S = 30.0  # the longest the drawer waits for its flow run to end before drawing anyway
 """A Prefect server that stops answering costs the drawer at most this long beyond the drawing's own pace."""
+FLOW_END_WAIT_S = 30.0
+"""The longest the drawer waits for its flow run to end before drawing anyway."""
 MARKDOWN_SAFE = str.maketrans({c: "_" for c in "|[]<>`*\\"})
 """A custom id is hostile input: in the sample's markdown it shows as text, never as a link, tag or table cell break."""
 
