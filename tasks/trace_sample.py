@@ -126,8 +126,8 @@ async def wait_for_the_flow_run_to_end(client: PrefectClient, order: SampleOrder
     steps otherwise, and would compete with the very run whose end it must not delay."""
     deadline = time.monotonic() + FLOW_END_WAIT_S
     while time.monotonic() < deadline:
-        flow_run = await client.read_flow_run(uuid.UUID(order.flow_run_id))
-        if flow_run.state is not None and flow_run.state.is_final():
+        flow_run = await best_effort("the flow run's state", client.read_flow_run(uuid.UUID(order.flow_run_id)))
+        if flow_run is not None and flow_run.state is not None and flow_run.state.is_final():
             return
         await asyncio.sleep(0.5)
     logger.warning("batch %s: its flow run had not ended after %.0f s; drawing anyway", order.batch_id, FLOW_END_WAIT_S)
