@@ -1,15 +1,18 @@
 """`python -m bench.herd`: the Herd goal measured side by side: a job's default configuration (its file) against
 the configuration `herd tune` picks for the same traffic, in one run.
 
-Per workload profile (`agent-long` and `cpu` by default, `bench.workload.PROFILES`), with the job `make bench`
-runs it on (`PROFILE_JOBS`: `agent-long` for agent-long, the embedded default `tiny-cpu` for cpu): the tuner
-replays a tuning workload (seed `seed`) against Optuna's candidates on temporary workers within `budget_minutes`;
-then, for each round, a held-out workload (seed `seed + 1 + round`) is replayed on the default configuration and
-on the tuned one (the default again when the guard refused every candidate), in an order rotated each round, each
-on temporary workers of its own (start-up not charged). Tasks per dollar are charged as a batch is: the fleet's
-worker-seconds for the replay's wall time. The goal: tuned ≥ 1.5x default on every profile, and never below it.
+Per workload profile (`agent-long` and `cpu` by default, `bench.workload.PROFILES`), with a job whose file is
+the default configuration (`PROFILE_JOBS`: jobs at pronk's defaults, as a user first writes them: `agent-long-untuned`
+for agent-long, the embedded default `tiny-cpu` for cpu; `--job` names another, e.g. `agent-long`, the configuration
+issue 11 tuned by hand): the tuner replays a tuning workload (seed `seed`) against Optuna's candidates on temporary
+workers within `budget_minutes`; then, for each round, a held-out workload (seed `seed + 1 + round`) is replayed on
+the default configuration and on the tuned one (the default again when the guard refused every candidate), in an
+order rotated each round, each on temporary workers of its own (start-up not charged). Tasks per dollar are charged
+as a batch is: the fleet's worker-seconds for the replay's wall time. The goal: tuned ≥ 1.5x default on every
+profile, and never below it. `--record` keeps the latest run of each (profile, job) in `bench/herd_results.json`.
 
-    python -m bench.herd --profiles agent-long,cpu --budget-minutes 18 --rounds 3 --record
+    python -m bench.herd --profiles agent-long,cpu --budget-minutes 20 --rounds 3 --record
+    python -m bench.herd --profiles agent-long --job agent-long --budget-minutes 18 --rounds 3 --record
     python -m bench.herd --smoke          # a few traces and a 1.5-minute budget, to keep the script alive
 
 Do not run the full bench on a shared machine: it holds every core for the whole budget and the rounds.
@@ -39,9 +42,9 @@ log = logging.getLogger(__name__)
 
 GOAL = 1.5
 RESULTS = PROJECT_ROOT / "bench" / "herd_results.json"
-PROFILE_JOBS = {"agent-long": "agent-long", "cpu": "tiny-cpu", "smoke": "tiny-cpu"}
-"""The job whose file is the default configuration of each profile, as `make bench` pairs them (any other
-profile: the embedded default `tiny-cpu`)."""
+PROFILE_JOBS = {"agent-long": "agent-long-untuned", "cpu": "tiny-cpu", "smoke": "tiny-cpu"}
+"""The job whose file is the default configuration of each profile: the profile's fleet (model, positions, KV
+bytes, workers, price) with every scheduling choice at pronk's defaults (any other profile: `tiny-cpu`)."""
 
 
 class HerdBenchConfig(BaseModel):
@@ -154,6 +157,15 @@ def run_herd_bench(config: HerdBenchConfig, settings: Settings, echo=print) -> d
     return outcome
 
 
+def recorded(previous: dict[str, Any], outcome: dict[str, Any]) -> dict[str, Any]:
+    """The record with `outcome` in it: each (profile, default job) keeps its latest run, with the config and wall
+    time of the run that measured it, so running one profile or job does not erase the others."""
+    runs = previous["runs"]
+    new = [{**p, "config": outcome["config"], "wall_s": outcome["wall_s"]} for p in outcome["profiles"]]
+    replaced = {(p["profile"], p["job"]) for p in new}
+    return {"runs": [p for p in runs if (p["profile"], p["job"]) not in replaced] + new}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="a tiny run that keeps the script alive")
@@ -176,10 +188,13 @@ def main(argv: list[str] | None = None) -> None:
     }
     config = base.model_copy(update={k: v for k, v in updates.items() if v is not None})
     outcome = run_herd_bench(config, get_settings())
-    text = json.dumps(outcome, indent=2, default=str)
-    for path in [p for p in (args.out, RESULTS if args.record else None) if p is not None]:
-        path.write_text(text)
-        print(f"wrote {path}")
+    if args.out:
+        args.out.write_text(json.dumps(outcome, indent=2, default=str))
+        print(f"wrote {args.out}")
+    if args.record:
+        previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": []}
+        RESULTS.write_text(json.dumps(recorded(previous, outcome), indent=2, default=str))
+        print(f"wrote {RESULTS}")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.herd import SMOKE, run_herd_bench, side_by_side
+from bench.herd import SMOKE, recorded, run_herd_bench, side_by_side
 from pronk.herd.trial import Measurement
 
 
@@ -18,6 +18,14 @@ def test_side_by_side_ratios_and_goal():
     assert figures["goal_met"] and figures["never_worse"]
     worse = side_by_side([measurement(100)], [measurement(90, failed=1)])
     assert not worse["goal_met"] and not worse["never_worse"] and worse["tuned_failed"] == 1
+
+
+def test_recording_one_profile_and_job_keeps_the_others():
+    old = {"runs": [{"profile": "cpu", "job": "tiny-cpu", "wall_s": 1}, {"profile": "a", "job": "a", "wall_s": 1}]}
+    outcome = {"config": {"rounds": 3}, "wall_s": 2, "profiles": [{"profile": "a", "job": "a-untuned"}]}
+    runs = recorded(recorded(old, outcome), outcome)["runs"]
+    assert [(r["profile"], r["job"]) for r in runs] == [("cpu", "tiny-cpu"), ("a", "a"), ("a", "a-untuned")]
+    assert runs[-1]["config"] == {"rounds": 3} and runs[-1]["wall_s"] == 2
 
 
 def test_smoke_config_is_small():
