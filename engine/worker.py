@@ -33,6 +33,23 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def bind_socket(host: str, port: int = 0) -> socket.socket:
+    """A socket bound (not yet listening) to `host:port`, 0 picking a free port.
+
+    A worker binds before it loads vLLM and serves on this very socket: a port picked by `free_port` and bound only
+    after the model loads can be taken meanwhile (vLLM's own ports, any outgoing connection), and the worker would
+    die with EADDRINUSE after its slowest step.
+    """
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def cores_for(index: int, cores_per_worker: int) -> list[int]:
     """The CPU cores worker `index` is pinned to, wrapping around the machine's cores."""
     available = sorted(os.sched_getaffinity(0))
@@ -136,23 +153,24 @@ def serve(
     backend: VllmBackend,
     registry: Registry,
     stager: Stager,
-    port: int,
+    sock: socket.socket,
     heartbeat_interval_s: float,
     *,
     token: str,
-    host: str = "127.0.0.1",
     advertise: str | None = None,
 ) -> None:
-    """Serve `backend` on `host:port` until SIGTERM, announced as `advertise` (default `http://host:port`).
+    """Serve `backend` on the bound `sock` until SIGTERM, announced as `advertise` (default `http://host:port`).
 
-    The caller (pronk's worker entry point) built the backend from a job. Bound to all interfaces (`0.0.0.0`),
-    a worker must be told the URL others reach it by: the bind address is no address to call.
+    The caller (pronk's worker entry point) bound the socket (`bind_socket`) and built the backend from a job.
+    Bound to all interfaces (`0.0.0.0`), a worker must be told the URL others reach it by: the bind address is no
+    address to call.
     """
     import uvicorn
 
+    host, port = sock.getsockname()[:2]
     url = advertise_url(host, port, advertise)
     app = create_app(backend, registry, url, heartbeat_interval_s, stager, token=token)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
 
 
 def advertise_url(host: str, port: int, advertise: str | None) -> str:

@@ -16,9 +16,10 @@ from engine.registry import Registry
 from engine.vllm_backend import HEADROOM_ENV, VllmBackend
 from engine.weight_swap import IncompatibleWeights, StagedWeights
 from engine.worker import (
+    advertise_url,
+    bind_socket,
     compact_json_outputs,
     cores_for,
-    free_port,
     pin_to_cores,
     serve,
 )
@@ -52,6 +53,8 @@ def main(argv: list[str] | None = None) -> None:
     settings = get_settings()
     token = worker_token(settings)
     job = get_job(args.job)
+    advertise_url(args.host, args.port, args.advertise)  # a bad --host/--advertise fails before vLLM loads
+    sock = bind_socket(args.host, args.port)
     if job.harness.kv_budget_headroom is not None:
         os.environ[HEADROOM_ENV] = str(job.harness.kv_budget_headroom)
     if job.device == "cpu":
@@ -73,10 +76,9 @@ def main(argv: list[str] | None = None) -> None:
         backend,
         Registry.from_settings(settings),
         stage_checkpoint,
-        args.port or free_port(args.host),
+        sock,
         settings.heartbeat_interval_s,
         token=token,
-        host=args.host,
         advertise=args.advertise,
     )
 
