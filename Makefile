@@ -39,4 +39,4 @@ down:
 # traces >= 3x the concurrency), plus the single-step file; records bench/RESULTS.md and bench/results.json.
 bench: install
 	$(BIN)/pronk bench --record --job agent-long --profile agent-long --rounds 3 --single-step-requests 0
-	$(BIN)/pronk bench --record --profile cpu --rounds 3 --traces 96
+	$(BIN)/pronk bench --record --job tiny-cpu-herd --profile cpu --rounds 3 --traces 96
