@@ -154,21 +154,18 @@ def serve(
     registry: Registry,
     stager: Stager,
     sock: socket.socket,
+    url: str,
     heartbeat_interval_s: float,
     *,
     token: str,
-    advertise: str | None = None,
 ) -> None:
-    """Serve `backend` on the bound `sock` until SIGTERM, announced as `advertise` (default `http://host:port`).
+    """Serve `backend` on the bound `sock` until SIGTERM, announced to the registry as `url`.
 
-    The caller (pronk's worker entry point) bound the socket (`bind_socket`) and built the backend from a job.
-    Bound to all interfaces (`0.0.0.0`), a worker must be told the URL others reach it by: the bind address is no
-    address to call.
+    The caller (pronk's worker entry point) bound the socket (`bind_socket`), derived `url` from it
+    (`advertise_url`) and built the backend from a job, all before this call.
     """
     import uvicorn
 
-    host, port = sock.getsockname()[:2]
-    url = advertise_url(host, port, advertise)
     app = create_app(backend, registry, url, heartbeat_interval_s, stager, token=token)
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
 

@@ -53,8 +53,9 @@ def main(argv: list[str] | None = None) -> None:
     settings = get_settings()
     token = worker_token(settings)
     job = get_job(args.job)
-    advertise_url(args.host, args.port, args.advertise)  # a bad --host/--advertise fails before vLLM loads
     sock = bind_socket(args.host, args.port)
+    # A taken port or a bad --host/--advertise fails here, before vLLM loads.
+    url = advertise_url(args.host, sock.getsockname()[1], args.advertise)
     if job.harness.kv_budget_headroom is not None:
         os.environ[HEADROOM_ENV] = str(job.harness.kv_budget_headroom)
     if job.device == "cpu":
@@ -77,9 +78,9 @@ def main(argv: list[str] | None = None) -> None:
         Registry.from_settings(settings),
         stage_checkpoint,
         sock,
+        url,
         settings.heartbeat_interval_s,
         token=token,
-        advertise=args.advertise,
     )
 
 
