@@ -148,8 +148,14 @@ def test_the_deployment_is_scheduled_and_runs_on_a_table_on_s3(stack, tmp_path):
     storage.write_bytes(table_uri, buffer.getvalue(), stack)
     spec = write_spec(tmp_path, table_uri, None, name="companies-s3")
     started = time.monotonic()
+    # An idempotency key, as pronk's own DeploymentStarter sends: on a busy SQLite Prefect server the client's retry
+    # of a create that had committed made a second run, which enriched 3 more rows.
     flow_run = run_deployment(
-        "enrich-table/companies", parameters={"spec": str(spec), "limit": 3}, timeout=240, poll_interval=2
+        "enrich-table/companies",
+        parameters={"spec": str(spec), "limit": 3},
+        timeout=240,
+        poll_interval=2,
+        idempotency_key=str(spec),
     )
     assert flow_run.state is not None and flow_run.state.is_completed(), flow_run.state
     results = storage.join(stack.store_uri, "enrichments", "companies-s3")
