@@ -101,6 +101,7 @@ def write_job(jobs_dir: Path, model: Path, concurrency: int, kv_tokens: int) -> 
             "kv_pin_ttl": "auto",
             "routing": "trace_affinity",
             "admission": "kv_budget",
+            "kv_budget_growth_steps": 3,
         },
     }
     jobs_dir.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,13 @@ their KV pins are dropped and they stop counting; their next step re-admits them
 engine evicted of their prefix meanwhile). A step larger than the whole budget is refused at once
 (`context_length`), never queued.
 
+Admitted traces grow by every step, so a new trace that fits today is paused tomorrow, and its prefix is
+recomputed. A new trace therefore starts only while the budget also keeps room for `growth_steps` more steps
+of every resident trace, at the growth per step measured on this worker (a running mean of what a started
+trace's step adds to its reservation). More steps of room mean fewer pauses and less recompute, but fewer
+traces resident to fill one another's tool gaps: prefill-heavy work gains, decode-heavy work loses, so it is a
+per-job setting (`harness.kv_budget_growth_steps`) that the Herd tuner searches.
+
 The router side is a small strategy chosen per job (`ADMISSION`): `none` sends steps as the routing
 policy says; `kv_budget` asks workers to admit each step, places a new trace on the worker with the most
 free budget (or its family's home), and keeps a started trace on the worker holding its prefix.
@@ -69,12 +76,15 @@ class KvBudget:
         self,
         capacity_tokens: int,
         headroom: float = 0.1,
+        growth_steps: float = 0.0,
         on_pause: Callable[[list[str]], None] | None = None,
         idle_s: float = 1800.0,
         max_paused: int = 100_000,
     ):
         self.capacity_tokens = capacity_tokens
         self.limit = max(1, int(capacity_tokens * (1.0 - headroom)))
+        self.growth_steps = growth_steps
+        self.step_growth = 0.0
         self.on_pause = on_pause
         self.idle_s = idle_s
         self.max_paused = max_paused
@@ -89,6 +99,11 @@ class KvBudget:
     @property
     def free(self) -> int:
         return max(0, self.limit - self.used)
+
+    @property
+    def growth_reserve(self) -> int:
+        """Tokens a new trace must leave free: `growth_steps` steps of measured growth for every resident trace."""
+        return int(self.growth_steps * self.step_growth * len(self.resident))
 
     def _extra(self, trace_id: str, tokens: int) -> int:
         entry = self.resident.get(trace_id)
@@ -160,6 +175,9 @@ class KvBudget:
 
     def _take(self, waiter: _Waiter) -> None:
         entry = self.resident.get(waiter.trace_id)
+        if entry is not None and 0 < entry.tokens < waiter.tokens:
+            growth = waiter.tokens - entry.tokens
+            self.step_growth = growth if not self.step_growth else 0.9 * self.step_growth + 0.1 * growth
         if entry is None:
             entry = self.resident[waiter.trace_id] = Resident(0, (waiter.since, next(self._seq)))
             self.paused.pop(waiter.trace_id, None)
@@ -172,13 +190,15 @@ class KvBudget:
         waiter.future.set_result(None)
 
     def _serve(self) -> None:
-        """Admit waiters in order while the head fits; a started head that does not fit pauses gapped traces."""
+        """Admit waiters in order while the head fits (a new trace with the growth reserve); a started head that
+        does not fit pauses gapped traces."""
         while self.waiters:
             head = self.waiters[0]
             extra = self._extra(head.trace_id, head.tokens)
             if self.used + extra > self.limit and head.key[0] == 0:
                 self._pause_for(self.used + extra - self.limit, head)
-            if self.used + extra > self.limit:
+            reserve = self.growth_reserve if head.key[0] == 1 else 0
+            if self.used + extra + reserve > self.limit:
                 return
             self.waiters.pop(0)
             self._take(head)

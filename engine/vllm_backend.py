@@ -17,6 +17,7 @@ from engine.protocol import SamplingSpec, StepRequest, StepResult, WorkerStats
 log = logging.getLogger(__name__)
 
 HEADROOM_ENV = "PRONK_KV_BUDGET_HEADROOM"
+GROWTH_STEPS_ENV = "PRONK_KV_BUDGET_GROWTH_STEPS"
 
 
 @dataclass(slots=True)
@@ -119,7 +120,12 @@ class VllmBackend:
         if capacity <= 0:
             log.warning("%s: the engine did not report its KV cache size; steps run without admission", self.worker_id)
             return
-        self.budget = KvBudget(capacity, float(os.environ.get(HEADROOM_ENV, "0.1")), on_pause=self._drop_pins)
+        self.budget = KvBudget(
+            capacity,
+            float(os.environ.get(HEADROOM_ENV, "0.1")),
+            float(os.environ.get(GROWTH_STEPS_ENV, "0")),
+            on_pause=self._drop_pins,
+        )
         log.info("%s: KV cache holds %d tokens, admission budget %d", self.worker_id, capacity, self.budget.limit)
 
     @property

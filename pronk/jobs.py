@@ -150,6 +150,13 @@ class HarnessConfig(BaseModel):
         description="With `admission: kv_budget`, the share of each worker's KV cache kept out of the budget; read "
         "when a worker starts (default: `PRONK_KV_BUDGET_HEADROOM`, 0.1).",
     )
+    kv_budget_growth_steps: float | None = Field(
+        default=None,
+        ge=0,
+        description="With `admission: kv_budget`, a new trace starts only while each worker keeps room for this many "
+        "more steps of every resident trace (at its measured growth per step): fewer pauses and less recompute, "
+        "fewer traces to fill tool gaps. Read when a worker starts (default: `PRONK_KV_BUDGET_GROWTH_STEPS`, 0).",
+    )
     tables_dir: str = Field(
         default="data/tables", description="Tables the `sql` tool sees (csv/parquet; relative to the project root)."
     )

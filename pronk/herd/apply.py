@@ -2,7 +2,7 @@
 
 Harness and router settings apply live: every batch run resolves its job when it starts, so the next run uses
 them. Settings a worker reads when it starts (`trial.restart_key`: engine arguments, workers, admission
-headroom) reach the running workers by a rolling restart, one worker at a time.
+headroom and growth steps) reach the running workers by a rolling restart, one worker at a time.
 """
 
 from __future__ import annotations

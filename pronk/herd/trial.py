@@ -36,7 +36,7 @@ from pronk.worker_token import worker_token
 
 logger = logging.getLogger(__name__)
 
-RESTART_HARNESS_KEYS = ("kv_budget_headroom",)
+RESTART_HARNESS_KEYS = ("kv_budget_headroom", "kv_budget_growth_steps")
 """Harness settings a worker reads when it starts: changing them needs new workers, like engine settings."""
 
 

@@ -3,12 +3,13 @@ Optuna, judge the winner against the current configuration, and (when asked) app
 
 Knobs searched (`KNOBS`): the engine's `max_num_seqs`, `max_num_batched_tokens` (the chunked-prefill token
 budget), `scheduling_policy` and n-gram speculative decoding (`speculative_ngram_tokens`); the admission
-scheduler (`admission`, `kv_budget_headroom`); KV pins (`kv_pin_ttl_s`, `kv_pin_ttl`); the routing policy; batch
-concurrency (`max_concurrency`); the number of workers and the cores of each (a candidate never has more
-workers than the machine has cores for; a worker's price grows with its cores). The current configuration is
-replayed `repeats` times first (the guard's noise), then Optuna's TPE sampler proposes candidates until the next
-trial would not fit in the budget; the best one is replayed once more when there is time. Every trial is a child
-MLflow run of the tuning run (params; tasks per dollar, p50/p90 trace time, cached ratio).
+scheduler (`admission`, `kv_budget_headroom`, `kv_budget_growth_steps`); KV pins (`kv_pin_ttl_s`,
+`kv_pin_ttl`); the routing policy; batch concurrency (`max_concurrency`); the number of workers and the cores of
+each (a candidate never has more workers than the machine has cores for; a worker's price grows with its
+cores). The current configuration is replayed `repeats` times first (the guard's noise), then Optuna's TPE
+sampler proposes candidates until the next trial would not fit in the budget; the best one is replayed once more
+when there is time. Every trial is a child MLflow run of the tuning run (params; tasks per dollar, p50/p90 trace
+time, cached ratio).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ KNOBS: dict[str, tuple[str, list[Any]]] = {
     "speculative_ngram_tokens": ("engine", [0, 2, 4]),
     "admission": ("harness", ["none", "kv_budget"]),
     "kv_budget_headroom": ("harness", [0.05, 0.1, 0.2]),
+    "kv_budget_growth_steps": ("harness", [0.0, 1.0, 3.0]),
     "kv_pin_ttl_s": ("harness", [0.0, 5.0, 30.0, 120.0]),
     "kv_pin_ttl": ("harness", ["fixed", "auto"]),
     "routing": ("harness", ["trace_affinity", "least_loaded"]),

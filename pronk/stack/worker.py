@@ -13,7 +13,7 @@ from pathlib import Path
 
 from engine.kv_retention import scheduler_class
 from engine.registry import Registry
-from engine.vllm_backend import HEADROOM_ENV, VllmBackend
+from engine.vllm_backend import GROWTH_STEPS_ENV, HEADROOM_ENV, VllmBackend
 from engine.weight_swap import IncompatibleWeights, StagedWeights
 from engine.worker import (
     advertise_url,
@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> None:
     url = advertise_url(args.host, sock.getsockname()[1], args.advertise)
     if job.harness.kv_budget_headroom is not None:
         os.environ[HEADROOM_ENV] = str(job.harness.kv_budget_headroom)
+    if job.harness.kv_budget_growth_steps is not None:
+        os.environ[GROWTH_STEPS_ENV] = str(job.harness.kv_budget_growth_steps)
     if job.device == "cpu":
         pin_to_cores(cores_for(args.index, job.cpu_cores_per_worker))
     model = resolve_model(job.model, settings)

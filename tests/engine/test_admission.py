@@ -152,6 +152,34 @@ async def test_an_older_trace_is_never_paused_for_a_younger_one():
 
 
 @run_async
+async def test_a_new_trace_leaves_room_for_the_measured_growth_of_resident_traces():
+    b = budget(growth_steps=2)
+    await admit(b, "a", 20, since=1.0)
+    assert b.growth_reserve == 0, "no growth measured yet"
+    b.step_done("a", 20)
+    await admit(b, "a", 30, started=True, since=1.0)  # a step adds 10 tokens to a's reservation
+    b.step_done("a", 30)
+    assert (b.step_growth, b.growth_reserve) == (10, 20)
+    with pytest.raises(AdmissionTimeout):
+        await admit(b, "new", 55, wait=0.05)  # fits the budget (30 + 55), not with a's next two steps (+ 20)
+    await admit(b, "new", 50, since=2.0)
+    assert b.used == 80
+    await admit(b, "a", 40, started=True, since=1.0)  # a started trace is held only to the budget itself
+    await admit(b, "a", 50, started=True, since=1.0)
+    assert b.used == 100 and b.counts["paused"] == 0
+
+
+@run_async
+async def test_without_growth_steps_a_new_trace_fills_the_budget():
+    b = budget()
+    await admit(b, "a", 20)
+    b.step_done("a", 20)
+    await admit(b, "a", 30, started=True)
+    await admit(b, "new", 70)
+    assert b.used == 100 and b.growth_reserve == 0
+
+
+@run_async
 async def test_new_waiters_never_pause_anyone():
     paused: list[list[str]] = []
     b = budget(on_pause=paused.append)

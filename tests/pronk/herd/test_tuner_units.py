@@ -30,7 +30,13 @@ def test_live_knobs_need_no_new_workers():
                   "max_concurrency": 4}  # fmt: skip
     assert set(every_live) == set(LIVE_KNOBS)
     assert restart_key(with_changes(job, changes_of(every_live))) == restart_key(job)
-    for knob in ("max_num_seqs", "max_num_batched_tokens", "scheduling_policy", "kv_budget_headroom"):
+    for knob in (
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "scheduling_policy",
+        "kv_budget_headroom",
+        "kv_budget_growth_steps",
+    ):
         changed = with_changes(job, changes_of({knob: KNOBS[knob][1][-1]}))
         assert restart_key(changed) != restart_key(job), knob
     assert restart_key(with_changes(job, {"workers": 1})) != restart_key(job)
