@@ -105,6 +105,11 @@ class KvBudget:
         """Tokens a new trace must leave free: `growth_steps` steps of measured growth for every resident trace."""
         return int(self.growth_steps * self.step_growth * len(self.resident))
 
+    @property
+    def new_trace_room(self) -> int:
+        """Tokens a new trace can be admitted into now: the free budget less the growth reserve it must leave."""
+        return max(0, self.free - self.growth_reserve)
+
     def _extra(self, trace_id: str, tokens: int) -> int:
         entry = self.resident.get(trace_id)
         return max(0, tokens - entry.tokens) if entry else tokens
@@ -253,8 +258,10 @@ class NoAdmission:
 class KvBudgetAdmission:
     """Workers admit each step by KV budget; a new trace goes to its family's home, else to the most room.
 
-    `pending` holds tokens this router placed on each worker since it last read the workers' stats, so a
-    burst of new traces spreads instead of all landing on the worker that advertised the most room.
+    Room is what a worker would admit a new trace into (its free budget less its growth reserve); among equals,
+    the fewest steps already waiting there. `pending` holds tokens this router placed on each worker since it
+    last read the workers' stats, so a burst of new traces spreads instead of all landing on the worker that
+    advertised the most room.
     """
 
     enabled = True
@@ -267,7 +274,11 @@ class KvBudgetAdmission:
             return at_home
         return min(
             candidates,
-            key=lambda w: (pending.get(w.worker_id, 0) - w.stats.admission_free_tokens, w.stats.waiting, w.worker_id),
+            key=lambda w: (
+                pending.get(w.worker_id, 0) - w.stats.admission_new_trace_room_tokens,
+                w.stats.admission_waiting,
+                w.worker_id,
+            ),
         )
 
 

@@ -132,6 +132,9 @@ class WorkerStats(BaseModel):
     kv_capacity_tokens: int = Field(default=0, description="Tokens the engine's KV cache holds.")
     admission_limit_tokens: int = Field(default=0, description="Admission budget: capacity minus headroom.")
     admission_free_tokens: int = Field(default=0, description="Budget not reserved by admitted traces.")
+    admission_new_trace_room_tokens: int = Field(
+        default=0, description="Budget a new trace can be admitted into: free tokens less the growth reserve."
+    )
     admission_resident_tokens: int = Field(default=0, description="Tokens reserved by admitted traces.")
     admission_peak_tokens: int = Field(default=0, description="Most tokens ever reserved at once.")
     admission_resident: int = Field(default=0, description="Admitted traces (running or in a tool gap).")

@@ -269,6 +269,7 @@ class VllmBackend:
             stats.kv_capacity_tokens = budget.capacity_tokens
             stats.admission_limit_tokens = budget.limit
             stats.admission_free_tokens = budget.free
+            stats.admission_new_trace_room_tokens = budget.new_trace_room
             stats.admission_resident_tokens = budget.used
             stats.admission_peak_tokens = budget.peak
             stats.admission_resident = len(budget.resident)

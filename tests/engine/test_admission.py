@@ -160,6 +160,7 @@ async def test_a_new_trace_leaves_room_for_the_measured_growth_of_resident_trace
     await admit(b, "a", 30, started=True, since=1.0)  # a step adds 10 tokens to a's reservation
     b.step_done("a", 30)
     assert (b.step_growth, b.growth_reserve) == (10, 20)
+    assert (b.free, b.new_trace_room) == (70, 50), "what placement is told a new trace gets"
     with pytest.raises(AdmissionTimeout):
         await admit(b, "new", 55, wait=0.05)  # fits the budget (30 + 55), not with a's next two steps (+ 20)
     await admit(b, "new", 50, since=2.0)
@@ -217,7 +218,7 @@ def test_unknown_admission_strategy_is_refused():
         make_admission("magic")
 
 
-def entry(worker_id: str, free: int, waiting: int = 0) -> WorkerEntry:
+def entry(worker_id: str, free: int, waiting: int = 0, room: int | None = None) -> WorkerEntry:
     return WorkerEntry(
         worker_id=worker_id,
         job_id=JOB,
@@ -226,7 +227,12 @@ def entry(worker_id: str, free: int, waiting: int = 0) -> WorkerEntry:
         started_at=0.0,
         heartbeat_at=time.time(),
         stats=WorkerStats(
-            worker_id=worker_id, job_id=JOB, model_version="m/1", admission_free_tokens=free, waiting=waiting
+            worker_id=worker_id,
+            job_id=JOB,
+            model_version="m/1",
+            admission_free_tokens=free,
+            admission_new_trace_room_tokens=free if room is None else room,
+            admission_waiting=waiting,
         ),
     )
 
@@ -237,6 +243,16 @@ def test_placement_prefers_home_then_most_room_counting_own_pending():
     assert policy.place(workers, None, {}).worker_id == "w1"
     assert policy.place(workers, "w0", {}).worker_id == "w0"
     assert policy.place(workers, None, {"w1": 2500}).worker_id == "w0"
+
+
+def test_placement_counts_the_room_a_new_trace_gets_not_the_free_budget():
+    policy = KvBudgetAdmission()
+    # w1 has more free budget, but its growth reserve leaves a new trace less room than w0's
+    workers = [entry("w0", 2000, room=2000), entry("w1", 3000, room=500)]
+    assert policy.place(workers, None, {}).worker_id == "w0"
+    # with equal room, the worker with fewer steps already waiting for room
+    workers = [entry("w0", 0, waiting=3), entry("w1", 0, waiting=1)]
+    assert policy.place(workers, None, {}).worker_id == "w1"
 
 
 class BudgetClient:
