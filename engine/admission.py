@@ -21,7 +21,8 @@ per-job setting (`harness.kv_budget_growth_steps`) that the Herd tuner searches.
 
 The router side is a small strategy chosen per job (`ADMISSION`): `none` sends steps as the routing
 policy says; `kv_budget` asks workers to admit each step, places a new trace on the worker with the most
-free budget (or its family's home), and keeps a started trace on the worker holding its prefix.
+room for it (free budget less growth reserve) or at its family's home, and keeps a started trace on the worker
+holding its prefix.
 """
 
 from __future__ import annotations

@@ -161,7 +161,7 @@ class Router:
 
     async def _generate_admitted(self, request: StepRequest, trace: str, family: str) -> StepResult:
         """Ask workers to admit the step until one does: a started trace waits at the worker holding its prefix,
-        a new one at its family's home, else at the worker with the most free budget, then the next."""
+        a new one at its family's home, else at the worker with the most room for it, then the next."""
         started = trace in self._served
         # The admission queue's order is the family's own start, even where a caller set the engine's priority.
         hints = AdmissionHints(started=started, wait_s=self.admission_wait_s, since=self._since.get(family))
