@@ -75,6 +75,10 @@ async def run_request(
         code = engine_error_code(exc)
         recorder.add(_chat_record(request, error=code))
         return failed_outcome(request, code, exc)
+    finally:
+        # A one-step trace ends with its step: its worker drops its admission now, not at the idle expiry
+        # (30 min), which left every chat line of a kv_budget job holding budget and growth reserve.
+        await router.finish(request.custom_id)
     recorder.add(_chat_record(request)).take(result)
     completion = chat_completion(result, job.served_model_name, request_id)
     return RequestOutcome(request.line, request.custom_id, completion)
