@@ -20,6 +20,7 @@ from bench.figures import (
     worker_moves,
 )
 from bench.offline_limit import final_context, fitting_groups
+from bench.probe import Load, load_figures
 from bench.pronk_runs import OneOrder, preemptions_in_metrics
 from bench.report import END, START, write_json, write_results_md
 from bench.suite import relabel
@@ -181,6 +182,23 @@ def test_preemptions_from_vllm_metrics():
         "vllm:num_requests_running 1.0\n"
     )
     assert preemptions_in_metrics(page) == 9 and preemptions_in_metrics("") == 0
+
+
+def test_probe_load_figures_per_worker():
+    # two workers, four samples: w0 runs a step in 3, w1 in 1; steps wait for room in samples 2 and 3
+    samples = [
+        [Load(1, 0, 2, 5), Load(0, 0, 1, 0)],
+        [Load(1, 1, 2, 5), Load(0, 0, 1, 0)],
+        [Load(0, 0, 3, 6), Load(0, 2, 2, 1)],
+        [Load(2, 0, 3, 7), Load(1, 0, 2, 1)],
+    ]
+    assert load_figures(samples) == {
+        "busy": [0.75, 0.25],
+        "idle_with_waiters": [0.25, 0.5],
+        "resident": [2.5, 1.5],
+        "paused": [2, 1],
+    }
+    assert load_figures([])["busy"] == []
 
 
 def test_one_order_stamps_every_step_with_one_start_time():
