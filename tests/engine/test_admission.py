@@ -255,6 +255,9 @@ def test_placement_counts_the_room_a_new_trace_gets_not_the_free_budget():
     assert policy.place(workers, None, {}).worker_id == "w1"
 
 
+CHAT_PROMPT_TOKENS = 10  # what `BudgetClient` counts for a step sent as messages (a chat line), not token ids
+
+
 class BudgetClient:
     """Stand-in workers, each admitting by its own `KvBudget` like the real worker does."""
 
@@ -265,7 +268,8 @@ class BudgetClient:
     async def generate(self, url, request: StepRequest):
         worker = url.removeprefix("http://")
         b = self.budgets[worker]
-        tokens = len(request.prompt_token_ids) + request.sampling.max_tokens
+        prompt = len(request.prompt_token_ids) if request.prompt_token_ids is not None else CHAT_PROMPT_TOKENS
+        tokens = prompt + request.sampling.max_tokens
         self.calls.append((worker, request.trace_id, request.admission.started))
         try:
             await b.admit(
@@ -282,7 +286,7 @@ class BudgetClient:
             request_id=request.request_id,
             text="",
             token_ids=[9] * request.sampling.max_tokens,
-            prompt_tokens=len(request.prompt_token_ids),
+            prompt_tokens=prompt,
             cached_tokens=0,
             completion_tokens=request.sampling.max_tokens,
             finish_reason="length",
