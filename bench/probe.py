@@ -2,8 +2,9 @@
 
 `make bench` takes about an hour a profile; a probe takes two or three minutes a seed, so a scheduling change
 can be tried before it is recorded. Each round runs one setup of `bench.pronk_runs.ABLATIONS` (default: every
-mechanism on) on a fresh workload, and prints one JSON line with the bench's figures and, from every worker's
-`/stats` sampled every `--interval-s`:
+mechanism on) on a fresh workload, and prints one JSON line with the bench's figures of one round
+(`bench.figures.run_figures`, as in `bench/results.json`; `first_errors` quotes up to three) and, from every
+worker's `/stats` sampled every `--interval-s`:
 
 - `busy`: per worker, the share of samples with a step in the engine (admitted, not waiting for room);
 - `idle_with_waiters`: per worker, the share with no step in the engine while steps waited for room somewhere;
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import pronk_runs
-from bench.figures import FULL, AgentRun
+from bench.figures import FULL, AgentRun, run_figures
 from bench.suite import CPU_BLOCK_SIZE, pronk_fleet, relabel
 from bench.workload import cache_bounds, generate
 from engine.protocol import WorkerStats
@@ -105,19 +106,16 @@ def probe(job: JobConfig, settings: Settings, profile: str, traces: int, seed: i
     )
     run = AgentRun.from_replay(setup, result, job.workers)
     ideal = cache_bounds(workload, job.engine.block_size or CPU_BLOCK_SIZE)[1]
+    figures = {name: round(value, 4) for name, value in run_figures(run, ideal).items()}
     return {
         "job": job.name,
         "profile": profile,
         "seed": seed,
         "setup": setup,
-        "steady_traces_per_s": round(run.steady_traces_per_s, 4),
-        "traces_per_s": round(run.traces_per_s, 4),
         "wall_s": round(run.wall_s, 1),
-        "cached_ratio": round(run.cached_ratio, 3),
-        "cached_per_ideal": round(run.cached_ratio / ideal, 3),
-        "recomputed_prompt_tokens": run.recomputed_prompt_tokens,
+        **figures,
         **load_figures(samples),
-        "errors": run.errors[:3],
+        "first_errors": run.errors[:3],
     }
 
 
