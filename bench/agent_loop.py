@@ -83,12 +83,17 @@ class ReplayResult:
 
 
 async def replay(
-    shapes: list[TraceShape], backend, concurrency: int, kv_pin_ttl_s: float = 0.0, gaps: ToolGaps | None = None
+    shapes: list[TraceShape],
+    backend,
+    concurrency: int,
+    kv_pin_ttl_s: float = 0.0,
+    gaps: ToolGaps | None = None,
+    gap_scale: float = 1.0,
 ) -> ReplayResult:
     """Run every shape on `backend` (anything with `generate` and `aclose`), `concurrency` root traces at a time.
 
     A trace that fails is recorded in `errors`, not raised; the backend is closed at the end. With `gaps`, pins
-    last what the measured tool gaps suggest (`kv_pin_ttl: auto`).
+    last what the measured tool gaps suggest (`kv_pin_ttl: auto`). `gap_scale` multiplies every tool gap (0: none).
     """
     result = ReplayResult(wall_s=0.0)
     slots = asyncio.Semaphore(concurrency)
@@ -97,7 +102,9 @@ async def replay(
     async def one(shape: TraceShape) -> None:
         async with slots:
             try:
-                result.traces.append(await run_shape(backend, shape, kv_pin_ttl_s=kv_pin_ttl_s, gaps=gaps))
+                result.traces.append(
+                    await run_shape(backend, shape, kv_pin_ttl_s=kv_pin_ttl_s, gaps=gaps, time_scale=gap_scale)
+                )
                 result.finished_s.append(time.monotonic() - started)
             except Exception as exc:  # noqa: BLE001 - one trace's failure is counted, never stops the round
                 result.errors.append(f"{shape.trace_id}: {type(exc).__name__}: {exc}"[:300])

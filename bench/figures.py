@@ -278,14 +278,17 @@ def rounds_table(rounds: list[dict[str, AgentRun]], ideals: list[float]) -> dict
                 [_ratio(r[name].steady_traces_per_s, r[BASELINE].steady_traces_per_s) for r in rounds]
             )
         if LIMIT in rounds[0] and name != LIMIT:
-            table[name]["over_limit"] = spread(
-                [_ratio(r[name].steady_traces_per_s, r[LIMIT].traces_per_s) for r in rounds]
-            )
+            table[name]["over_limit"] = spread([over_limit(r[name], r[LIMIT]) for r in rounds])
     return table
 
 
 def _ratio(a: float, b: float) -> float:
     return a / b if b and not math.isnan(a) and not math.isnan(b) else math.nan
+
+
+def over_limit(run: AgentRun, limit: AgentRun) -> float:
+    """`run`'s steady traces/s over the offline limit's traces per wall second on the same shapes."""
+    return _ratio(run.steady_traces_per_s, limit.traces_per_s)
 
 
 GOALS = (

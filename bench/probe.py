@@ -10,10 +10,15 @@ worker's `/stats` sampled every `--interval-s`:
 - `idle_with_waiters`: per worker, the share with no step in the engine while steps waited for room somewhere;
 - `resident`: per worker, the mean number of admitted traces; `paused`: pauses admission made in the round.
 
+`--gap-scale` multiplies every tool gap (0: none). `--limit` also runs the offline limit on the round's shapes
+(with the fleet idle) and adds `limit_traces_per_s` and `over_limit`, as `make bench` computes them. A round with
+no gaps beside the limit shows what the serving path costs; the same round with its gaps shows what they cost.
+
 Knobs a worker reads at start (`PRONK_KV_BUDGET_HEADROOM`, `PRONK_KV_BUDGET_GROWTH_STEPS`) can be set in the
 environment of a probe that starts its own fleet (no stack up). Probes on one machine must run one at a time.
 
-    python -m bench.probe --job agent-long --profile agent-long --traces 30 --seeds 1,2 [--out probes.jsonl]
+    python -m bench.probe --job agent-long --profile agent-long --traces 30 --seeds 1,2 [--gap-scale 0] [--limit]
+        [--out probes.jsonl]
 """
 
 from __future__ import annotations
@@ -27,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import pronk_runs
-from bench.figures import FULL, AgentRun, run_figures
-from bench.suite import CPU_BLOCK_SIZE, pronk_fleet, relabel
+from bench.figures import FULL, AgentRun, over_limit, run_figures
+from bench.suite import CPU_BLOCK_SIZE, limit_run, pronk_fleet, relabel
 from bench.workload import cache_bounds, generate
 from engine.protocol import WorkerStats
 from pronk.jobs import JobConfig, get_job
@@ -96,22 +101,43 @@ async def sampled(job: JobConfig, settings: Settings, round_, interval_s: float)
         await client.aclose()
 
 
-def probe(job: JobConfig, settings: Settings, profile: str, traces: int, seed: int, setup: str, interval_s: float):
-    """One round of `setup` on the workload of `seed`; its figures as a JSON-ready dict."""
-    workload = generate(profile, seed, traces)
-    ablation = next(a for a in pronk_runs.ABLATIONS if a.name == setup)
-    shapes = relabel(workload.shapes, f"probe{seed}-{time.time():.0f}")
-    result, samples = asyncio.run(
-        sampled(job, settings, pronk_runs.bare_loop(shapes, job, settings, job.max_concurrency, ablation), interval_s)
+@dataclass(frozen=True, slots=True)
+class Round:
+    """What one probe round runs: `setup` on the workload of `seed`, its tool gaps times `gap_scale`."""
+
+    profile: str
+    traces: int
+    seed: int
+    setup: str = FULL
+    gap_scale: float = 1.0
+    limit: bool = False
+
+
+def probe(job: JobConfig, settings: Settings, round_: Round, interval_s: float, work_dir: Path) -> dict:
+    """One round; its figures as a JSON-ready dict."""
+    workload = generate(round_.profile, round_.seed, round_.traces)
+    ablation = next(a for a in pronk_runs.ABLATIONS if a.name == round_.setup)
+    label = f"probe{round_.seed}-{time.time():.0f}"
+    loop = pronk_runs.bare_loop(
+        relabel(workload.shapes, label), job, settings, job.max_concurrency, ablation, round_.gap_scale
     )
-    run = AgentRun.from_replay(setup, result, job.workers)
+    result, samples = asyncio.run(sampled(job, settings, loop, interval_s))
+    run = AgentRun.from_replay(round_.setup, result, job.workers)
     ideal = cache_bounds(workload, job.engine.block_size or CPU_BLOCK_SIZE)[1]
     figures = {name: round(value, 4) for name, value in run_figures(run, ideal).items()}
+    if round_.limit:
+        from pronk.models.registry import resolve_model
+
+        model_dir = resolve_model(job.model, settings).path
+        limit = limit_run(job, model_dir, relabel(workload.shapes, f"{label}-limit"), work_dir / label)
+        figures["limit_traces_per_s"] = round(limit.traces_per_s, 4)
+        figures["over_limit"] = round(over_limit(run, limit), 4)
     return {
         "job": job.name,
-        "profile": profile,
-        "seed": seed,
-        "setup": setup,
+        "profile": round_.profile,
+        "seed": round_.seed,
+        "setup": round_.setup,
+        "gap_scale": round_.gap_scale,
         "wall_s": round(run.wall_s, 1),
         **figures,
         **load_figures(samples),
@@ -126,6 +152,8 @@ def main() -> None:
     parser.add_argument("--traces", type=int, default=30, help="root traces a round")
     parser.add_argument("--seeds", default="1", help="comma-separated; one round each")
     parser.add_argument("--setup", default=FULL, choices=[a.name for a in pronk_runs.ABLATIONS])
+    parser.add_argument("--gap-scale", type=float, default=1.0, help="multiplies every tool gap (0: none)")
+    parser.add_argument("--limit", action="store_true", help="also run the offline limit on each round's shapes")
     parser.add_argument("--interval-s", type=float, default=0.1, help="how often each worker's /stats is read")
     parser.add_argument("--out", type=Path, help="also append each round's line to this JSONL file")
     args = parser.parse_args()
@@ -134,7 +162,8 @@ def main() -> None:
     job = get_job(args.job)
     with pronk_fleet(settings, job):
         for seed in (int(s) for s in args.seeds.split(",")):
-            line = json.dumps(probe(job, settings, args.profile, args.traces, seed, args.setup, args.interval_s))
+            round_ = Round(args.profile, args.traces, seed, args.setup, args.gap_scale, args.limit)
+            line = json.dumps(probe(job, settings, round_, args.interval_s, settings.data_dir / "bench" / "probe"))
             print(line, flush=True)
             if args.out:
                 with args.out.open("a") as out:

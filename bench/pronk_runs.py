@@ -82,16 +82,23 @@ def pronk_router(job: JobConfig, settings: Settings, admission: str | None = Non
 
 
 async def bare_loop(
-    shapes: list[TraceShape], job: JobConfig, settings: Settings, concurrency: int, ablation: Ablation
+    shapes: list[TraceShape],
+    job: JobConfig,
+    settings: Settings,
+    concurrency: int,
+    ablation: Ablation,
+    gap_scale: float = 1.0,
 ) -> ReplayResult:
     """The shapes through pronk's router and workers, driven by the plain agent loop, with `ablation`'s mechanisms.
 
     Priority needs workers running `engine.scheduling_policy: priority`; on fcfs workers it changes nothing.
+    `gap_scale` multiplies every tool gap (0: none, to see what the serving path costs against the offline limit).
     """
     router = pronk_router(job, settings, ablation.admission)
     ttl = job.harness.kv_pin_ttl_s if ablation.pins else 0.0
     gaps = ToolGaps(ttl) if ablation.pins and job.harness.kv_pin_ttl == "auto" else None
-    return await replay(shapes, router if ablation.priority else OneOrder(router), concurrency, ttl, gaps)
+    backend = router if ablation.priority else OneOrder(router)
+    return await replay(shapes, backend, concurrency, ttl, gaps, gap_scale)
 
 
 _PREEMPTIONS = re.compile(r"^vllm:num_preemptions(?:_total)?(?:\{[^}]*\})?\s+([0-9.eE+]+)\s*$", re.MULTILINE)

@@ -121,6 +121,31 @@ def _median_run(runs: list[AgentRun]) -> AgentRun:
     )
 
 
+def limit_run(job: JobConfig, model_dir: Path, shapes: list[TraceShape], work_dir: Path) -> AgentRun:
+    """The offline limit of `shapes` on the job's cores, engine args and KV bytes (less the admission headroom)."""
+    capacity = kv_tokens_per_worker(job, model_dir)
+    out = offline_limit.run_limit(
+        shapes,
+        model_dir,
+        job.engine.as_vllm_kwargs(),
+        int(capacity * 0.9),
+        [cores_for(i, job.cpu_cores_per_worker) for i in range(job.workers)],
+        work_dir,
+    )
+    return AgentRun(
+        name=LIMIT,
+        wall_s=out["wall_s"],
+        workers=job.workers,
+        traces=out["traces"],
+        steps=out["steps"],
+        prompt_tokens=out["prompt_tokens"],
+        cached_tokens=out["cached_tokens"],
+        output_tokens=out["output_tokens"],
+        trace_seconds=[],
+        finished_s=out["finished_s"],
+    )
+
+
 class Bench:
     def __init__(self, config: BenchConfig, settings: Settings):
         self.config = config
@@ -174,26 +199,8 @@ class Bench:
             return run
 
         def limit() -> AgentRun:
-            kv = kv_summary(job, self.model_dir(), workload, self.concurrency)
-            out = offline_limit.run_limit(
-                relabel(workload.shapes, "limit"),
-                self.model_dir(),
-                job.engine.as_vllm_kwargs(),
-                int(kv["tokens_per_worker"] * 0.9),
-                [cores_for(i, job.cpu_cores_per_worker) for i in range(n)],
-                self.work / f"limit-{workload.seed}",
-            )
-            return AgentRun(
-                name=LIMIT,
-                wall_s=out["wall_s"],
-                workers=n,
-                traces=out["traces"],
-                steps=out["steps"],
-                prompt_tokens=out["prompt_tokens"],
-                cached_tokens=out["cached_tokens"],
-                output_tokens=out["output_tokens"],
-                trace_seconds=[],
-                finished_s=out["finished_s"],
+            return limit_run(
+                job, self.model_dir(), relabel(workload.shapes, "limit"), self.work / f"limit-{workload.seed}"
             )
 
         setups: list[tuple[str, Callable[[], AgentRun]]] = [(BASELINE, baseline)]
@@ -296,15 +303,20 @@ def meta(config: BenchConfig, job: JobConfig, outcome: dict) -> dict:
     }
 
 
-def kv_summary(job: JobConfig, model_dir: Path, workload: Workload, concurrency: int) -> dict:
-    """KV capacity per process against the workload's working set, and the no-eviction cached ratio."""
+def kv_tokens_per_worker(job: JobConfig, model_dir: Path) -> int:
+    """Tokens one engine process's KV cache holds: the job's KV bytes over the model's bytes per token."""
     config = json.loads((model_dir / "config.json").read_text())
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     dtype_bytes = {"float32": 4, "float16": 2, "bfloat16": 2}.get(job.engine.dtype, 2)
     per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * dtype_bytes
+    return (job.engine.kv_cache_memory_bytes or 0) // per_token
+
+
+def kv_summary(job: JobConfig, model_dir: Path, workload: Workload, concurrency: int) -> dict:
+    """KV capacity per process against the workload's working set, and the no-eviction cached ratio."""
     mean_context, ideal = cache_bounds(workload, job.engine.block_size or CPU_BLOCK_SIZE)
     return {
-        "tokens_per_worker": (job.engine.kv_cache_memory_bytes or 0) // per_token,
+        "tokens_per_worker": kv_tokens_per_worker(job, model_dir),
         "mean_trace_context": round(mean_context),
         "working_set_tokens_per_worker": round(min(concurrency, len(workload.shapes)) / job.workers * mean_context),
         "ideal_cached_ratio": ideal,

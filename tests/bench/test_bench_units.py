@@ -6,11 +6,13 @@ import asyncio
 import json
 import math
 
+from bench.agent_loop import replay
 from bench.baseline import engine_flags, processing_seconds
 from bench.figures import (
     BASELINE,
     BATCH,
     FULL,
+    LIMIT,
     AgentRun,
     Comparison,
     goals,
@@ -151,12 +153,15 @@ def test_rounds_keep_every_value_and_goals_use_the_same_round():
             preemptions=3,
         )
 
+    limit = AgentRun(LIMIT, 2.5, 2, 10, 40, 1000, 900, 100, [])  # 4 traces per wall second
     rounds = [
-        {BASELINE: run(BASELINE, 1.0, 200), BATCH: run(BATCH, 2.0, 800), FULL: run(FULL, 2.0, 800)},
-        {BASELINE: run(BASELINE, 2.0, 200), BATCH: run(BATCH, 3.0, 800), FULL: run(FULL, 3.0, 800)},
-        {BASELINE: run(BASELINE, 1.0, 200), BATCH: run(BATCH, 4.0, 900), FULL: run(FULL, 4.0, 900)},
+        {BASELINE: run(BASELINE, 1.0, 200), BATCH: run(BATCH, 2.0, 800), FULL: run(FULL, 2.0, 800), LIMIT: limit},
+        {BASELINE: run(BASELINE, 2.0, 200), BATCH: run(BATCH, 3.0, 800), FULL: run(FULL, 3.0, 800), LIMIT: limit},
+        {BASELINE: run(BASELINE, 1.0, 200), BATCH: run(BATCH, 4.0, 900), FULL: run(FULL, 4.0, 900), LIMIT: limit},
     ]
     table = rounds_table(rounds, [0.9, 0.9, 0.9])
+    assert [round(v, 6) for v in table[FULL]["over_limit"]["rounds"]] == [0.5, 0.75, 1.0]
+    assert "over_limit" not in table[LIMIT]
     rates = table[BATCH]["over_baseline"]
     assert [round(v, 6) for v in rates["rounds"]] == [2.0, 1.5, 4.0] and rates["median"] == 2.0
     assert rates["min"] == 1.5 and rates["max"] == 4.0 and "over_baseline" not in table[BASELINE]
@@ -165,6 +170,54 @@ def test_rounds_keep_every_value_and_goals_use_the_same_round():
     speed = next(g for g in rows if g["setup"] == BATCH and g["figure"].startswith("agent-long"))
     assert speed["goal"] == 3.0 and not speed["met"] and speed["rounds"] == rates["rounds"]
     assert not any(g["figure"].startswith("today's") for g in rows)
+
+
+def test_replay_gap_scale_multiplies_every_tool_gap(monkeypatch):
+    slept = []
+    real_sleep = asyncio.sleep
+
+    async def sleep(seconds):
+        slept.append(seconds)
+        await real_sleep(0)
+
+    class Backend:
+        async def generate(self, request):
+            from engine.protocol import StepResult
+
+            return StepResult(
+                request_id=request.request_id,
+                text="",
+                token_ids=[7] * request.sampling.max_tokens,
+                prompt_tokens=len(request.prompt_token_ids),
+                cached_tokens=0,
+                completion_tokens=request.sampling.max_tokens,
+                finish_reason="length",
+                model_version="v1",
+                worker_id="w",
+                queue_time_s=0.0,
+                engine_time_s=0.0,
+            )
+
+        async def finish(self, trace_id):
+            pass
+
+        async def aclose(self):
+            pass
+
+    def tool_gaps(shape):
+        for step in shape.steps:
+            yield from [step.tool_gap_s] if step.tool_gap_s else []
+            for child in step.fan_out:
+                yield from tool_gaps(child)
+
+    shapes = generate("smoke", 3).shapes
+    gaps = sorted(g for shape in shapes for g in tool_gaps(shape))
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    for scale in (0.0, 0.5):
+        slept.clear()
+        result = asyncio.run(replay(shapes, Backend(), 2, gap_scale=scale))
+        assert len(result.traces) == len(shapes) and not result.errors
+        assert sorted(slept) == [g * scale for g in gaps]
 
 
 def test_offline_limit_groups_traces_to_fit_the_cache():
