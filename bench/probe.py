@@ -103,7 +103,8 @@ async def sampled(job: JobConfig, settings: Settings, round_, interval_s: float)
 
 @dataclass(frozen=True, slots=True)
 class Round:
-    """What one probe round runs: `setup` on the workload of `seed`, its tool gaps times `gap_scale`."""
+    """What one probe round runs: `setup` on the workload of `seed`, its tool gaps times `gap_scale`, and with
+    `limit` the offline limit on the same shapes."""
 
     profile: str
     traces: int
