@@ -28,6 +28,7 @@ from bench.report import END, START, write_json, write_results_md
 from bench.suite import relabel
 from bench.workload import PROFILES, cache_bounds, generate
 from pronk.jobs import get_job
+from tests.pronk.agents.test_replay import EchoRouter
 
 
 def _contexts(shape, start=0):
@@ -180,30 +181,6 @@ def test_replay_gap_scale_multiplies_every_tool_gap(monkeypatch):
         slept.append(seconds)
         await real_sleep(0)
 
-    class Backend:
-        async def generate(self, request):
-            from engine.protocol import StepResult
-
-            return StepResult(
-                request_id=request.request_id,
-                text="",
-                token_ids=[7] * request.sampling.max_tokens,
-                prompt_tokens=len(request.prompt_token_ids),
-                cached_tokens=0,
-                completion_tokens=request.sampling.max_tokens,
-                finish_reason="length",
-                model_version="v1",
-                worker_id="w",
-                queue_time_s=0.0,
-                engine_time_s=0.0,
-            )
-
-        async def finish(self, trace_id):
-            pass
-
-        async def aclose(self):
-            pass
-
     def tool_gaps(shape):
         for step in shape.steps:
             yield from [step.tool_gap_s] if step.tool_gap_s else []
@@ -215,7 +192,7 @@ def test_replay_gap_scale_multiplies_every_tool_gap(monkeypatch):
     monkeypatch.setattr(asyncio, "sleep", sleep)
     for scale in (0.0, 0.5):
         slept.clear()
-        result = asyncio.run(replay(shapes, Backend(), 2, gap_scale=scale))
+        result = asyncio.run(replay(shapes, EchoRouter(), 2, gap_scale=scale))
         assert len(result.traces) == len(shapes) and not result.errors
         assert sorted(slept) == [g * scale for g in gaps]
 

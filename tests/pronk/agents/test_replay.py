@@ -20,6 +20,9 @@ class EchoRouter:
     async def finish(self, trace_id: str) -> None:
         self.finished.append(trace_id)
 
+    async def aclose(self) -> None:
+        """Nothing to close; the bench's replay loop closes its backend at the end."""
+
     async def generate(self, request: StepRequest) -> StepResult:
         self.requests.append(request)
         n = request.sampling.max_tokens
