@@ -122,7 +122,8 @@ def _median_run(runs: list[AgentRun]) -> AgentRun:
 
 
 def limit_run(job: JobConfig, model_dir: Path, shapes: list[TraceShape], work_dir: Path) -> AgentRun:
-    """The offline limit of `shapes` on the job's cores, engine args and KV bytes (less the admission headroom)."""
+    """The offline limit of `shapes` on the job's cores, engine args and KV bytes, grouping traces into 90% of the
+    cache (the admission budget at its default 10% headroom; a job's own `kv_budget_headroom` is not read here)."""
     capacity = kv_tokens_per_worker(job, model_dir)
     out = offline_limit.run_limit(
         shapes,
