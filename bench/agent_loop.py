@@ -21,7 +21,7 @@ import httpx
 from engine.protocol import StepRequest, StepResult
 from pronk.agents.replay import TraceRecord, run_shape
 from pronk.agents.tool_gaps import ToolGaps
-from pronk.agents.trace_shape import TraceShape
+from pronk.protocol.shapes import TraceShape
 
 
 class OpenAIServers:

@@ -24,9 +24,10 @@ from pronk.stack.processes import spawn, stop, wait_healthy
 
 
 def engine_flags(job: JobConfig) -> list[str]:
-    """The job's engine args as vLLM command-line flags, with vLLM's stock first-come-first-served order."""
+    """The job's engine args as vLLM command-line flags (the `engine` section only: vLLM's stock first-come-first-served
+    order, whatever the job's `scheduling.priority`)."""
     flags = ["--served-model-name", job.served_model_name]
-    for key, value in {**job.engine.as_vllm_kwargs(), "scheduling_policy": "fcfs"}.items():
+    for key, value in job.engine.as_vllm_kwargs().items():
         flag = "--" + key.replace("_", "-")
         if isinstance(value, bool):
             flags.append(flag if value else "--no-" + key.replace("_", "-"))

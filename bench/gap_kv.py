@@ -27,7 +27,7 @@ JOB_ID = "job-9a9c0001"
 
 
 def bench_shape(index: int, round_tag: str, gap_s: float, system_tokens: int, output_tokens: int = 32):
-    from pronk.agents.trace_shape import ShapeStep, TraceShape
+    from pronk.protocol.shapes import ShapeStep, TraceShape
 
     steps = [
         ShapeStep(

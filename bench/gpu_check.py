@@ -80,7 +80,6 @@ def write_job(jobs_dir: Path, model: Path, concurrency: int, kv_tokens: int) -> 
         "device": "cuda",
         "workers": 2,
         "price_per_worker_hour": 1.0,
-        "max_concurrency": concurrency,
         "engine": {
             "max_model_len": MAX_MODEL_LEN,
             "dtype": "bfloat16",
@@ -90,19 +89,17 @@ def write_job(jobs_dir: Path, model: Path, concurrency: int, kv_tokens: int) -> 
             "gpu_memory_utilization": 0.2,
             "enable_prefix_caching": True,
             "enforce_eager": True,
-            "scheduling_policy": "priority",
         },
-        "harness": {
-            "max_steps": 16,
-            "step_max_tokens": 64,
-            "step_timeout_s": 600,
-            "trace_timeout_s": 900,
+        "scheduling": {
+            "max_concurrency": concurrency,
+            "priority": True,
             "kv_pin_ttl_s": 30,
             "kv_pin_ttl": "auto",
             "routing": "trace_affinity",
             "admission": "kv_budget",
             "kv_budget_growth_steps": 3,
         },
+        "harness": {"max_steps": 16, "step_max_tokens": 64, "step_timeout_s": 600, "trace_timeout_s": 900},
     }
     jobs_dir.mkdir(parents=True, exist_ok=True)
     path = jobs_dir / "agent-long-gpu.yaml"

@@ -37,7 +37,7 @@ def _job_file(jobs_dir: Path, kind: str) -> None:
     job_id, model, max_len = JOBS[kind]
     (jobs_dir / f"bench-{kind}.yaml").write_text(
         f"job_id: {job_id}\nname: bench-{kind}\nmodel: models:/{model}@live\nserved_model_name: {model}\n"
-        f"device: cpu\nworkers: 2\ncpu_cores_per_worker: 1\nprice_per_worker_hour: 0.05\nmax_concurrency: 32\n"
+        f"device: cpu\nworkers: 2\ncpu_cores_per_worker: 1\nprice_per_worker_hour: 0.05\n"
         f"engine:\n  max_model_len: {max_len}\n  dtype: float32\n  kv_cache_memory_bytes: 67108864\n"
         f"  enable_prefix_caching: true\n  enforce_eager: true\n"
     )

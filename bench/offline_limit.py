@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pronk.agents.replay import filler_tokens
-from pronk.agents.trace_shape import TraceShape
+from pronk.protocol.shapes import TraceShape
 
 
 def final_context(shape: TraceShape) -> int:
@@ -175,8 +175,7 @@ def main() -> None:
 
     from pronk.agents.replay import load_shapes
 
-    engine_args = {**json.loads(args.engine_args), "scheduling_policy": "fcfs"}
-    llm = LLM(model=str(args.model), **engine_args)
+    llm = LLM(model=str(args.model), **json.loads(args.engine_args))
     args.out.write_text(json.dumps(run_waves(llm, load_shapes(args.shapes), args.capacity_tokens)) + "\n")
 
 

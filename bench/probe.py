@@ -120,7 +120,7 @@ def probe(job: JobConfig, settings: Settings, round_: Round, interval_s: float, 
     ablation = next(a for a in pronk_runs.ABLATIONS if a.name == round_.setup)
     label = f"probe{round_.seed}-{time.time():.0f}"
     loop = pronk_runs.bare_loop(
-        relabel(workload.shapes, label), job, settings, job.max_concurrency, ablation, round_.gap_scale
+        relabel(workload.shapes, label), job, settings, job.scheduling.max_concurrency, ablation, round_.gap_scale
     )
     result, samples = asyncio.run(sampled(job, settings, loop, interval_s))
     run = AgentRun.from_replay(round_.setup, result, job.workers)

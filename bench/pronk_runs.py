@@ -22,10 +22,10 @@ import httpx
 from bench.agent_loop import ReplayResult, replay
 from bench.figures import FULL, AgentRun, worker_moves
 from engine.protocol import StepRequest, StepResult
-from pronk.agents.spec import REPLAY_URL
 from pronk.agents.tool_gaps import ToolGaps
-from pronk.agents.trace_shape import TraceShape
 from pronk.jobs import JobConfig
+from pronk.protocol.bodies import REPLAY_URL
+from pronk.protocol.shapes import TraceShape
 from pronk.settings import Settings
 
 
@@ -75,8 +75,8 @@ def pronk_router(job: JobConfig, settings: Settings, admission: str | None = Non
         job.job_id,
         Registry.from_settings(settings),
         token=worker_token(settings),
-        policy=job.harness.routing,
-        admission=admission or job.harness.admission,
+        policy=job.scheduling.routing,
+        admission=admission or job.scheduling.admission,
         admission_timeout_s=job.harness.step_timeout_s,
     )
 
@@ -91,12 +91,12 @@ async def bare_loop(
 ) -> ReplayResult:
     """The shapes through pronk's router and workers, driven by the plain agent loop, with `ablation`'s mechanisms.
 
-    Priority needs workers running `engine.scheduling_policy: priority`; on fcfs workers it changes nothing.
+    Priority needs workers running `scheduling.priority: true`; on fcfs workers it changes nothing.
     `gap_scale` multiplies every tool gap (0: none, to see what the serving path costs against the offline limit).
     """
     router = pronk_router(job, settings, ablation.admission)
-    ttl = job.harness.kv_pin_ttl_s if ablation.pins else 0.0
-    gaps = ToolGaps(ttl) if ablation.pins and job.harness.kv_pin_ttl == "auto" else None
+    ttl = job.scheduling.kv_pin_ttl_s if ablation.pins else 0.0
+    gaps = ToolGaps(ttl) if ablation.pins and job.scheduling.kv_pin_ttl == "auto" else None
     backend = router if ablation.priority else OneOrder(router)
     return await replay(shapes, backend, concurrency, ttl, gaps, gap_scale)
 

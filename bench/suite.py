@@ -52,8 +52,8 @@ from bench.workload import (
     write_single_step_file,
 )
 from engine.worker import cores_for
-from pronk.agents.trace_shape import TraceShape
 from pronk.jobs import JobConfig, get_job
+from pronk.protocol.shapes import TraceShape
 from pronk.settings import PROJECT_ROOT, Settings
 
 log = logging.getLogger(__name__)
@@ -152,7 +152,9 @@ class Bench:
         self.config = config
         self.settings = settings
         self.job: JobConfig = get_job(config.job)
-        self.concurrency = self.job.max_concurrency  # what pronk's batch keeps in flight; every setup gets the same
+        self.concurrency = (
+            self.job.scheduling.max_concurrency
+        )  # what pronk's batch keeps in flight; every setup gets the same
         self.work = config.work_dir
         self.work.mkdir(parents=True, exist_ok=True)
 
@@ -295,7 +297,7 @@ def meta(config: BenchConfig, job: JobConfig, outcome: dict) -> dict:
         "rounds": len(outcome["rounds"]),
         "rounds_asked": config.rounds,
         "seed": config.seed,
-        "concurrency": job.max_concurrency,
+        "concurrency": job.scheduling.max_concurrency,
         "steps_per_round": workload.total_steps(),
         "steps_cut_by_context_cap": workload.steps_cut_by_cap,
         "single_step_requests": config.single_step_requests,

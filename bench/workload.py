@@ -35,7 +35,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pronk.agents.trace_shape import ShapeStep, TraceShape
+from pronk.protocol.shapes import ShapeStep, TraceShape
 
 
 class WorkloadProfile(BaseModel):

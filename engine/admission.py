@@ -17,7 +17,7 @@ recomputed. A new trace therefore starts only while the budget also keeps room f
 of every resident trace, at the growth per step measured on this worker (a running mean of what a started
 trace's step adds to its reservation). More steps of room mean fewer pauses and less recompute, but fewer
 traces resident to fill one another's tool gaps: prefill-heavy work gains, decode-heavy work loses, so it is a
-per-job setting (`harness.kv_budget_growth_steps`) that the Herd tuner searches.
+per-job setting (`scheduling.kv_budget_growth_steps`) that the Herd tuner searches.
 
 The router side is a small strategy chosen per job (`ADMISSION`): `none` sends steps as the routing
 policy says; `kv_budget` asks workers to admit each step, places a new trace on the worker with the most

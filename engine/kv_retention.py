@@ -7,8 +7,8 @@ the step asked for a pin (`SamplingParams.extra_args`, see `retention_hints`), w
 of the free queue. The pin is released when the trace's next step has been scheduled (it now holds
 the blocks itself), when the trace ends (the harness calls the worker's `/release`, which reaches
 the scheduler as an internal abort of `release_request_id(trace)`), when the TTL passes, when the
-pinned total would pass `PRONK_KV_PIN_MAX_FRACTION` of the cache (a full table refuses new pins), or
-before a prefix-cache reset (weight swap).
+pinned total would pass the pin share of the cache (`pin_settings`, in vLLM's `additional_config`; a full
+table refuses new pins), or before a prefix-cache reset (weight swap).
 
 The vLLM classes are built on first attribute access (`__getattr__`), so importing this module for
 `retention_hints` stays free of vLLM.
@@ -16,7 +16,6 @@ The vLLM classes are built on first attribute access (`__getattr__`), so importi
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +23,7 @@ from typing import Any
 RELEASE_PREFIX = "pronk-release:"
 TRACE_KEY = "pronk_trace_id"
 TTL_KEY = "pronk_pin_ttl_s"
-MAX_FRACTION_ENV = "PRONK_KV_PIN_MAX_FRACTION"
+MAX_FRACTION_KEY = "pronk_kv_pin_max_fraction"
 
 
 def retention_hints(trace_id: str, ttl_s: float) -> dict[str, Any]:
@@ -35,6 +34,12 @@ def retention_hints(trace_id: str, ttl_s: float) -> dict[str, Any]:
 def release_request_id(trace_id: str) -> str:
     """The request id whose (internal) abort tells `PinningScheduler` the trace ended."""
     return f"{RELEASE_PREFIX}{trace_id}"
+
+
+def pin_settings(max_fraction: float) -> dict[str, Any]:
+    """What `PinningScheduler` reads from vLLM's `additional_config` (the engine core process gets no other input):
+    the most of the cache pins may hold."""
+    return {MAX_FRACTION_KEY: float(max_fraction)}
 
 
 def scheduler_class(device: str) -> str:
@@ -106,7 +111,8 @@ def _retention_mixin(base: type) -> type:
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             pool = self.kv_cache_manager.block_pool
-            fraction = float(os.environ.get(MAX_FRACTION_ENV, "0.5"))
+            extra = self.vllm_config.additional_config
+            fraction = float(extra.get(MAX_FRACTION_KEY, 0.5)) if isinstance(extra, dict) else 0.5
             self.pin_table = PinTable(
                 int(pool.num_gpu_blocks * fraction), lambda blocks: pool.free_blocks(reversed(blocks))
             )

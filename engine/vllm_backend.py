@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,9 +14,6 @@ from engine.kv_retention import release_request_id, retention_hints
 from engine.protocol import SamplingSpec, StepRequest, StepResult, WorkerStats
 
 log = logging.getLogger(__name__)
-
-HEADROOM_ENV = "PRONK_KV_BUDGET_HEADROOM"
-GROWTH_STEPS_ENV = "PRONK_KV_BUDGET_GROWTH_STEPS"
 
 
 @dataclass(slots=True)
@@ -88,13 +84,18 @@ class WeightSwap:
 
 @dataclass
 class VllmBackend:
-    """Owns one `AsyncLLM`; `model_version` names the weights it serves."""
+    """Owns one `AsyncLLM`; `model_version` names the weights it serves.
+
+    `kv_budget_headroom` and `kv_budget_growth_steps` size the admission budget (`engine.admission.KvBudget`).
+    """
 
     model_path: str
     model_version: str
     worker_id: str
     job_id: str
     engine_kwargs: dict[str, Any]
+    kv_budget_headroom: float = 0.1
+    kv_budget_growth_steps: float = 0.0
     snapshot: SchedulerSnapshot = field(default_factory=SchedulerSnapshot)
     in_flight: int = 0
     requests_served: int = 0
@@ -120,12 +121,7 @@ class VllmBackend:
         if capacity <= 0:
             log.warning("%s: the engine did not report its KV cache size; steps run without admission", self.worker_id)
             return
-        self.budget = KvBudget(
-            capacity,
-            float(os.environ.get(HEADROOM_ENV, "0.1")),
-            float(os.environ.get(GROWTH_STEPS_ENV, "0")),
-            on_pause=self._drop_pins,
-        )
+        self.budget = KvBudget(capacity, self.kv_budget_headroom, self.kv_budget_growth_steps, on_pause=self._drop_pins)
         log.info("%s: KV cache holds %d tokens, admission budget %d", self.worker_id, capacity, self.budget.limit)
 
     @property

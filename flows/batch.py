@@ -92,7 +92,7 @@ async def run_batch(
 ) -> dict:
     """Run an OpenAI batch input file on a job's engine workers; write output and error files.
 
-    `trace_sample` traces (default: the job's `harness.trace_sample`) are drawn in this run's graph as task
+    `trace_sample` traces (default: the job's `observability.trace_sample`) are drawn in this run's graph as task
     runs per step and tool call, and logged to MLflow, by a process of their own once this run has ended.
     """
     show_pronk_logs()
@@ -130,8 +130,8 @@ async def run_batch(
     router = Router(
         job.job_id,
         Registry.from_settings(settings),
-        policy=job.harness.routing,
-        admission=job.harness.admission,
+        policy=job.scheduling.routing,
+        admission=job.scheduling.admission,
         token=worker_token(settings),
     )
     harness = Harness(router, job, StepRecorder(), scratch_dir(settings, batch.id))
@@ -147,6 +147,6 @@ async def run_batch(
         acreate_table_artifact(table=run.summary_table(), key=None, description=f"batch {batch.id} summary"),
     )
     await publish_batch_report(run, settings)
-    await publish_traces(run, settings, job.harness.trace_sample if trace_sample is None else trace_sample)
+    await publish_traces(run, settings, job.observability.trace_sample if trace_sample is None else trace_sample)
     logger.info("batch %s %s: %s", batch.id, batch.status, batch.request_counts.model_dump())
     return batch.model_dump(mode="json")

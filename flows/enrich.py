@@ -17,12 +17,12 @@ from prefect.artifacts import acreate_markdown_artifact, acreate_table_artifact
 from flows.batch import run_batch
 from pronk import storage
 from pronk.batches.run import end_batch
-from pronk.batches.schemas import new_id
 from pronk.enrich.history import EnrichRun, History
 from pronk.enrich.lines import check_job
 from pronk.enrich.spec import EnrichSpecError, load_spec
 from pronk.enrich.table import merge, results_uri, write_version
 from pronk.jobs import get_job
+from pronk.protocol.ids import new_id
 from pronk.settings import get_settings
 from pronk.stack.prefect_env import show_pronk_logs
 from tasks.enrich import BatchAnswers, plan_rows, read_answers, write_lines

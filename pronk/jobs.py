@@ -1,16 +1,23 @@
-"""The job catalog: a job is a model plus its configuration, one YAML file each under `deployments/jobs/`."""
+"""The job catalog: a job is a model plus its configuration, one YAML file each under `deployments/jobs/`.
+
+A job file has a few top-level keys (identity, model, fleet, price, request caps) and five sections:
+`engine` (vLLM's arguments), `scheduling` (how steps reach and share the workers), `harness` (the agent
+loop's limits), `tools` (each tool's settings) and `observability` (what a run shows). `base: NAME` names
+another job file of the same folder: the file then states only its differences, merged over the base section
+by section and key by key (`merge_sections`), the same merge a configuration version of the Herd applies over
+its job file when the job is loaded (`get_job`).
+"""
 
 from __future__ import annotations
 
 import json
-import os
-import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pronk.config_files import load_config_file
+from pronk.config_files import describe
 from pronk.errors import PronkError
 from pronk.settings import get_settings
 
@@ -36,11 +43,6 @@ class EngineArgs(BaseModel):
     tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs per worker.")
     enable_prefix_caching: bool = Field(default=True, description="Reuse KV of shared prefixes across steps.")
     enforce_eager: bool = Field(default=True, description="Skip graph capture (faster start, fine for small models).")
-    scheduling_policy: Literal["fcfs", "priority"] = Field(
-        default="fcfs",
-        description="vLLM's queue order; `priority` runs steps of earlier-started traces first (a returning step "
-        "does not queue behind first steps of new traces).",
-    )
     seed: int = Field(default=0, description="Engine seed.")
     load_format: Literal["auto", "safetensors", "dummy"] | None = Field(
         default=None,
@@ -51,7 +53,6 @@ class EngineArgs(BaseModel):
         description="Overrides of the model's Hugging Face config, e.g. `max_position_embeddings` to run a "
         "RoPE model past its trained context (RoPE has no weights, so the checkpoint is unchanged).",
     )
-
     speculative_ngram_tokens: int = Field(
         default=0,
         ge=0,
@@ -71,6 +72,85 @@ class EngineArgs(BaseModel):
                 "prompt_lookup_max": 4,
             }
         return kwargs
+
+
+class SchedulingConfig(BaseModel):
+    """How the job's steps reach its workers and share their KV cache (the Herd's mechanisms)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_concurrency: int = Field(default=32, ge=1, le=4096, description="Requests in flight per batch run.")
+    routing: str = Field(
+        default="trace_affinity", description="Routing policy for this job's steps (engine.routing.POLICIES)."
+    )
+    admission: Literal["none", "kv_budget"] = Field(
+        default="none",
+        description="`kv_budget`: workers admit traces by KV capacity (shared by every run of the job), new traces "
+        "go to the worker with the most room, started traces before new ones (engine.admission).",
+    )
+    kv_budget_headroom: float = Field(
+        default=0.1,
+        ge=0,
+        lt=1,
+        description="With `admission: kv_budget`, the share of each worker's KV cache kept out of the budget "
+        "(read when a worker starts).",
+    )
+    kv_budget_growth_steps: float = Field(
+        default=0.0,
+        ge=0,
+        description="With `admission: kv_budget`, a new trace starts only while each worker keeps room for this many "
+        "more steps of every resident trace (at its measured growth per step): fewer pauses and less recompute, "
+        "fewer traces to fill tool gaps (read when a worker starts).",
+    )
+    priority: bool = Field(
+        default=False,
+        description="vLLM's priority queue ordered by each trace's start: a returning step does not queue behind "
+        "first steps of new traces (vLLM's `scheduling_policy: priority`; off: fcfs).",
+    )
+    kv_pin_ttl_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="Keep a trace's prefix pinned in its worker's KV cache this long across a tool-call gap (0 = off).",
+    )
+    kv_pin_ttl: Literal["fixed", "auto"] = Field(
+        default="fixed",
+        description="`fixed`: pins last `kv_pin_ttl_s`; `auto`: per tool, from the run's measured tool-call gaps "
+        "(p90 x 1.25, clamped; `kv_pin_ttl_s` until a tool has 5 samples).",
+    )
+    kv_pin_max_fraction: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="Most of a worker's KV cache pins may hold; a full pin table refuses new pins (read when a "
+        "worker starts).",
+    )
+
+
+class HarnessConfig(BaseModel):
+    """The agent loop's limits; a batch line may ask for less, never more."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_steps: int = Field(
+        default=8, ge=1, le=256, description="Most model steps per trace (children count their own)."
+    )
+    step_max_tokens: int = Field(default=256, ge=1, description="Cap on tokens one step may generate.")
+    step_timeout_s: float = Field(
+        default=120.0, gt=0, description="Seconds one model step may take (with its wait for admission)."
+    )
+    tool_timeout_s: float = Field(
+        default=15.0, gt=0, description="Seconds one tool call may take (python has its own wall limit too)."
+    )
+    trace_timeout_s: float = Field(
+        default=900.0, gt=0, description="Seconds a whole trace (with its children) may take."
+    )
+    max_fan_out: int = Field(
+        default=4, ge=0, le=64, description="Most child traces one spawn_subagents call may start."
+    )
+    max_depth: int = Field(default=1, ge=0, le=4, description="Nesting levels of subagents (0 forbids fan-out).")
+    max_step_retries: int = Field(
+        default=2, ge=0, le=10, description="Retries of a failed step (engine trouble, unparsable call)."
+    )
 
 
 class PythonToolLimits(BaseModel):
@@ -94,76 +174,45 @@ class PythonToolLimits(BaseModel):
     )
 
 
+class SqlToolConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tables_dir: str = Field(
+        default="data/tables", description="Tables the `sql` tool sees (csv/parquet; relative to the project root)."
+    )
+
+
+class SearchToolConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    corpus_dir: str = Field(
+        default="data/corpus", description="Documents the `search` tool ranks (relative to the project root)."
+    )
+
+
+class ToolsConfig(BaseModel):
+    """Which tools agent lines may use, and each built-in tool's settings."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: list[str] = Field(
+        default_factory=lambda: ["python", "sql", "search", "spawn_subagents"],
+        description="Tools agent lines may use: built-in names or `package.module:object` import paths.",
+    )
+    python: PythonToolLimits = Field(default_factory=PythonToolLimits)
+    sql: SqlToolConfig = Field(default_factory=SqlToolConfig)
+    search: SearchToolConfig = Field(default_factory=SearchToolConfig)
+
+
 MAX_TRACE_SAMPLE = 100
 """A sample is drawn as Prefect task runs after the batch; more would cost the server more than it shows a person."""
 
 
-class HarnessConfig(BaseModel):
-    """How the job's server-side agent harness runs traces; a batch line may ask for less, never more."""
+class ObservabilityConfig(BaseModel):
+    """What a run of the job shows besides its output: sampled trace DAGs in Prefect and traces in MLflow."""
 
     model_config = ConfigDict(extra="forbid")
 
-    max_steps: int = Field(
-        default=8, ge=1, le=256, description="Most model steps per trace (children count their own)."
-    )
-    tools: list[str] = Field(
-        default_factory=lambda: ["python", "sql", "search", "spawn_subagents"],
-        description="Tools agent lines may use: built-in names or `package.module:object` import paths.",
-    )
-    step_max_tokens: int = Field(default=256, ge=1, description="Cap on tokens one step may generate.")
-    step_timeout_s: float = Field(default=120.0, gt=0, description="Seconds one model step may take.")
-    tool_timeout_s: float = Field(
-        default=15.0, gt=0, description="Seconds one tool call may take (python has its own wall limit too)."
-    )
-    trace_timeout_s: float = Field(
-        default=900.0, gt=0, description="Seconds a whole trace (with its children) may take."
-    )
-    max_fan_out: int = Field(
-        default=4, ge=0, le=64, description="Most child traces one spawn_subagents call may start."
-    )
-    max_depth: int = Field(default=1, ge=0, le=4, description="Nesting levels of subagents (0 forbids fan-out).")
-    max_step_retries: int = Field(
-        default=2, ge=0, le=10, description="Retries of a failed step (engine trouble, unparsable call)."
-    )
-    kv_pin_ttl_s: float = Field(
-        default=30.0,
-        ge=0,
-        description="Keep a trace's prefix pinned in its worker's KV cache this long across a tool-call gap (0 = off).",
-    )
-    kv_pin_ttl: Literal["fixed", "auto"] = Field(
-        default="fixed",
-        description="`fixed`: pins last `kv_pin_ttl_s`; `auto`: per tool, from the run's measured tool-call gaps "
-        "(p90 x 1.25, clamped; `kv_pin_ttl_s` until a tool has 5 samples).",
-    )
-    routing: str = Field(
-        default="trace_affinity", description="Routing policy for this job's steps (engine.routing.POLICIES)."
-    )
-    admission: Literal["none", "kv_budget"] = Field(
-        default="none",
-        description="`kv_budget`: workers admit traces by KV capacity (shared by every run of the job), new traces "
-        "go to the worker with the most room, started traces before new ones (engine.admission).",
-    )
-    kv_budget_headroom: float | None = Field(
-        default=None,
-        ge=0,
-        lt=1,
-        description="With `admission: kv_budget`, the share of each worker's KV cache kept out of the budget; read "
-        "when a worker starts (default: `PRONK_KV_BUDGET_HEADROOM`, 0.1).",
-    )
-    kv_budget_growth_steps: float | None = Field(
-        default=None,
-        ge=0,
-        description="With `admission: kv_budget`, a new trace starts only while each worker keeps room for this many "
-        "more steps of every resident trace (at its measured growth per step): fewer pauses and less recompute, "
-        "fewer traces to fill tool gaps. Read when a worker starts (default: `PRONK_KV_BUDGET_GROWTH_STEPS`, 0).",
-    )
-    tables_dir: str = Field(
-        default="data/tables", description="Tables the `sql` tool sees (csv/parquet; relative to the project root)."
-    )
-    corpus_dir: str = Field(
-        default="data/corpus", description="Documents the `search` tool ranks (relative to the project root)."
-    )
-    python: PythonToolLimits = Field(default_factory=PythonToolLimits)
     trace_sample: int = Field(
         default=10,
         ge=0,
@@ -188,17 +237,21 @@ class JobConfig(BaseModel):
     device: str = Field(default="cpu", pattern=r"^(cpu|cuda)$", description="Where the engine runs.")
     workers: int = Field(default=1, ge=1, le=64, description="Engine workers to start for this job.")
     cpu_cores_per_worker: int = Field(default=1, ge=1, description="CPU cores pinned to each worker (CPU jobs).")
-    engine: EngineArgs = Field(default_factory=EngineArgs)
     price_per_worker_hour: float = Field(ge=0, description="USD per worker-hour, for processing cost.")
-    max_concurrency: int = Field(default=32, ge=1, le=4096, description="Requests in flight per batch run.")
     default_max_tokens: int = Field(default=256, ge=1, description="`max_tokens` when a request sets none.")
     max_output_tokens: int | None = Field(
         default=None,
         ge=1,
         description="Largest `max_tokens` a request may ask for; default: `engine.max_model_len - 1`.",
     )
-    harness: HarnessConfig = Field(
-        default_factory=HarnessConfig, description="The agent harness: steps, tools, limits."
+    engine: EngineArgs = Field(default_factory=EngineArgs, description="vLLM's engine arguments.")
+    scheduling: SchedulingConfig = Field(
+        default_factory=SchedulingConfig, description="Routing, admission, KV budget and pins, queue order."
+    )
+    harness: HarnessConfig = Field(default_factory=HarnessConfig, description="The agent loop's limits.")
+    tools: ToolsConfig = Field(default_factory=ToolsConfig, description="Tools and their settings.")
+    observability: ObservabilityConfig = Field(
+        default_factory=ObservabilityConfig, description="Sampled trace DAGs and MLflow traces."
     )
 
     @property
@@ -206,72 +259,156 @@ class JobConfig(BaseModel):
         """The most tokens one request may ask to generate."""
         return self.max_output_tokens or self.engine.max_model_len - 1
 
+    def vllm_kwargs(self) -> dict[str, Any]:
+        """Every engine argument the job's workers start vLLM with that comes from the job file."""
+        return {**self.engine.as_vllm_kwargs(), "scheduling_policy": "priority" if self.scheduling.priority else "fcfs"}
+
+
+def merge_sections(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """`changes` over `base`: mappings merge key by key, at every depth; anything else (lists too) replaces."""
+    merged = dict(base)
+    for key, value in changes.items():
+        old = merged.get(key)
+        merged[key] = merge_sections(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
+    return merged
+
+
+FLAT_KEYS = {
+    "max_concurrency": "scheduling.max_concurrency",
+    "engine.scheduling_policy": "scheduling.priority",
+    "harness.routing": "scheduling.routing",
+    "harness.admission": "scheduling.admission",
+    "harness.kv_budget_headroom": "scheduling.kv_budget_headroom",
+    "harness.kv_budget_growth_steps": "scheduling.kv_budget_growth_steps",
+    "harness.kv_pin_ttl_s": "scheduling.kv_pin_ttl_s",
+    "harness.kv_pin_ttl": "scheduling.kv_pin_ttl",
+    "harness.tools": "tools.enabled",
+    "harness.python": "tools.python",
+    "harness.tables_dir": "tools.sql.tables_dir",
+    "harness.corpus_dir": "tools.search.corpus_dir",
+    "harness.trace_sample": "observability.trace_sample",
+    "harness.mlflow_traces": "observability.mlflow_traces",
+}
+"""Keys of the flat job-file format (before sections) and where each lives now; `pronk job migrate` moves them
+(`scheduling_policy: priority` becomes `priority: true`)."""
+
+
+def flat_keys(raw: dict[str, Any]) -> list[str]:
+    """The keys of `raw` that only the flat (pre-section) format has."""
+    found = []
+    for dotted in FLAT_KEYS:
+        section, _, key = dotted.rpartition(".")
+        holder = raw.get(section) if section else raw
+        if isinstance(holder, dict) and key in holder:
+            found.append(dotted)
+    return found
+
+
+def migrate_flat(raw: dict[str, Any]) -> dict[str, Any]:
+    """A flat-format job file's mapping rewritten in sections (values unchanged; `scheduling_policy` becomes
+    `scheduling.priority`)."""
+    migrated = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    moved: dict[str, Any] = {}
+    for dotted, target in FLAT_KEYS.items():
+        section, _, key = dotted.rpartition(".")
+        holder = migrated.get(section) if section else migrated
+        if not isinstance(holder, dict) or key not in holder:
+            continue
+        value = holder.pop(key)
+        if value is None:  # the flat format's "the default"
+            continue
+        if dotted == "engine.scheduling_policy":
+            value = value == "priority"
+        *path, last = target.split(".")
+        node = moved
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = value
+    for section in ("engine", "harness"):
+        if migrated.get(section) == {}:
+            del migrated[section]
+    return merge_sections(migrated, moved)
+
+
+def _raw_job_file(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The mapping of `path` with its `base:` chain merged under it; `name` defaults to the file's stem."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise JobFileError(f"{path}: cannot read job file: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise JobFileError(f"{path}: the job file must be a mapping, got {type(raw).__name__}")
+    old = flat_keys(raw)
+    if old:
+        moves = ", ".join(f"{key} → {FLAT_KEYS[key]}" for key in old)
+        raise JobFileError(
+            f"{path}: keys of the flat job-file format ({moves}); job files have sections now: "
+            f"run `pronk job migrate {path}` to rewrite it"
+        )
+    raw.setdefault("name", path.stem)
+    base = raw.pop("base", None)
+    if base is None:
+        return raw
+    if not isinstance(base, str) or not base or "/" in base or base.startswith("."):
+        raise JobFileError(f"{path}: key 'base' value {base!r}: must name a job file of the same folder")
+    base_path = path.parent / f"{base}.yaml"
+    if base_path in seen or base_path == path:
+        chain = " → ".join(p.stem for p in (*seen, path, base_path))
+        raise JobFileError(f"{path}: key 'base' value {base!r}: the bases form a circle ({chain})")
+    if not base_path.is_file():
+        raise JobFileError(f"{path}: key 'base' value {base!r}: no job file {base_path}")
+    inherited = _raw_job_file(base_path, (*seen, path))
+    inherited.pop("name")
+    return merge_sections(inherited, raw)
+
 
 def load_job_file(path: Path) -> JobConfig:
-    return load_config_file(path, JobConfig, JobFileError, "job file")
-
-
-TUNABLE_KEYS = frozenset({"engine", "harness", "max_concurrency", "workers", "cpu_cores_per_worker"})
-"""What a configuration version may change; the job's identity, model and price per core stay the job file's."""
-
-
-class JobVersion(BaseModel):
-    """A configuration version of a job (the Herd tuner's winner): changes over the job file, which stays the base."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    job_id: str = Field(pattern=r"^job-[0-9a-f]{8}$")
-    version: int = Field(ge=1, description="1, 2, … in the order they were applied.")
-    changes: dict[str, Any] = Field(
-        description="Keys of the job file to change (`engine`/`harness` sections merge key by key)."
-    )
-    mlflow_run_id: str | None = Field(default=None, description="The tuning run the version came from.")
-    created_at: float = Field(default_factory=time.time)
-    note: str = ""
+    """The job `path` describes, its base merged in; any problem raises `JobFileError` naming file, key and value."""
+    raw = _raw_job_file(path)
+    try:
+        return JobConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise JobFileError(describe(exc, path, raw)) from exc
 
 
 def versions_dir(job_id: str) -> Path:
-    """Where a job's configuration versions live: beside the stack's state (`<data dir>/job_versions/<job id>/`)."""
+    """Where the Herd keeps a job's configuration versions (`pronk.herd.versions`): `<data dir>/job_versions/<id>/`,
+    with `current` naming the version in force and `v<N>.json` holding each version's changes."""
     return get_settings().data_dir / "job_versions" / job_id
 
 
-def job_versions(job_id: str) -> list[JobVersion]:
-    """Every configuration version of the job, oldest first."""
-    folder = versions_dir(job_id)
-    versions = []
-    for path in sorted(folder.glob("v*.json"), key=lambda p: int(p.stem[1:]) if p.stem[1:].isdigit() else 0):
-        try:
-            versions.append(JobVersion.model_validate_json(path.read_text()))
-        except ValueError as exc:
-            raise JobFileError(f"{path}: not a job configuration version: {exc}") from exc
-    return versions
-
-
-def current_version(job_id: str) -> JobVersion | None:
-    """The version in force (named by `current`), or None when the job runs as its file says."""
+def current_version_path(job_id: str) -> Path | None:
+    """The file of the job's configuration version in force, or None when the job runs as its file says."""
     folder = versions_dir(job_id)
     try:
         number = int((folder / "current").read_text().strip())
     except (OSError, ValueError):
         return None
-    if number == 0:
-        return None
-    path = folder / f"v{number}.json"
+    return folder / f"v{number}.json" if number else None
+
+
+def current_changes(job_id: str) -> dict[str, Any]:
+    """The changes of the job's configuration version in force (empty when the job runs as its file says); a version
+    written before job files had sections is read in sections (`migrate_flat`)."""
+    path = current_version_path(job_id)
+    if path is None:
+        return {}
     try:
-        return JobVersion.model_validate_json(path.read_text())
-    except (OSError, ValueError) as exc:
+        changes = json.loads(path.read_text())["changes"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise JobFileError(f"{path}: the current configuration version of {job_id} is unreadable: {exc}") from exc
+    if not isinstance(changes, dict):
+        raise JobFileError(f"{path}: the current configuration version of {job_id} has no mapping of changes")
+    return migrate_flat(changes)
 
 
 def with_changes(job: JobConfig, changes: dict[str, Any]) -> JobConfig:
-    """`job` with `changes` applied (sections merge key by key), validated like a job file."""
-    unknown = set(changes) - TUNABLE_KEYS
-    if unknown:
-        raise JobFileError(f"job {job.job_id}: keys {sorted(unknown)} are not tunable (only {sorted(TUNABLE_KEYS)})")
-    merged = job.model_dump()
-    for key, value in changes.items():
-        merged[key] = {**merged[key], **value} if isinstance(value, dict) and isinstance(merged[key], dict) else value
-    if merged["device"] == "cpu":  # a CPU worker with more cores costs more: the price is for the job's cores
+    """`job` with `changes` merged over it (`merge_sections`), validated like a job file.
+
+    A CPU worker with more cores costs more: the price scales with `cpu_cores_per_worker` when it changes.
+    """
+    merged = merge_sections(job.model_dump(), changes)
+    if merged["device"] == "cpu" and "price_per_worker_hour" not in changes:
         merged["price_per_worker_hour"] = (
             job.price_per_worker_hour * merged["cpu_cores_per_worker"] / job.cpu_cores_per_worker
         )
@@ -279,49 +416,6 @@ def with_changes(job: JobConfig, changes: dict[str, Any]) -> JobConfig:
         return JobConfig.model_validate(merged)
     except ValueError as exc:
         raise JobFileError(f"job {job.job_id}: configuration changes {changes} are invalid: {exc}") from exc
-
-
-def apply_version(job: JobConfig) -> JobConfig:
-    """The job as its current configuration version makes it (itself when it has none)."""
-    version = current_version(job.job_id)
-    return with_changes(job, version.changes) if version else job
-
-
-def save_version(job: JobConfig, changes: dict[str, Any], mlflow_run_id: str | None, note: str = "") -> JobVersion:
-    """Record `changes` to the job file `job` as its next configuration version and make it current.
-
-    The changes are checked against the job file first; each file is written whole (write, then rename).
-    """
-    with_changes(job, changes)
-    job_id = job.job_id
-    folder = versions_dir(job_id)
-    folder.mkdir(parents=True, exist_ok=True)
-    existing = job_versions(job_id)
-    version = JobVersion(
-        job_id=job_id,
-        version=(existing[-1].version if existing else 0) + 1,
-        changes=changes,
-        mlflow_run_id=mlflow_run_id,
-        note=note,
-    )
-    _write_whole(folder / f"v{version.version}.json", version.model_dump_json(indent=2))
-    set_current_version(job_id, version.version)
-    return version
-
-
-def set_current_version(job_id: str, number: int) -> None:
-    """Make version `number` current (0: the job file alone)."""
-    folder = versions_dir(job_id)
-    folder.mkdir(parents=True, exist_ok=True)
-    if number and not (folder / f"v{number}.json").exists():
-        raise JobFileError(f"job {job_id} has no configuration version {number}")
-    _write_whole(folder / "current", json.dumps(number))
-
-
-def _write_whole(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def load_jobs(jobs_dir: Path | None = None, versions: bool = True) -> dict[str, JobConfig]:
@@ -336,7 +430,9 @@ def load_jobs(jobs_dir: Path | None = None, versions: bool = True) -> dict[str, 
                 f"{path}: key 'job_id' value {job.job_id!r}: already used by job '{jobs[job.job_id].name}'"
             )
         jobs[job.job_id] = job
-    return {job_id: apply_version(job) for job_id, job in jobs.items()} if versions else jobs
+    if not versions:
+        return jobs
+    return {job_id: with_changes(job, current_changes(job_id)) for job_id, job in jobs.items()}
 
 
 def get_job(job: str, jobs_dir: Path | None = None, versions: bool = True) -> JobConfig:

@@ -12,9 +12,9 @@ from prefect.artifacts import acreate_progress_artifact, aupdate_progress_artifa
 from prefect.cache_policies import NO_CACHE
 
 from pronk.agents.harness import Harness
-from pronk.batches.input import ValidRequest
 from pronk.batches.run import BatchRun
 from pronk.batches.store import BatchStore
+from pronk.protocol.lines import ValidRequest
 from tasks.prefect_calls import best_effort
 from tasks.traces import trace_row
 

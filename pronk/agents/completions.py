@@ -10,9 +10,11 @@ from engine.protocol import SamplingSpec, StepRequest, StepResult
 from engine.router import NoWorkerAvailable, Router
 from pronk.agents.outcomes import Completion, LineFailure, RequestOutcome, Usage
 from pronk.agents.step_records import StepRecord, StepRecorder
-from pronk.batches.input import ValidRequest
-from pronk.batches.schemas import ChatCompletionBody, ErrorCode, new_id
 from pronk.jobs import JobConfig
+from pronk.protocol.bodies import ChatCompletionBody
+from pronk.protocol.error_codes import ErrorCode
+from pronk.protocol.ids import new_id
+from pronk.protocol.lines import ValidRequest
 
 
 def to_step_request(body: ChatCompletionBody, trace_id: str, job: JobConfig, request_id: str) -> StepRequest:

@@ -24,15 +24,16 @@ from engine.router import NoWorkerAvailable, Router
 from pronk.agents.completions import engine_error_code, failed_outcome, run_request
 from pronk.agents.outcomes import Completion, RequestOutcome, Usage
 from pronk.agents.replay import run_shape
-from pronk.agents.spec import NamedToolChoice, ReplayBody
 from pronk.agents.step_records import StepRecord, StepRecorder, summarise
 from pronk.agents.tool_calls import parse_call, step_schema, system_prompt
 from pronk.agents.tool_gaps import ToolGaps
 from pronk.agents.tools import SPAWN_SUBAGENTS, Tool, ToolContext, job_tools, run_tool
-from pronk.batches.input import ValidRequest
-from pronk.batches.schemas import ChatCompletionBody, ErrorCode, new_id
 from pronk.errors import PronkError
 from pronk.jobs import HarnessConfig, JobConfig
+from pronk.protocol.bodies import ChatCompletionBody, NamedToolChoice, ReplayBody
+from pronk.protocol.error_codes import ErrorCode
+from pronk.protocol.ids import new_id
+from pronk.protocol.lines import ValidRequest
 
 TOOL_RESULT_CHARS = 1200
 
@@ -101,8 +102,8 @@ class Harness:
         self.job = job
         self.recorder = recorder
         self.scratch_root = scratch_root
-        self.tools = job_tools(job.harness)
-        self.gaps = ToolGaps(job.harness.kv_pin_ttl_s) if job.harness.kv_pin_ttl == "auto" else None
+        self.tools = job_tools(job)
+        self.gaps = ToolGaps(job.scheduling.kv_pin_ttl_s) if job.scheduling.kv_pin_ttl == "auto" else None
 
     async def run_line(self, request: ValidRequest) -> RequestOutcome:
         """Any valid line: a replay, an agent task, or a plain chat completion (a one-step trace).
@@ -123,7 +124,7 @@ class Harness:
         return await run_request(self.router, request, body, self.job, self.recorder)
 
     async def run_replay(self, request: ValidRequest, body: ReplayBody) -> RequestOutcome:
-        ttl = self.job.harness.kv_pin_ttl_s if body.kv_pin_ttl_s is None else body.kv_pin_ttl_s
+        ttl = self.job.scheduling.kv_pin_ttl_s if body.kv_pin_ttl_s is None else body.kv_pin_ttl_s
         try:
             trace = await run_shape(
                 self.router,
@@ -186,7 +187,7 @@ class Harness:
 
     def _pin_ttl(self, family: Family, tools: list[ToolView]) -> float:
         """How long the step's prefix stays pinned through the tool gap that may follow it."""
-        fixed = family.limits.kv_pin_ttl_s
+        fixed = self.job.scheduling.kv_pin_ttl_s
         return self.gaps.ttl(t.name for t in tools) if self.gaps is not None and fixed > 0 else fixed
 
     async def _trace(self, family: Family, state: TraceState, first_choice: Any) -> None:

@@ -23,8 +23,8 @@ from engine.protocol import SamplingSpec, StepRequest
 from engine.router import Router
 from pronk.agents.step_records import StepRecord, StepRecorder, TraceSummary, summarise
 from pronk.agents.tool_gaps import ToolGaps
-from pronk.agents.trace_shape import TraceShape
-from pronk.batches.schemas import new_id
+from pronk.protocol.ids import new_id
+from pronk.protocol.shapes import TraceShape
 
 TOKEN_LOW, TOKEN_HIGH = 16, 4000
 

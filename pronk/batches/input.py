@@ -10,16 +10,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pronk.agents.spec import REPLAY_URL, ReplayBody, check_tools
-from pronk.batches.schemas import (
-    SERVED_URLS,
-    ChatCompletionBody,
-    ErrorCode,
-    LineError,
-    OutputLine,
-)
+from pronk.agents.validation import check_tools
 from pronk.errors import PronkError
 from pronk.jobs import JobConfig
+from pronk.protocol.bodies import REPLAY_URL, SERVED_URLS, ChatCompletionBody, ReplayBody
+from pronk.protocol.error_codes import ErrorCode
+from pronk.protocol.lines import OutputLine, ValidRequest, error_line
 
 logger = logging.getLogger(__name__)
 
@@ -41,22 +37,10 @@ class InputLimits:
 
 
 @dataclass(slots=True)
-class ValidRequest:
-    line: int
-    custom_id: str
-    body: ChatCompletionBody | ReplayBody
-
-
-@dataclass(slots=True)
 class ValidatedInput:
     requests: list[ValidRequest]
     errors: list[OutputLine]
     total: int
-
-
-def error_line(line: int, custom_id: str | None, code: str, message: str) -> OutputLine:
-    """The error-file line for input line `line`; the message starts with the line number."""
-    return OutputLine(custom_id=custom_id, error=LineError(code=code, message=f"line {line}: {message}", line=line))
 
 
 def _validation_message(exc: ValidationError) -> str:
@@ -187,7 +171,7 @@ def _agent_problem(body: ChatCompletionBody | ReplayBody, job: JobConfig) -> tup
         return None
     from pronk.agents.tools import job_tools
 
-    return check_tools(body.tools, body.tool_choice, body.harness, job, set(job_tools(job.harness)))
+    return check_tools(body.tools, body.tool_choice, body.harness, job, set(job_tools(job)))
 
 
 def split_lines(data: bytes) -> Iterator[tuple[int, bytes]]:

@@ -9,8 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from pronk.agents.outcomes import Completion, LineFailure, RequestOutcome
-from pronk.batches.input import error_line
-from pronk.batches.schemas import OutputLine, ResponseEnvelope
+from pronk.protocol.lines import OutputLine, ResponseEnvelope, error_line
 
 
 def response_body(completion: Completion) -> dict[str, Any]:

@@ -16,8 +16,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from pronk.batches.schemas import ChatCompletionBody
 from pronk.jobs import JobConfig
+from pronk.protocol.bodies import ChatCompletionBody
 
 logger = logging.getLogger(__name__)
 

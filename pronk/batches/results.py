@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from pronk import storage
-from pronk.batches.schemas import OutputLine
+from pronk.protocol.lines import OutputLine
 from pronk.settings import Settings, get_settings
 
 logger = logging.getLogger(__name__)

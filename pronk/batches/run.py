@@ -17,21 +17,15 @@ from pronk import storage
 from pronk.agents.outcomes import RequestOutcome
 from pronk.agents.step_records import StepRecord, record_order, steps_ndjson
 from pronk.batches.files import FileStore
-from pronk.batches.input import BatchInputError, InputLimits, ValidatedInput, ValidRequest, error_line, validate_input
+from pronk.batches.input import BatchInputError, InputLimits, ValidatedInput, validate_input
 from pronk.batches.outputs import output_line
 from pronk.batches.results import FinishedLine, ResultParts, RunRecord, jsonl, new_run_tag
-from pronk.batches.schemas import (
-    TERMINAL_STATUSES,
-    Batch,
-    BatchErrorData,
-    BatchErrors,
-    BatchUsage,
-    ErrorCode,
-    OutputLine,
-    new_id,
-)
+from pronk.batches.schemas import TERMINAL_STATUSES, Batch, BatchErrorData, BatchErrors, BatchUsage
 from pronk.batches.store import BatchStore
 from pronk.jobs import JobConfig, get_job
+from pronk.protocol.error_codes import ErrorCode
+from pronk.protocol.ids import new_id
+from pronk.protocol.lines import OutputLine, ValidRequest, error_line
 from pronk.settings import Settings, get_settings
 
 logger = logging.getLogger(__name__)
@@ -98,7 +92,7 @@ class BatchRun:
         self.todo = [r for r in requests if r.line not in self.finished]
         """The requests no earlier run finished: the only ones this run starts."""
         self.run_tag = new_run_tag()
-        self.slots = asyncio.Semaphore(job.max_concurrency)
+        self.slots = asyncio.Semaphore(job.scheduling.max_concurrency)
         self.pending: list[FinishedLine] = []
         self.parts_written = 0
         self.workers_seen: set[str] = set()

@@ -30,8 +30,8 @@ def enrich_run(
     settings = get_settings()
     configure_prefect(settings)
     from flows.enrich import enrich_table
-    from pronk.batches.schemas import new_id
     from pronk.enrich.spec import EnrichSpecError, load_spec
+    from pronk.protocol.ids import new_id
 
     try:
         name = load_spec(spec).name

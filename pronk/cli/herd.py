@@ -103,7 +103,7 @@ def herd_tune(
 @herd_app.command("versions")
 def herd_versions(job: JobArg = None) -> None:
     """The job's configuration versions (the current one marked)."""
-    from pronk.jobs import current_version, job_versions
+    from pronk.herd.versions import current_version, job_versions
 
     config = _job(job)
     current = current_version(config.job_id)

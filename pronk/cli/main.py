@@ -160,6 +160,50 @@ def job_list() -> None:
         typer.echo(f"{job.job_id}  {job.name:16} {job.served_model_name:16} {job.model}  workers={job.workers}")
 
 
+@job_app.command("show")
+def job_show(job: JobOption = None) -> None:
+    """Print a job whole, as it runs: its base merged in, its current configuration version applied, defaults filled."""
+    import yaml
+
+    from pronk.jobs import get_job
+
+    try:
+        config = get_job(job or get_settings().default_job)
+    except (KeyError, ValueError) as exc:
+        fail(str(exc))
+    typer.echo(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True), sort_keys=False), nl=False)
+
+
+@job_app.command("migrate")
+def job_migrate(
+    files: Annotated[list[Path], typer.Argument(help="Job files in the flat format, rewritten in place in sections.")],
+) -> None:
+    """Rewrite flat-format job files in sections (engine, scheduling, harness, tools, observability).
+
+    Values are kept; comments are not (YAML is written anew), so check the diff.
+    """
+    import yaml
+
+    from pronk.jobs import flat_keys, load_job_file, migrate_flat
+
+    for path in files:
+        try:
+            raw = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            fail(f"{path}: cannot read: {exc}")
+        if not isinstance(raw, dict) or not flat_keys(raw):
+            typer.echo(f"{path}: already in sections")
+            continue
+        original = path.read_text()
+        path.write_text(yaml.safe_dump(migrate_flat(raw), sort_keys=False))
+        try:
+            load_job_file(path)
+        except ValueError as exc:
+            path.write_text(original)
+            fail(f"{path}: left as it was: the migrated file is not a valid job: {exc}")
+        typer.echo(f"{path}: rewritten in sections")
+
+
 @batch_app.command("run")
 def batch_run(
     input: Annotated[str, typer.Argument(help="Batch input JSONL: a local path or s3://…")],
@@ -173,8 +217,8 @@ def batch_run(
     settings = get_settings()
     configure_prefect(settings)
     from engine.registry import Registry
-    from pronk.batches.schemas import new_id
     from pronk.jobs import get_job
+    from pronk.protocol.ids import new_id
 
     try:
         job_config = get_job(job or settings.default_job)

@@ -73,7 +73,7 @@ def check_job(spec: EnrichSpec, job: JobConfig) -> list[str]:
     from pronk.agents.tools import job_tools
 
     problems = []
-    known = sorted(job_tools(job.harness))
+    known = sorted(job_tools(job))
     missing = [t for t in spec.tools if t not in known]
     if missing:
         problems.append(f"tools {missing} are not tools of job {job.job_id} (it has {known})")

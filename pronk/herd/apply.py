@@ -1,8 +1,8 @@
 """Apply a tuned configuration: it becomes the job's next configuration version, then reaches the running fleet.
 
-Harness and router settings apply live: every batch run resolves its job when it starts, so the next run uses
-them. Settings a worker reads when it starts (`trial.restart_key`: engine arguments, workers, admission
-headroom and growth steps) reach the running workers by a rolling restart, one worker at a time.
+Settings the router and harness read per run apply live: every batch run resolves its job when it starts, so the
+next run uses them. Settings a worker reads when it starts (`trial.restart_key`: engine arguments, workers, the
+priority queue, the admission budget) reach the running workers by a rolling restart, one worker at a time.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from typing import Any
 
 from engine.registry import Registry
 from pronk.herd.trial import restart_key
-from pronk.jobs import JobVersion, current_version, get_job, save_version, set_current_version
+from pronk.herd.versions import JobVersion, current_version, save_version, set_current_version
+from pronk.jobs import get_job, merge_sections
 from pronk.settings import Settings
 from pronk.stack.rolling import rolling_restart
 
@@ -24,16 +25,8 @@ logger = logging.getLogger(__name__)
 class Applied:
     version: int
     mode: str
-    """`live` (harness and router settings only, or no workers running) or `rolling restart`."""
+    """`live` (settings read per run only, or no workers running) or `rolling restart`."""
     restarted: dict[str, int] = field(default_factory=dict)
-
-
-def merge_changes(base: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
-    """`more` over `base`, sections (`engine`, `harness`) merged key by key."""
-    merged = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
-    for key, value in more.items():
-        merged[key] = {**merged.get(key, {}), **value} if isinstance(value, dict) else value
-    return merged
 
 
 def roll_out(job_id: str, before_key: str, settings: Settings) -> Applied:
@@ -55,7 +48,10 @@ def apply_changes(
     before = get_job(job_id)
     current = current_version(job_id)
     version = save_version(
-        get_job(job_id, versions=False), merge_changes(current.changes if current else {}, changes), mlflow_run_id, note
+        get_job(job_id, versions=False),
+        merge_sections(current.changes if current else {}, changes),
+        mlflow_run_id,
+        note,
     )
     return version, roll_out(job_id, restart_key(before), settings)
 

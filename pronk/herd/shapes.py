@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from pronk.agents.trace_shape import ShapeStep, TraceShape
+from pronk.protocol.shapes import ShapeStep, TraceShape
 
 
 @dataclass(slots=True)

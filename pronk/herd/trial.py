@@ -2,9 +2,9 @@
 
 Trials never touch the job's own workers: each fleet is a job of its own (the candidate configuration under a
 fresh `job-…` id, its file in a folder of its own that only its workers read through `PRONK_JOBS_DIR`), so it
-registers under that id and no batch of the job is ever routed to it. Trials that differ only in harness and
-router settings (routing, pins, admission, concurrency) reuse one fleet; a change of engine settings, workers or
-admission headroom starts a new one (`restart_key`).
+registers under that id and no batch of the job is ever routed to it. Trials that differ only in settings the
+router and harness read per run (routing, pins, admission, concurrency) reuse one fleet; a change of engine
+settings, workers, the priority queue or the admission budget starts a new one (`restart_key`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from engine.registry import Registry
 from engine.router import Router
 from pronk.agents.replay import TraceRecord, run_shape
 from pronk.agents.tool_gaps import ToolGaps
-from pronk.agents.trace_shape import TraceShape
 from pronk.jobs import JobConfig
+from pronk.protocol.shapes import TraceShape
 from pronk.settings import Settings
 from pronk.stack.fleet import wait_for_workers
 from pronk.stack.processes import spawn, stop
@@ -36,19 +36,19 @@ from pronk.worker_token import worker_token
 
 logger = logging.getLogger(__name__)
 
-RESTART_HARNESS_KEYS = ("kv_budget_headroom", "kv_budget_growth_steps")
-"""Harness settings a worker reads when it starts: changing them needs new workers, like engine settings."""
+RESTART_SCHEDULING_KEYS = ("priority", "kv_budget_headroom", "kv_budget_growth_steps", "kv_pin_max_fraction")
+"""Scheduling settings a worker reads when it starts: changing them needs new workers, like engine settings."""
 
 
 def restart_key(job: JobConfig) -> str:
     """What a job's workers are started with: trials (and applied versions) that differ here need new workers."""
-    harness = job.harness.model_dump()
+    scheduling = job.scheduling.model_dump()
     return json.dumps(
         {
             "engine": job.engine.model_dump(),
             "workers": job.workers,
             "cpu_cores_per_worker": job.cpu_cores_per_worker,
-            **{key: harness[key] for key in RESTART_HARNESS_KEYS},
+            **{key: scheduling[key] for key in RESTART_SCHEDULING_KEYS},
         },
         sort_keys=True,
     )
@@ -118,25 +118,25 @@ def _quantile(ordered: list[float], q: float) -> float:
 async def replay_sample(
     job: JobConfig, shapes: list[TraceShape], settings: Settings, time_scale: float, timeout_s: float
 ) -> Measurement:
-    """Replay `shapes` on the live workers of `job` with its router and harness settings; at most `max_concurrency`
+    """Replay `shapes` on the live workers of `job` with its scheduling settings; at most `max_concurrency`
     traces at once. Traces still running at `timeout_s` count as failed."""
-    harness = job.harness
+    scheduling = job.scheduling
     router = Router(
         job.job_id,
         Registry.from_settings(settings),
-        policy=harness.routing,
-        admission=harness.admission,
-        admission_timeout_s=harness.step_timeout_s,
+        policy=scheduling.routing,
+        admission=scheduling.admission,
+        admission_timeout_s=job.harness.step_timeout_s,
         token=worker_token(settings),
     )
-    gaps = ToolGaps(harness.kv_pin_ttl_s) if harness.kv_pin_ttl == "auto" else None
-    slots = asyncio.Semaphore(job.max_concurrency)
+    gaps = ToolGaps(scheduling.kv_pin_ttl_s) if scheduling.kv_pin_ttl == "auto" else None
+    slots = asyncio.Semaphore(scheduling.max_concurrency)
 
     async def one(shape: TraceShape) -> TraceRecord | BaseException:
         async with slots:
             try:
                 return await run_shape(
-                    router, shape, kv_pin_ttl_s=harness.kv_pin_ttl_s, time_scale=time_scale, gaps=gaps
+                    router, shape, kv_pin_ttl_s=scheduling.kv_pin_ttl_s, time_scale=time_scale, gaps=gaps
                 )
             except Exception as exc:  # noqa: BLE001 - one failed trace is a figure of the trial, not its end
                 return exc
@@ -171,7 +171,7 @@ class TrialFleet:
 
     def serve(self, candidate: JobConfig) -> JobConfig:
         """Workers for `candidate` (the running ones when their start-up settings match); returns the trial job
-        whose id the trial's router addresses (the candidate's harness and router settings, the fleet's id)."""
+        whose id the trial's router addresses (the candidate's settings, the fleet's id)."""
         key = restart_key(candidate)
         if self.job is None or key != self.key:
             self.stop()

@@ -2,8 +2,8 @@
 Optuna, judge the winner against the current configuration, and (when asked) apply it.
 
 Knobs searched (`KNOBS`): the engine's `max_num_seqs`, `max_num_batched_tokens` (the chunked-prefill token
-budget), `scheduling_policy` and n-gram speculative decoding (`speculative_ngram_tokens`); the admission
-scheduler (`admission`, `kv_budget_headroom`, `kv_budget_growth_steps`); KV pins (`kv_pin_ttl_s`,
+budget) and n-gram speculative decoding (`speculative_ngram_tokens`); vLLM's priority queue (`priority`); the
+admission scheduler (`admission`, `kv_budget_headroom`, `kv_budget_growth_steps`); KV pins (`kv_pin_ttl_s`,
 `kv_pin_ttl`); the routing policy; batch concurrency (`max_concurrency`); the number of workers and the cores of
 each (a candidate never has more workers than the machine has cores for; a worker's price grows with its
 cores). The current configuration is replayed `repeats` times first (the guard's noise), then Optuna's TPE
@@ -24,12 +24,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
-from pronk.agents.trace_shape import TraceShape
 from pronk.herd.guard import Verdict, judge
 from pronk.herd.profile import job_step_uris, profile_steps, scan_steps
 from pronk.herd.shapes import relabel, sample_shapes, shapes_from_steps
 from pronk.herd.trial import Measurement, TrialFleet, replay_sample, restart_key
 from pronk.jobs import JobConfig, with_changes
+from pronk.protocol.shapes import TraceShape
 from pronk.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -38,15 +38,15 @@ T = TypeVar("T")
 KNOBS: dict[str, tuple[str, list[Any]]] = {
     "max_num_seqs": ("engine", [8, 16, 32, 64, 128]),
     "max_num_batched_tokens": ("engine", [512, 1024, 2048, 4096, 8192]),
-    "scheduling_policy": ("engine", ["fcfs", "priority"]),
     "speculative_ngram_tokens": ("engine", [0, 2, 4]),
-    "admission": ("harness", ["none", "kv_budget"]),
-    "kv_budget_headroom": ("harness", [0.05, 0.1, 0.2]),
-    "kv_budget_growth_steps": ("harness", [0.0, 1.0, 3.0]),
-    "kv_pin_ttl_s": ("harness", [0.0, 5.0, 30.0, 120.0]),
-    "kv_pin_ttl": ("harness", ["fixed", "auto"]),
-    "routing": ("harness", ["trace_affinity", "least_loaded"]),
-    "max_concurrency": ("", [4, 8, 16, 32, 64]),
+    "priority": ("scheduling", [False, True]),
+    "admission": ("scheduling", ["none", "kv_budget"]),
+    "kv_budget_headroom": ("scheduling", [0.05, 0.1, 0.2]),
+    "kv_budget_growth_steps": ("scheduling", [0.0, 1.0, 3.0]),
+    "kv_pin_ttl_s": ("scheduling", [0.0, 5.0, 30.0, 120.0]),
+    "kv_pin_ttl": ("scheduling", ["fixed", "auto"]),
+    "routing": ("scheduling", ["trace_affinity", "least_loaded"]),
+    "max_concurrency": ("scheduling", [4, 8, 16, 32, 64]),
     "workers": ("", []),  # 1 … max_workers
     "cpu_cores_per_worker": ("", [1, 2, 4, 8]),  # those the machine has
 }
@@ -73,7 +73,7 @@ def fit_to_cores(params: dict[str, Any], job: JobConfig, cores: int) -> dict[str
 
 
 def changes_of(params: dict[str, Any]) -> dict[str, Any]:
-    """Knob values as job-file changes (`{"engine": {...}, "harness": {...}, "workers": n}`)."""
+    """Knob values as job-file changes (`{"engine": {...}, "scheduling": {...}, "workers": n}`)."""
     changes: dict[str, Any] = {}
     for knob, value in params.items():
         section = KNOBS[knob][0]

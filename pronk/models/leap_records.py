@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from pronk import storage
-from pronk.batches.schemas import new_id
+from pronk.protocol.ids import new_id
 from pronk.settings import Settings, get_settings
 
 LeapStatus = Literal["queued", "staging", "reloading", "completed", "rolled_back", "failed", "refused"]

@@ -8,12 +8,11 @@ worker token included) is resolved here and passed in.
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
-from engine.kv_retention import scheduler_class
+from engine.kv_retention import pin_settings, scheduler_class
 from engine.registry import Registry
-from engine.vllm_backend import GROWTH_STEPS_ENV, HEADROOM_ENV, VllmBackend
+from engine.vllm_backend import VllmBackend
 from engine.weight_swap import IncompatibleWeights, StagedWeights
 from engine.worker import (
     advertise_url,
@@ -56,10 +55,6 @@ def main(argv: list[str] | None = None) -> None:
     sock = bind_socket(args.host, args.port)
     # A taken port or a bad --host/--advertise fails here, before vLLM loads.
     url = advertise_url(args.host, sock.getsockname()[1], args.advertise)
-    if job.harness.kv_budget_headroom is not None:
-        os.environ[HEADROOM_ENV] = str(job.harness.kv_budget_headroom)
-    if job.harness.kv_budget_growth_steps is not None:
-        os.environ[GROWTH_STEPS_ENV] = str(job.harness.kv_budget_growth_steps)
     if job.device == "cpu":
         pin_to_cores(cores_for(args.index, job.cpu_cores_per_worker))
     model = resolve_model(job.model, settings)
@@ -72,8 +67,11 @@ def main(argv: list[str] | None = None) -> None:
             "served_model_name": job.served_model_name,
             "scheduler_cls": scheduler_class(job.device),
             "structured_outputs_config": compact_json_outputs(),
-            **job.engine.as_vllm_kwargs(),
+            "additional_config": pin_settings(job.scheduling.kv_pin_max_fraction),
+            **job.vllm_kwargs(),
         },
+        kv_budget_headroom=job.scheduling.kv_budget_headroom,
+        kv_budget_growth_steps=job.scheduling.kv_budget_growth_steps,
     )
     serve(
         backend,

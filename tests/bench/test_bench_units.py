@@ -123,13 +123,13 @@ def test_agent_long_job_runs_16k_positions_and_oversubscribes_its_cache():
     assert job.engine.hf_overrides == {"max_position_embeddings": 16384} and job.engine.max_model_len == 16384
     flags = engine_flags(job)
     assert json.loads(flags[flags.index("--hf-overrides") + 1]) == {"max_position_embeddings": 16384}
-    assert flags[flags.index("--scheduling-policy") + 1] == "fcfs"  # the stock baseline keeps vLLM's default order
-    assert job.engine.scheduling_policy == "priority" and job.harness.admission == "kv_budget"
+    assert "--scheduling-policy" not in flags  # the stock baseline keeps vLLM's default order (fcfs)
+    assert job.scheduling.priority and job.scheduling.admission == "kv_budget"
     tokens = job.engine.kv_cache_memory_bytes // (2 * 4 * 2 * 64 * 4)  # tiny model: 4 layers, 2 KV heads of 64, fp32
     mean_context, _ = cache_bounds(generate("agent-long", 0), 128)
-    working_set = job.max_concurrency / job.workers * mean_context
+    working_set = job.scheduling.max_concurrency / job.workers * mean_context
     assert tokens >= job.engine.max_model_len and 2.0 <= working_set / tokens <= 3.0
-    assert PROFILES["agent-long"].traces >= 3 * job.max_concurrency
+    assert PROFILES["agent-long"].traces >= 3 * job.scheduling.max_concurrency
 
 
 def test_steady_rate_leaves_out_start_and_tail():
@@ -273,7 +273,7 @@ def test_gpu_check_job_is_a_valid_dummy_weight_cuda_job(tmp_path):
     from bench.gpu_check import KV_BYTES_PER_TOKEN, MAX_MODEL_LEN, write_job
 
     job = write_job(tmp_path / "jobs", tmp_path / "model", 16, MAX_MODEL_LEN + 256)
-    assert job.device == "cuda" and job.engine.load_format == "dummy" and job.harness.admission == "kv_budget"
+    assert job.device == "cuda" and job.engine.load_format == "dummy" and job.scheduling.admission == "kv_budget"
     assert job.engine.kv_cache_memory_bytes == (MAX_MODEL_LEN + 256) * KV_BYTES_PER_TOKEN
     assert "--load-format" in engine_flags(job)
 

@@ -11,7 +11,7 @@ from engine.client import WorkerClient
 from engine.registry import Registry
 from engine.router import Router
 from pronk.agents.replay import run_shape
-from pronk.agents.trace_shape import TraceShape
+from pronk.protocol.shapes import TraceShape
 from pronk.worker_token import worker_token
 
 log = logging.getLogger(__name__)

@@ -90,21 +90,22 @@ def test_a_raising_tool_a_runaway_python_call_and_a_stuck_tool_are_contained(sta
     from pronk.agents.step_records import StepRecorder
     from pronk.batches.input import validate_input
     from pronk.batches.outputs import output_line
-    from pronk.jobs import get_job
+    from pronk.jobs import get_job, with_changes
 
-    base = get_job(JOB)
-    harness = base.harness.model_copy(
-        update={
-            "tools": [
-                "python",
-                "tests.pronk.agents.tool_fixtures:ExplodingTool",
-                "tests.pronk.agents.tool_fixtures:StuckTool",
-            ],
-            "tool_timeout_s": 30.0,
-            "python": base.harness.python.model_copy(update={"cpu_s": 1, "wall_s": 25.0}),
-        }
+    job = with_changes(
+        get_job(JOB),
+        {
+            "tools": {
+                "enabled": [
+                    "python",
+                    "tests.pronk.agents.tool_fixtures:ExplodingTool",
+                    "tests.pronk.agents.tool_fixtures:StuckTool",
+                ],
+                "python": {"cpu_s": 1, "wall_s": 25.0},
+            },
+            "harness": {"tool_timeout_s": 30.0},
+        },
     )
-    job = base.model_copy(update={"harness": harness})
     runaway = {
         "type": "object",
         "properties": {"code": {"type": "string", "enum": ["while True:\n    pass"]}},

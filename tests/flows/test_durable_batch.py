@@ -22,8 +22,9 @@ import pytest
 from pronk import storage
 from pronk.api.keys import ApiKeyStore
 from pronk.batches.results import FinishedLine, ResultParts
-from pronk.batches.schemas import TERMINAL_STATUSES, Batch, OutputLine, ResponseEnvelope
+from pronk.batches.schemas import TERMINAL_STATUSES, Batch
 from pronk.batches.store import BatchStore
+from pronk.protocol.lines import OutputLine, ResponseEnvelope
 from pronk.stack.embedded import read_state
 from pronk.stack.prefect_env import prefect_environment
 from tests.flows.deployment_runs import start_batch_deployment

@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pronk.jobs import JobFileError, get_job, load_job_file, load_jobs
 
@@ -65,3 +66,72 @@ def test_unknown_job_lists_known_ones(tmp_path):
     write(tmp_path, "a", GOOD)
     with pytest.raises(KeyError, match="job-0123abcd"):
         get_job("nope", tmp_path)
+
+
+def test_a_derived_job_states_only_its_differences(tmp_path):
+    write(tmp_path, "small", GOOD + "scheduling: {routing: least_loaded, kv_pin_ttl_s: 5}\n")
+    derived = write(tmp_path, "small-herd", "base: small\njob_id: job-0123abce\nscheduling: {admission: kv_budget}\n")
+    job = load_job_file(derived)
+    assert (job.name, job.job_id, job.model) == ("small-herd", "job-0123abce", "models:/pronk-tiny@live")
+    assert (job.scheduling.routing, job.scheduling.kv_pin_ttl_s, job.scheduling.admission) == (
+        "least_loaded",
+        5,
+        "kv_budget",
+    )
+    assert job.engine.kv_cache_memory_bytes == 33554432
+
+
+def test_every_shipped_derived_job_file_states_only_differences():
+    from pronk.settings import get_settings
+
+    for path in get_settings().jobs_dir.glob("*.yaml"):
+        raw = yaml.safe_load(path.read_text())
+        if "base" not in raw:
+            continue
+        base = yaml.safe_load((path.parent / f"{raw['base']}.yaml").read_text())
+        repeated = [
+            f"{section}.{key}"
+            for section, values in raw.items()
+            if isinstance(values, dict) and isinstance(base.get(section), dict)
+            for key, value in values.items()
+            if base[section].get(key) == value
+        ] + [key for key, value in raw.items() if not isinstance(value, dict) and base.get(key) == value]
+        assert not repeated, f"{path.name} repeats its base's {repeated}"
+
+
+@pytest.mark.parametrize(
+    ("base", "message"), [("nowhere", "no job file"), ("../etc", "same folder"), ("loop", "circle")]
+)
+def test_a_bad_base_is_refused_naming_it(tmp_path, base, message):
+    write(tmp_path, "loop", f"base: derived\n{GOOD}")
+    path = write(tmp_path, "derived", f"base: {base}\njob_id: job-0123abce\n")
+    with pytest.raises(JobFileError, match=message):
+        load_job_file(path)
+
+
+def test_a_flat_job_file_is_refused_with_how_to_migrate_and_migrate_rewrites_it(tmp_path):
+    from typer.testing import CliRunner
+
+    from pronk.cli.main import app
+
+    flat = """
+job_id: job-0123abcd
+model: models:/pronk-tiny@live
+served_model_name: pronk-tiny
+price_per_worker_hour: 0.1
+max_concurrency: 8
+engine: {kv_cache_memory_bytes: 33554432, scheduling_policy: priority}
+harness: {max_steps: 4, routing: least_loaded, tables_dir: data/tables, trace_sample: 3}
+"""
+    path = write(tmp_path, "flat", flat)
+    with pytest.raises(JobFileError, match=r"harness.routing → scheduling.routing.*pronk job migrate"):
+        load_job_file(path)
+    result = CliRunner().invoke(app, ["job", "migrate", str(path)])
+    assert result.exit_code == 0, result.output
+    job = load_job_file(path)
+    assert (job.scheduling.max_concurrency, job.scheduling.routing, job.scheduling.priority) == (
+        8,
+        "least_loaded",
+        True,
+    )
+    assert (job.harness.max_steps, job.tools.sql.tables_dir, job.observability.trace_sample) == (4, "data/tables", 3)

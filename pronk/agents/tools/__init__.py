@@ -2,7 +2,7 @@
 
 Built-ins are `python`, `sql` and `search`; `spawn_subagents` is handled by the harness itself (it
 starts child traces). A job adds its own tools by import path (`package.module:object`, a class
-built with the job's `HarnessConfig` or with no arguments, or a ready object). `run_tool` contains
+built with the job's `ToolsConfig` or with no arguments, or a ready object). `run_tool` contains
 whatever a tool does: an exception or an overrun becomes that step's tool error, never a crash.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pronk.errors import PronkError
-from pronk.jobs import HarnessConfig
+from pronk.jobs import JobConfig, ToolsConfig
 from pronk.settings import PROJECT_ROOT
 
 SPAWN_SUBAGENTS = "spawn_subagents"
@@ -54,7 +54,7 @@ class SpawnSubagents:
     name = SPAWN_SUBAGENTS
     description = "Start sub-agents, one per task, from the current conversation; returns each one's final answer."
 
-    def __init__(self, harness: HarnessConfig):
+    def __init__(self, max_fan_out: int):
         self.parameters = {
             "type": "object",
             "properties": {
@@ -62,7 +62,7 @@ class SpawnSubagents:
                     "type": "array",
                     "items": {"type": "string", "maxLength": 160},
                     "minItems": 1,
-                    "maxItems": max(harness.max_fan_out, 1),
+                    "maxItems": max(max_fan_out, 1),
                 }
             },
             "required": ["tasks"],
@@ -79,45 +79,45 @@ def project_path(path: str) -> Path:
     return candidate if candidate.is_absolute() else PROJECT_ROOT / candidate
 
 
-def _builtin(name: str, harness: HarnessConfig) -> Tool | None:
+def _builtin(name: str, config: ToolsConfig, max_fan_out: int) -> Tool | None:
     if name == "python":
         from pronk.agents.tools.python_exec import PythonTool
 
-        return PythonTool(harness.python)
+        return PythonTool(config.python)
     if name == "sql":
         from pronk.agents.tools.sql import SqlTool
 
-        return SqlTool(project_path(harness.tables_dir))
+        return SqlTool(project_path(config.sql.tables_dir))
     if name == "search":
         from pronk.agents.tools.search import SearchTool
 
-        return SearchTool(project_path(harness.corpus_dir))
+        return SearchTool(project_path(config.search.corpus_dir))
     if name == SPAWN_SUBAGENTS:
-        return SpawnSubagents(harness)
+        return SpawnSubagents(max_fan_out)
     return None
 
 
-def _imported(path: str, harness: HarnessConfig) -> Tool:
+def _imported(path: str, config: ToolsConfig) -> Tool:
     module_name, _, attribute = path.partition(":")
     if not module_name or not attribute:
         raise ValueError(f"tool {path!r} is neither a built-in nor a 'package.module:object' import path")
     obj: Any = getattr(importlib.import_module(module_name), attribute)
     if inspect.isclass(obj):
         factory: Any = obj
-        obj = factory(harness) if inspect.signature(factory).parameters else factory()
+        obj = factory(config) if inspect.signature(factory).parameters else factory()
     missing = [a for a in ("name", "description", "parameters", "run") if not hasattr(obj, a)]
     if missing:
         raise ValueError(f"tool {path!r} lacks {missing}")
     return obj
 
 
-def load_tools(harness: HarnessConfig) -> dict[str, Tool]:
-    """The job's tools by name; a bad entry raises ValueError naming it."""
+def load_tools(config: ToolsConfig, max_fan_out: int = 4) -> dict[str, Tool]:
+    """The job's tools by name (`max_fan_out` bounds spawn_subagents' tasks); a bad entry raises ValueError."""
     tools: dict[str, Tool] = {}
-    for entry in harness.tools:
-        tool = _builtin(entry, harness) or _imported(entry, harness)
+    for entry in config.enabled:
+        tool = _builtin(entry, config, max_fan_out) or _imported(entry, config)
         if tool.name in tools:
-            raise ValueError(f"tool name {tool.name!r} given twice in the job's harness.tools")
+            raise ValueError(f"tool name {tool.name!r} given twice in the job's tools.enabled")
         tools[tool.name] = tool
     return tools
 
@@ -146,9 +146,9 @@ async def run_tool(
 _LOADED: dict[str, dict[str, Tool]] = {}
 
 
-def job_tools(harness: HarnessConfig) -> dict[str, Tool]:
-    """`load_tools`, once per distinct harness section in this process."""
-    key = harness.model_dump_json()
+def job_tools(job: JobConfig) -> dict[str, Tool]:
+    """The job's tools (`load_tools`), loaded once per distinct tools section and fan-out in this process."""
+    key = f"{job.tools.model_dump_json()}|{job.harness.max_fan_out}"
     if key not in _LOADED:
-        _LOADED[key] = load_tools(harness)
+        _LOADED[key] = load_tools(job.tools, job.harness.max_fan_out)
     return _LOADED[key]

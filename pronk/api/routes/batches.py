@@ -14,15 +14,10 @@ from pronk.api.errors import ApiError, not_found
 from pronk.api.routes.files import ID_PATTERN, owned_file
 from pronk.api.runs import start_batch_run
 from pronk.batches.files import FileRecord
-from pronk.batches.schemas import (
-    SERVED_URLS,
-    TERMINAL_STATUSES,
-    Batch,
-    BatchErrorData,
-    BatchErrors,
-)
+from pronk.batches.schemas import TERMINAL_STATUSES, Batch, BatchErrorData, BatchErrors
 from pronk.batches.store import BatchStore
 from pronk.jobs import JobConfig, load_jobs
+from pronk.protocol.bodies import SERVED_URLS
 
 router = APIRouter(prefix="/batches", tags=["batches"])
 logger = logging.getLogger(__name__)

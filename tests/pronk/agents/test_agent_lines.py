@@ -12,8 +12,8 @@ from pronk.agents.tool_calls import parse_call as _parse
 from pronk.agents.tool_calls import step_schema
 from pronk.agents.tools import job_tools
 from pronk.batches.input import validate_input
-from pronk.batches.schemas import ErrorCode
 from pronk.jobs import get_job
+from pronk.protocol.error_codes import ErrorCode
 from pronk.settings import PROJECT_ROOT
 
 
@@ -97,7 +97,7 @@ def test_step_schema_is_valid_bounded_and_parses_calls(job):
     validated = validate_input(
         line("ok", tools=[tool("python"), tool("sql"), tool("search"), tool("spawn_subagents")]).encode(), job
     )
-    views = list(tool_views(validated.requests[0].body, job_tools(job.harness)).values())
+    views = list(tool_views(validated.requests[0].body, job_tools(job)).values())
     schema = step_schema(views, allow_final=True, max_tokens=96)
     Draft202012Validator.check_schema(schema)
     lengths = [v for k, v in _walk(schema) if k == "maxLength"]
@@ -125,7 +125,7 @@ def test_response_format_constrains_the_final_answer(job):
     validated = validate_input(line("ok", tools=[tool("search")], response_format=fmt).encode(), job)
     body = validated.requests[0].body
     assert body.answer_schema == ANSWER
-    views = list(tool_views(body, job_tools(job.harness)).values())
+    views = list(tool_views(body, job_tools(job)).values())
     schema = step_schema(views, allow_final=True, max_tokens=96, answer_schema=body.answer_schema)
     Draft202012Validator.check_schema(schema)
     final = schema["anyOf"][-1]["properties"]["final"]

@@ -7,7 +7,7 @@ import asyncio
 from engine.protocol import StepRequest, StepResult
 from pronk.agents.replay import filler_tokens, run_shape
 from pronk.agents.tool_gaps import ToolGaps
-from pronk.agents.trace_shape import TraceShape
+from pronk.protocol.shapes import TraceShape
 
 
 class EchoRouter:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pronk.agents.tool_gaps import ToolGaps
-from pronk.jobs import HarnessConfig
+from pronk.jobs import SchedulingConfig
 
 
 def test_default_until_measured_then_p90_with_margin_clamped():
@@ -31,8 +31,8 @@ def test_a_step_that_may_call_several_tools_gets_the_longest_ttl():
     assert gaps.ttl([]) == 30.0
 
 
-def test_job_harness_switches():
-    assert HarnessConfig().kv_pin_ttl == "fixed" and HarnessConfig().admission == "none"
-    assert HarnessConfig(kv_pin_ttl="auto", admission="kv_budget").admission == "kv_budget"
+def test_job_scheduling_switches():
+    assert SchedulingConfig().kv_pin_ttl == "fixed" and SchedulingConfig().admission == "none"
+    assert SchedulingConfig(kv_pin_ttl="auto", admission="kv_budget").admission == "kv_budget"
     with pytest.raises(ValueError):
-        HarnessConfig(admission="maybe")
+        SchedulingConfig(admission="maybe")

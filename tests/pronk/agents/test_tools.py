@@ -8,7 +8,7 @@ import pytest
 
 from pronk.agents.tools import ToolContext, load_tools, run_tool
 from pronk.agents.tools.python_exec import PythonTool
-from pronk.jobs import HarnessConfig, PythonToolLimits
+from pronk.jobs import PythonToolLimits, ToolsConfig
 
 
 def call(tool, arguments, tmp_path, timeout_s=20.0):
@@ -18,8 +18,8 @@ def call(tool, arguments, tmp_path, timeout_s=20.0):
 @pytest.fixture(scope="module")
 def tools():
     return load_tools(
-        HarnessConfig(
-            tools=["python", "sql", "search", "spawn_subagents", "tests.pronk.agents.tool_fixtures:ExplodingTool"]
+        ToolsConfig(
+            enabled=["python", "sql", "search", "spawn_subagents", "tests.pronk.agents.tool_fixtures:ExplodingTool"]
         )
     )
 
@@ -81,13 +81,13 @@ def test_search_ranks_the_corpus(tools, tmp_path):
 def test_a_raising_or_stuck_tool_is_contained(tools, tmp_path):
     outcome = call(tools["explode"], {"why": "test"}, tmp_path)
     assert not outcome.ok and "RuntimeError: kaboom" in outcome.text
-    stuck = load_tools(HarnessConfig(tools=["tests.pronk.agents.tool_fixtures:StuckTool"]))["stuck"]
+    stuck = load_tools(ToolsConfig(enabled=["tests.pronk.agents.tool_fixtures:StuckTool"]))["stuck"]
     outcome = call(stuck, {}, tmp_path, timeout_s=0.5)
     assert not outcome.ok and "timed out after 0.5s" in outcome.text
 
 
 def test_bad_tool_entries_are_refused_by_name():
     with pytest.raises(ValueError, match="nope"):
-        load_tools(HarnessConfig(tools=["nope"]))
+        load_tools(ToolsConfig(enabled=["nope"]))
     with pytest.raises(ValueError, match="given twice"):
-        load_tools(HarnessConfig(tools=["sql", "sql"]))
+        load_tools(ToolsConfig(enabled=["sql", "sql"]))

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import time
 
-from pronk.batches.input import ValidRequest
 from pronk.batches.run import BatchRun
-from pronk.batches.schemas import Batch, ChatCompletionBody
+from pronk.batches.schemas import Batch
 from pronk.batches.store import BatchStore
 from pronk.jobs import get_job
+from pronk.protocol.bodies import ChatCompletionBody
+from pronk.protocol.lines import ValidRequest
 from pronk.settings import Settings
 
 

@@ -11,8 +11,9 @@ from prefect.client.schemas.objects import StateType
 
 from pronk.api.reconcile import Reconciler
 from pronk.batches.results import FinishedLine, ResultParts
-from pronk.batches.schemas import Batch, OutputLine, ResponseEnvelope
+from pronk.batches.schemas import Batch
 from pronk.batches.store import BatchStore
+from pronk.protocol.lines import OutputLine, ResponseEnvelope
 from pronk.settings import Settings
 
 

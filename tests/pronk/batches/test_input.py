@@ -4,8 +4,8 @@ import pytest
 
 from pronk.batches.input import BatchInputError, InputLimits, validate_input
 from pronk.batches.prompt_length import PromptLength
-from pronk.batches.schemas import ErrorCode
 from pronk.jobs import get_job
+from pronk.protocol.error_codes import ErrorCode
 from tests.conftest import DATA
 
 

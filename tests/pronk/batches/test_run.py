@@ -12,9 +12,10 @@ from pronk.batches.files import FileStore
 from pronk.batches.input import validate_input
 from pronk.batches.results import FinishedLine, ResultParts
 from pronk.batches.run import BatchRun, end_batch, finish_run
-from pronk.batches.schemas import Batch, OutputLine
+from pronk.batches.schemas import Batch
 from pronk.batches.store import BatchStore
 from pronk.jobs import get_job
+from pronk.protocol.lines import OutputLine
 from pronk.settings import Settings
 
 JOB = "job-c0ffee01"

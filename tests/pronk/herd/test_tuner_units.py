@@ -6,22 +6,20 @@ import pytest
 
 from pronk.agents.replay import TraceRecord
 from pronk.agents.step_records import StepRecord
-from pronk.herd.apply import merge_changes
 from pronk.herd.trial import measure, restart_key
 from pronk.herd.tuner import KNOBS, LIVE_KNOBS, TuneConfig, Tuner, changes_of, chosen_knobs, fit_to_cores
-from pronk.jobs import get_job, with_changes
+from pronk.jobs import get_job, merge_sections, with_changes
 
 
 def test_knobs_become_job_changes():
     changes = changes_of({"max_num_seqs": 16, "routing": "least_loaded", "max_concurrency": 8, "workers": 1})
     assert changes == {
         "engine": {"max_num_seqs": 16},
-        "harness": {"routing": "least_loaded"},
-        "max_concurrency": 8,
+        "scheduling": {"routing": "least_loaded", "max_concurrency": 8},
         "workers": 1,
     }
     job = with_changes(get_job("job-c0ffee01", versions=False), changes)
-    assert (job.engine.max_num_seqs, job.engine.max_model_len, job.harness.routing) == (16, 4096, "least_loaded")
+    assert (job.engine.max_num_seqs, job.engine.max_model_len, job.scheduling.routing) == (16, 4096, "least_loaded")
 
 
 def test_live_knobs_need_no_new_workers():
@@ -33,7 +31,7 @@ def test_live_knobs_need_no_new_workers():
     for knob in (
         "max_num_seqs",
         "max_num_batched_tokens",
-        "scheduling_policy",
+        "priority",
         "kv_budget_headroom",
         "kv_budget_growth_steps",
     ):
@@ -43,8 +41,8 @@ def test_live_knobs_need_no_new_workers():
 
 
 def test_versions_merge_section_by_section():
-    merged = merge_changes({"engine": {"max_num_seqs": 16}, "max_concurrency": 8}, {"engine": {"seed": 1}})
-    assert merged == {"engine": {"max_num_seqs": 16, "seed": 1}, "max_concurrency": 8}
+    merged = merge_sections({"engine": {"max_num_seqs": 16}, "workers": 2}, {"engine": {"seed": 1}, "workers": 1})
+    assert merged == {"engine": {"max_num_seqs": 16, "seed": 1}, "workers": 1}
 
 
 def test_a_trial_is_charged_its_fleet_for_its_wall_time():

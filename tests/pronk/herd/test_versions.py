@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
 
-from pronk.jobs import (
-    JobFileError,
-    current_version,
-    get_job,
-    job_versions,
-    save_version,
-    set_current_version,
-    versions_dir,
-)
+from pronk.herd.versions import current_version, job_versions, save_version, set_current_version
+from pronk.jobs import JobFileError, get_job, versions_dir
 
 JOB = "job-abcdef12"
 JOB_FILE = f"""
@@ -23,9 +17,8 @@ name: versioned
 model: models:/pronk-tiny@live
 served_model_name: pronk-tiny
 price_per_worker_hour: 0.05
-max_concurrency: 8
 engine: {{max_model_len: 2048, max_num_seqs: 16, kv_cache_memory_bytes: 67108864}}
-harness: {{kv_pin_ttl_s: 30, routing: trace_affinity}}
+scheduling: {{max_concurrency: 8, kv_pin_ttl_s: 30, routing: trace_affinity}}
 """
 
 
@@ -43,15 +36,16 @@ def jobs_dir(tmp_path):
 
 def test_versions_apply_over_the_job_file(jobs_dir):
     assert current_version(JOB) is None and get_job(JOB, jobs_dir).engine.max_num_seqs == 16
-    first = save_version(base(jobs_dir), {"engine": {"max_num_seqs": 32}, "max_concurrency": 24}, "run-1")
+    first = save_version(base(jobs_dir), {"engine": {"max_num_seqs": 32}, "scheduling": {"max_concurrency": 24}}, "r1")
     job = get_job(JOB, jobs_dir)
-    assert (first.version, job.engine.max_num_seqs, job.max_concurrency) == (1, 32, 24)
+    assert (first.version, job.engine.max_num_seqs, job.scheduling.max_concurrency) == (1, 32, 24)
+    assert job.scheduling.kv_pin_ttl_s == 30  # a section merges key by key
     assert job.engine.max_model_len == 2048 and job.engine.kv_cache_memory_bytes == 67108864  # merged, not replaced
-    second = save_version(base(jobs_dir), {"harness": {"routing": "least_loaded"}}, "run-2")
+    second = save_version(base(jobs_dir), {"scheduling": {"routing": "least_loaded"}}, "r2")
     job = get_job("versioned", jobs_dir)
-    assert (second.version, job.harness.routing, job.engine.max_num_seqs) == (2, "least_loaded", 16)
-    assert get_job(JOB, jobs_dir, versions=False).harness.routing == "trace_affinity"
-    assert [v.mlflow_run_id for v in job_versions(JOB)] == ["run-1", "run-2"]
+    assert (second.version, job.scheduling.routing, job.engine.max_num_seqs) == (2, "least_loaded", 16)
+    assert get_job(JOB, jobs_dir, versions=False).scheduling.routing == "trace_affinity"
+    assert [v.mlflow_run_id for v in job_versions(JOB)] == ["r1", "r2"]
     set_current_version(JOB, 1)
     assert get_job(JOB, jobs_dir).engine.max_num_seqs == 32
     set_current_version(JOB, 0)
@@ -66,7 +60,15 @@ def test_bad_versions_are_refused(jobs_dir):
     assert job_versions(JOB) == []
     with pytest.raises(JobFileError, match="no configuration version 7"):
         set_current_version(JOB, 7)
-    save_version(base(jobs_dir), {"max_concurrency": 4}, None)
+    save_version(base(jobs_dir), {"scheduling": {"max_concurrency": 4}}, None)
     (versions_dir(JOB) / "v1.json").write_text("{not json")  # a damaged version is refused, never half applied
     with pytest.raises(JobFileError, match="unreadable"):
         get_job(JOB, jobs_dir)
+
+
+def test_a_version_written_before_sections_is_read_in_sections(jobs_dir):
+    save_version(base(jobs_dir), {"workers": 1}, None)
+    flat = {"job_id": JOB, "version": 1, "changes": {"max_concurrency": 4, "harness": {"routing": "least_loaded"}}}
+    (versions_dir(JOB) / "v1.json").write_text(json.dumps(flat))
+    job = get_job(JOB, jobs_dir)
+    assert (job.scheduling.max_concurrency, job.scheduling.routing) == (4, "least_loaded")

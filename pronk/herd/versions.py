@@ -1,0 +1,101 @@
+"""A job's configuration versions: the Herd tuner's winners, kept as changes over the job file, which stays the base.
+
+Each version is `v<N>.json` under `pronk.jobs.versions_dir(job_id)`; `current` names the one in force, which
+`pronk.jobs.get_job` merges over the job file on every load (0 or no file: the job file alone).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from pronk.jobs import JobConfig, JobFileError, current_version_path, versions_dir, with_changes
+
+TUNABLE_KEYS = frozenset(
+    {"engine", "scheduling", "harness", "tools", "observability", "workers", "cpu_cores_per_worker"}
+)
+"""What a configuration version may change; the job's identity, model and price per core stay the job file's."""
+
+
+class JobVersion(BaseModel):
+    """A configuration version of a job: changes over the job file."""
+
+    job_id: str = Field(pattern=r"^job-[0-9a-f]{8}$")
+    version: int = Field(ge=1, description="1, 2, … in the order they were applied.")
+    changes: dict[str, Any] = Field(description="Keys of the job file to change (sections merge key by key).")
+    mlflow_run_id: str | None = Field(default=None, description="The tuning run the version came from.")
+    created_at: float = Field(default_factory=time.time)
+    note: str = ""
+
+
+def job_versions(job_id: str) -> list[JobVersion]:
+    """Every configuration version of the job, oldest first."""
+    folder = versions_dir(job_id)
+    versions = []
+    for path in sorted(folder.glob("v*.json"), key=lambda p: int(p.stem[1:]) if p.stem[1:].isdigit() else 0):
+        try:
+            versions.append(JobVersion.model_validate_json(path.read_text()))
+        except ValueError as exc:
+            raise JobFileError(f"{path}: not a job configuration version: {exc}") from exc
+    return versions
+
+
+def current_version(job_id: str) -> JobVersion | None:
+    """The version in force (named by `current`), or None when the job runs as its file says."""
+    path = current_version_path(job_id)
+    if path is None:
+        return None
+    try:
+        return JobVersion.model_validate_json(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise JobFileError(f"{path}: the current configuration version of {job_id} is unreadable: {exc}") from exc
+
+
+def check_tunable(job: JobConfig, changes: dict[str, Any]) -> JobConfig:
+    """`job` with `changes`, refused when they touch a key a configuration version may not change."""
+    unknown = set(changes) - TUNABLE_KEYS
+    if unknown:
+        raise JobFileError(f"job {job.job_id}: keys {sorted(unknown)} are not tunable (only {sorted(TUNABLE_KEYS)})")
+    return with_changes(job, changes)
+
+
+def save_version(job: JobConfig, changes: dict[str, Any], mlflow_run_id: str | None, note: str = "") -> JobVersion:
+    """Record `changes` to the job file `job` as its next configuration version and make it current.
+
+    The changes are checked against the job file first; each file is written whole (write, then rename).
+    """
+    check_tunable(job, changes)
+    job_id = job.job_id
+    folder = versions_dir(job_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    existing = job_versions(job_id)
+    version = JobVersion(
+        job_id=job_id,
+        version=(existing[-1].version if existing else 0) + 1,
+        changes=changes,
+        mlflow_run_id=mlflow_run_id,
+        note=note,
+    )
+    _write_whole(folder / f"v{version.version}.json", version.model_dump_json(indent=2))
+    set_current_version(job_id, version.version)
+    return version
+
+
+def set_current_version(job_id: str, number: int) -> None:
+    """Make version `number` current (0: the job file alone)."""
+    folder = versions_dir(job_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    if number and not (folder / f"v{number}.json").exists():
+        raise JobFileError(f"job {job_id} has no configuration version {number}")
+    _write_whole(folder / "current", json.dumps(number))
+
+
+def _write_whole(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
