@@ -7,11 +7,11 @@ loop) runs only the lines no earlier run persisted.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Annotated, Literal
 
 from prefect import flow, get_run_logger, runtime
-from prefect.artifacts import acreate_table_artifact
 from pydantic import Field
 
 from engine.registry import Registry
@@ -20,20 +20,22 @@ from pronk.agents.harness import Harness
 from pronk.agents.step_records import StepRecorder
 from pronk.batches.files import FileStore
 from pronk.batches.input import BatchInputError
+from pronk.batches.progress import progress_kept
+from pronk.batches.prompt_length import input_limits
 from pronk.batches.results import ResultParts
 from pronk.batches.run import BatchRun, end_batch, finish_run, open_batch, reject_input
 from pronk.batches.schemas import TERMINAL_STATUSES
 from pronk.batches.store import BatchStore
+from pronk.batches.traces import scratch_dir
+from pronk.control.artifacts import ProgressArtifact, publish_batch_report, publish_summary
+from pronk.control.trace_sample import publish_traces
 from pronk.errors import PronkError
 from pronk.jobs import MAX_TRACE_SAMPLE, get_job
 from pronk.settings import get_settings
 from pronk.stack.prefect_env import show_pronk_logs
 from pronk.worker_token import worker_token
-from tasks.chunks import run_chunks
-from tasks.files import input_limits, read_input_file, validate_lines
-from tasks.prefect_calls import best_effort
-from tasks.reports import publish_batch_report
-from tasks.traces import publish_traces, scratch_dir
+from tasks.chunks import run_chunk
+from tasks.files import read_input_file, validate_lines
 
 
 class BatchFailed(PronkError, RuntimeError):
@@ -137,15 +139,13 @@ async def run_batch(
     harness = Harness(router, job, StepRecorder(), scratch_dir(settings, batch.id))
     run.check_stop(store)
     try:
-        await run_chunks(run, harness, store, chunk_size)
+        async with progress_kept(run, store, ProgressArtifact(f"batch {batch.id}")):
+            await asyncio.gather(*(run_chunk(run, harness, start, stop) for start, stop in run.chunks(chunk_size)))
     finally:
         await router.aclose()
     finish_run(run, store, FileStore(settings))
 
-    await best_effort(
-        "summary table",
-        acreate_table_artifact(table=run.summary_table(), key=None, description=f"batch {batch.id} summary"),
-    )
+    await publish_summary(run)
     await publish_batch_report(run, settings)
     await publish_traces(run, settings, job.observability.trace_sample if trace_sample is None else trace_sample)
     logger.info("batch %s %s: %s", batch.id, batch.status, batch.request_counts.model_dump())

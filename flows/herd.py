@@ -10,28 +10,11 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
-from pronk.herd.tuner import TuneConfig, Tuner, TuneResult, chosen_knobs
+from pronk.herd.tuner import TuneConfig, Tuner, chosen_knobs
 from pronk.jobs import get_job
 from pronk.settings import get_settings
 from pronk.stack.prefect_env import show_pronk_logs
 from tasks.herd import apply_winner, herd_trial, profile_job
-
-
-def tune_markdown(result: TuneResult) -> str:
-    lines = [f"# Herd tuning of {result.job_id}", "", f"MLflow run `{result.mlflow_run_id}`, {result.seconds:.0f} s."]
-    if result.verdict is not None:
-        lines += ["", f"**Guard: {'accepted' if result.verdict.accept else 'refused'}**: {result.verdict.reason}."]
-    lines += [
-        "",
-        "| trial | tasks per dollar | p50 s | p90 s | cached | settings |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
-    for t in result.trials:
-        m = t.measurement
-        figures = f"{t.value:,.1f} | {m.p50_s} | {m.p90_s} | {m.cached_ratio}" if m else f"— | — | — | {t.error}"
-        settings = ", ".join(f"{k}={v}" for k, v in t.params.items()) or "current"
-        lines.append(f"| {t.label} | {figures} | {settings} |")
-    return "\n".join(lines) + "\n"
 
 
 @flow(name="herd", log_prints=False)
@@ -68,6 +51,6 @@ def herd(
     summary = result.summary()
     if apply and result.verdict is not None and result.verdict.accept and result.winner is not None:
         summary["applied"] = apply_winner(job.job_id, result.winner.changes, result.mlflow_run_id, settings)
-    create_markdown_artifact(markdown=tune_markdown(result), key=None, description=f"herd tuning of {job.job_id}")
+    create_markdown_artifact(markdown=result.markdown(), key=None, description=f"herd tuning of {job.job_id}")
     logger.info("herd %s: %d trials, verdict %s", job.job_id, len(result.trials), summary["verdict"])
     return summary

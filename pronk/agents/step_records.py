@@ -7,6 +7,7 @@ are logged to MLflow as one trace per root trace with agent, LLM and tool spans.
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from collections.abc import Iterable
@@ -14,7 +15,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import polars as pl
+
 from engine.protocol import StepResult
+from pronk import storage
+from pronk.settings import Settings
 
 
 @dataclass(slots=True)
@@ -187,3 +192,11 @@ def log_mlflow_traces(
         logged[root_id] = root.trace_id
     mlflow.flush_trace_async_logging()
     return experiment_id, logged
+
+
+def steps_frame(uri: str, schema: Any, settings: Settings | None = None) -> pl.LazyFrame:
+    """One step-records file as a lazy frame. An `s3://` file is read through pronk's store (its endpoint and
+    credentials): polars' own object store does not take fsspec's options and would dial AWS instead."""
+    if uri.startswith("s3://"):
+        return pl.read_ndjson(io.BytesIO(storage.read_bytes(uri, settings)), schema=schema).lazy()
+    return pl.scan_ndjson(uri, schema=schema)

@@ -16,8 +16,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from pronk.batches.input import InputLimits
 from pronk.jobs import JobConfig
 from pronk.protocol.bodies import ChatCompletionBody
+from pronk.settings import get_settings
 
 logger = logging.getLogger(__name__)
 
@@ -71,3 +73,19 @@ class PromptLength:
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return len(tokenizer.encode(text, add_special_tokens=False))
+
+
+def job_tokenizer(job: JobConfig) -> Any:
+    """The tokenizer of the job's model, as its workers load it (the model's directory, resolved once)."""
+    from transformers import AutoTokenizer
+
+    from pronk.models.registry import resolve_model
+
+    return AutoTokenizer.from_pretrained(str(resolve_model(job.model).path))
+
+
+def input_limits(job: JobConfig) -> InputLimits:
+    """The limits every line of a batch for `job` is validated against (the job's tokenizer loads on first need)."""
+    return InputLimits(
+        max_line_bytes=get_settings().max_line_bytes, prompt_tokens=PromptLength(job, lambda: job_tokenizer(job))
+    )

@@ -14,6 +14,7 @@ from dataclasses import asdict
 from typing import Literal
 
 from pronk import storage
+from pronk.agents.harness import Harness
 from pronk.agents.outcomes import RequestOutcome
 from pronk.agents.step_records import StepRecord, record_order, steps_ndjson
 from pronk.batches.files import FileStore
@@ -22,6 +23,7 @@ from pronk.batches.outputs import output_line
 from pronk.batches.results import FinishedLine, ResultParts, RunRecord, jsonl, new_run_tag
 from pronk.batches.schemas import TERMINAL_STATUSES, Batch, BatchErrorData, BatchErrors, BatchUsage
 from pronk.batches.store import BatchStore
+from pronk.batches.traces import trace_row
 from pronk.jobs import JobConfig, get_job
 from pronk.protocol.error_codes import ErrorCode
 from pronk.protocol.ids import new_id
@@ -126,9 +128,27 @@ class BatchRun:
                 usage.add(f.prompt_tokens, f.cached_tokens, f.completion_tokens)
         self.batch.usage = usage
 
-    def record(self, outcome: RequestOutcome, steps: list[StepRecord], row: dict | None = None) -> None:
-        """A line finished: counted now, persisted with its step records (and table row) at the next flush."""
-        line = finished_line(outcome, steps, row)
+    def chunks(self, size: int) -> list[tuple[int, int]]:
+        """`[start, stop)` ranges of `todo` of at most `size` requests: one Prefect task run each."""
+        return [(start, min(start + size, len(self.todo))) for start in range(0, len(self.todo), size)]
+
+    async def run_lines(self, harness: Harness, start: int, stop: int) -> None:
+        """Run `todo[start:stop]` concurrently within the job's concurrency, recording each line as it ends; once
+        the run is told to stop, the lines not yet started are left unstarted."""
+
+        async def one(request: ValidRequest) -> None:
+            async with self.slots:
+                if self.stop_reason is not None:
+                    self.unstarted.append(request)
+                    return
+                outcome = await harness.run_line(request)
+                self.record(outcome, harness.recorder.take_line(request.custom_id))
+
+        await asyncio.gather(*(one(r) for r in self.todo[start:stop]))
+
+    def record(self, outcome: RequestOutcome, steps: list[StepRecord]) -> None:
+        """A line finished: counted now, persisted with its step records and table row at the next flush."""
+        line = finished_line(outcome, steps, trace_row(outcome))
         self.finished[line.line] = line
         self.pending.append(line)
         counts = self.batch.request_counts

@@ -7,6 +7,7 @@ the flow adopts the status or ends it.
 
 from __future__ import annotations
 
+import builtins
 import time
 
 from pronk import storage
@@ -76,6 +77,22 @@ class BatchStore:
             batch.status = "cancelling"
             batch.cancelling_at = int(request)
         return batch
+
+    def of_jobs(self, job_ids: set[str], limit: int | None = None) -> builtins.list[Batch]:
+        """The batch records of the jobs, newest first (at most `limit`); unreadable records are skipped."""
+        names = [n for n in storage.list_names(self.root, self.settings) if n.endswith(".json")]
+        batches = []
+        for data in storage.read_many([storage.join(self.root, n) for n in names], self.settings):
+            if not data:
+                continue
+            try:
+                batch = Batch.model_validate_json(data)
+            except ValueError:
+                continue
+            if batch.job_id in job_ids:
+                batches.append(batch)
+        batches.sort(key=lambda b: (b.created_at, b.id), reverse=True)
+        return batches[:limit] if limit else batches
 
     def exists(self, batch_id: str) -> bool:
         return storage.filesystem(self.root, self.settings).exists(self._uri(batch_id))

@@ -144,7 +144,7 @@ def register(app: typer.Typer) -> None:
         """A table of recent batches: status, lines, tokens, cached %, cost, tasks per dollar, duration, model."""
         from dataclasses import asdict
 
-        from pronk.herd.reports import recent_runs, runs_table
+        from pronk.batches.report import recent_runs, runs_table
         from pronk.jobs import load_jobs
 
         settings = get_settings()

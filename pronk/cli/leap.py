@@ -96,7 +96,7 @@ def leap_status(
     """Each live worker's version and Leap state, and the job's latest Leap."""
     from engine.registry import Registry
     from pronk.jobs import get_job
-    from pronk.models.leap_records import LeapStore
+    from pronk.models.leap import LeapStore
 
     settings = get_settings()
     job_id = get_job(job or settings.default_job).job_id

@@ -54,3 +54,21 @@ class History:
 
     def table(self) -> list[dict[str, object]]:
         return [json.loads(r.model_dump_json(exclude={"spec", "version_uri"})) for r in self.runs()]
+
+
+def summary_markdown(run: EnrichRun) -> str:
+    """A run's figures, as its Prefect run page shows them."""
+    tpd = f"{run.tasks_per_dollar:,.0f}" if run.tasks_per_dollar is not None else "n/a"
+    return "\n".join(
+        [
+            f"# Enrichment `{run.spec}`, run `{run.run_id}`",
+            "",
+            "| rows | new | changed | retried | skipped | failed | pending | engine steps | cost (USD) | tasks/$ |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            f"| {run.rows} | {run.new} | {run.changed} | {run.retried} | {run.skipped} | {run.failed} | {run.pending} "
+            f"| {run.steps} | {run.cost_usd:.6f} | {tpd} |",
+            "",
+            f"Model version `{run.model_version or 'n/a'}`, batch `{run.batch_id or 'none'}`, "
+            f"version `{run.version_uri}`.",
+        ]
+    )

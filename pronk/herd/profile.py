@@ -9,7 +9,6 @@ tool, traces in flight and their arrival rate, and the cached share of prompt to
 
 from __future__ import annotations
 
-import io
 import logging
 import math
 from dataclasses import asdict, dataclass, field
@@ -18,7 +17,7 @@ from typing import Any
 import polars as pl
 
 from pronk import storage
-from pronk.batches.schemas import Batch
+from pronk.agents.step_records import steps_frame
 from pronk.batches.store import BatchStore
 from pronk.settings import Settings
 
@@ -154,38 +153,10 @@ class TrafficProfile:
         return "\n".join([head, *rows])
 
 
-def job_batches(job_id: str | set[str], settings: Settings, limit: int | None = None) -> list[Batch]:
-    """The batch records of the job (or jobs) in the store, newest first (at most `limit`); unreadable records
-    are skipped."""
-    jobs = {job_id} if isinstance(job_id, str) else job_id
-    store = BatchStore(settings)
-    names = [n for n in storage.list_names(store.root, settings) if n.endswith(".json")]
-    batches = []
-    for data in storage.read_many([storage.join(store.root, n) for n in names], settings):
-        if not data:
-            continue
-        try:
-            batch = Batch.model_validate_json(data)
-        except ValueError:
-            continue
-        if batch.job_id in jobs:
-            batches.append(batch)
-    batches.sort(key=lambda b: (b.created_at, b.id), reverse=True)
-    return batches[:limit] if limit else batches
-
-
 def job_step_uris(job_id: str, settings: Settings, limit: int | None = None) -> list[str]:
     """The step-record files of the job's batches (newest first) that exist."""
-    uris = [b.steps_uri for b in job_batches(job_id, settings, limit) if b.steps_uri]
+    uris = [b.steps_uri for b in BatchStore(settings).of_jobs({job_id}, limit) if b.steps_uri]
     return [u for u in uris if storage.exists(u, settings)]
-
-
-def steps_frame(uri: str, schema: Any, settings: Settings | None = None) -> pl.LazyFrame:
-    """One step-records file as a lazy frame. An `s3://` file is read through pronk's store (its endpoint and
-    credentials): polars' own object store does not take fsspec's options and would dial AWS instead."""
-    if uri.startswith("s3://"):
-        return pl.read_ndjson(io.BytesIO(storage.read_bytes(uri, settings)), schema=schema).lazy()
-    return pl.scan_ndjson(uri, schema=schema)
 
 
 def scan_steps(uris: list[str], settings: Settings | None = None) -> pl.LazyFrame:

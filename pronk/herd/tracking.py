@@ -1,4 +1,4 @@
-"""MLflow side of Herd: the job's experiment (`pronk-<job id>`), the profile run with its histograms."""
+"""MLflow side of Herd: the profile run with its histograms, in the job's experiment."""
 
 from __future__ import annotations
 
@@ -7,19 +7,7 @@ from pathlib import Path
 
 from pronk.herd.profile import TrafficProfile
 from pronk.settings import Settings
-
-
-def job_experiment(job_id: str, settings: Settings) -> str:
-    """Point MLflow at the stack and make the job's experiment current (created under the stack's artifact root);
-    returns its id."""
-    import mlflow
-
-    mlflow.set_tracking_uri(settings.tracking_uri)
-    name = f"pronk-{job_id}"
-    if mlflow.get_experiment_by_name(name) is None:
-        settings.artifact_root.mkdir(parents=True, exist_ok=True)
-        mlflow.create_experiment(name, artifact_location=settings.artifact_root.as_uri())
-    return mlflow.set_experiment(name).experiment_id
+from pronk.tracking import job_experiment
 
 
 def histograms(profile: TrafficProfile, folder: Path) -> list[Path]:

@@ -151,6 +151,23 @@ class TuneResult:
             ],
         }
 
+    def markdown(self) -> str:
+        """The tuning run's trials and verdict, as its Prefect run page shows them."""
+        lines = [f"# Herd tuning of {self.job_id}", "", f"MLflow run `{self.mlflow_run_id}`, {self.seconds:.0f} s."]
+        if self.verdict is not None:
+            lines += ["", f"**Guard: {'accepted' if self.verdict.accept else 'refused'}**: {self.verdict.reason}."]
+        lines += [
+            "",
+            "| trial | tasks per dollar | p50 s | p90 s | cached | settings |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for t in self.trials:
+            m = t.measurement
+            figures = f"{t.value:,.1f} | {m.p50_s} | {m.p90_s} | {m.cached_ratio}" if m else f"— | — | — | {t.error}"
+            settings = ", ".join(f"{k}={v}" for k, v in t.params.items()) or "current"
+            lines.append(f"| {t.label} | {figures} | {settings} |")
+        return "\n".join(lines) + "\n"
+
 
 def run_coroutine(coroutine: Coroutine[Any, Any, T]) -> T:
     """Run `coroutine` to its end from sync code, in a thread of its own when this one already runs an event loop
@@ -198,7 +215,8 @@ class Tuner:
         import mlflow
         import optuna
 
-        from pronk.herd.tracking import flat_metrics, job_experiment
+        from pronk.herd.tracking import flat_metrics
+        from pronk.tracking import job_experiment
 
         started = time.monotonic()
         cfg, job = self.config, self.job

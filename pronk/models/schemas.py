@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.protocol import WorkerStats
-from pronk.models.leap_records import LeapRecord
+from pronk.models.leap import LeapRecord
 
 
 class WeightsUpload(BaseModel):

@@ -22,7 +22,7 @@ from pronk.api.runs import start_leap
 from pronk.api.weight_sources import allowed_source
 from pronk.jobs import JobConfig, load_jobs
 from pronk.models.checkpoints import CheckpointMismatch
-from pronk.models.leap_records import LeapRecord, LeapStore
+from pronk.models.leap import LeapRecord, LeapStore
 from pronk.models.schemas import JobWeights, LeapList, LeapStarted, WeightsStatus, WeightsUpload, WorkerWeights
 from pronk.models.versions import ModelMismatch, NotLeapable, UploadResult, leap_model, leap_target, upload_checkpoint
 from pronk.protocol.ids import new_id

@@ -14,7 +14,7 @@ from pronk.models.checkpoints import (
     checkpoint_tags,
     read_spec,
 )
-from pronk.models.leap_records import LeapRecord, WorkerLeap
+from pronk.models.leap import LeapRecord, WorkerLeap
 
 SHAPES = {"model.embed_tokens.weight": (16, 8), "model.layers.0.mlp.up_proj.weight": (12, 8), "lm_head.weight": (16, 8)}
 

@@ -12,10 +12,11 @@ import pytest
 from pronk import storage
 from pronk.agents.step_records import StepRecord
 from pronk.agents.trace_dag import trace_dag
+from pronk.batches.traces import SampledTrace, trace_table
+from pronk.control import trace_sample
+from pronk.control.trace_dags import draw_trace_dags
+from pronk.control.trace_sample import SampleOrder, order_uri, take_order
 from pronk.settings import Settings
-from tasks import trace_sample
-from tasks.trace_dags import draw_trace_dags
-from tasks.trace_sample import SampledTrace, SampleOrder, order_uri, take_order, trace_table
 
 FLOW_RUN = str(uuid.uuid4())
 
@@ -74,7 +75,7 @@ def test_placing_an_order_starts_a_drawer_in_its_own_session(settings, monkeypat
     monkeypatch.setenv("PREFECT__FLOW_RUN_ID", FLOW_RUN)
     trace_sample.place_order(order("-batch"), settings)
     ((args, kw),) = started
-    assert args[-3:] == ["tasks.trace_sample", "--", "-batch"]  # a hostile batch id is never an option
+    assert args[-3:] == ["pronk.control.trace_sample", "--", "-batch"]  # a hostile batch id is never an option
     assert kw["start_new_session"] is True and "PREFECT__FLOW_RUN_ID" not in kw["env"]
     taken = take_order("-batch", settings)
     assert taken is not None and taken.traces == order().traces

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 from pronk.agents.step_records import steps_ndjson
+from pronk.batches.report import RunFigures, batch_markdown, completion_times, recent_runs, runs_table, text_histogram
 from pronk.batches.schemas import Batch, BatchUsage, InputTokensDetails, RequestCounts
 from pronk.batches.store import BatchStore
-from pronk.herd.reports import RunFigures, batch_markdown, completion_times, recent_runs, runs_table, text_histogram
 from pronk.settings import Settings
 from tests.pronk.herd.test_profile import records
 

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import polars as pl
 
-from pronk.agents.step_records import StepRecord
+from pronk.agents.step_records import StepRecord, steps_frame
 from pronk.batches.schemas import Batch
-from pronk.herd.profile import job_batches, steps_frame
+from pronk.batches.store import BatchStore
 from pronk.settings import Settings
+from pronk.tracking import job_experiment
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ def model_versions(steps_uri: str | None, settings: Settings) -> str:
 
 def recent_runs(settings: Settings, job_ids: list[str], limit: int = 20) -> list[RunFigures]:
     """The most recent batches of the jobs, newest first."""
-    batches = job_batches(set(job_ids), settings, limit)
+    batches = BatchStore(settings).of_jobs(set(job_ids), limit)
     return [RunFigures.of(b, model_versions(b.steps_uri, settings)) for b in batches]
 
 
@@ -187,8 +188,6 @@ def log_batch_run(figures: RunFigures, times: list[float], settings: Settings) -
     """The batch's figures as a run of the job's MLflow experiment (named by the batch), with its completion-time
     plot; returns (run id, the run's URL in the MLflow UI)."""
     import mlflow
-
-    from pronk.herd.tracking import job_experiment
 
     experiment_id = job_experiment(figures.job_id, settings)
     with mlflow.start_run(run_name=figures.batch_id) as run:

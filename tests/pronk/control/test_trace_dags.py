@@ -6,8 +6,9 @@ import uuid
 
 from flows.batch import batch_id_of_flow_run
 from pronk.agents.trace_dag import DagNode
-from tasks.trace_dags import within_budget
-from tasks.trace_sample import SampledTrace, sample_markdown
+from pronk.batches.traces import SampledTrace
+from pronk.control.trace_dags import within_budget
+from pronk.control.trace_sample import sample_markdown
 
 
 def dag(size: int) -> list[DagNode]:

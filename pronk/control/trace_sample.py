@@ -2,10 +2,10 @@
 
 Drawing the sample inside the flow run added 10-14 s to every batch's run (bench/RESULTS.md, "Trace
 granularity"). So the flow run, once its results are written, only leaves an order in the store (the
-sampled traces' step records and the per-trace table's rows) and starts `python -m tasks.trace_sample
+sampled traces' step records and the per-trace table's rows) and starts `python -m pronk.control.trace_sample
 <batch id>` in a session of its own, which outlives the flow run's process however the batch was started
 (API, CLI, `prefect deployment run`). The drawer logs the sample to MLflow, creates its task runs against
-the finished flow run's id (`tasks.trace_dags`), then the per-trace table and the sample's markdown
+the finished flow run's id (`pronk.control.trace_dags`), then the per-trace table and the sample's markdown
 (created last: its presence says the drawing is done).
 
 It is for show: it never touches the batch or its files. It deletes the order before it starts, so a
@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,14 +37,17 @@ from pydantic import BaseModel, Field, ValidationError
 from pronk import storage
 from pronk.agents.step_records import StepRecord, log_mlflow_traces
 from pronk.agents.trace_dag import DagNode, readable, trace_dag
+from pronk.batches.run import BatchRun
+from pronk.batches.traces import TABLE_ROWS, SampledTrace, sample_of, scratch_dir, table_rows, trace_table
+from pronk.control.artifacts import publish_trace_table
+from pronk.control.calls import best_effort
+from pronk.control.trace_dags import MAX_TASK_RUNS, TASK_RUNS_PER_S, draw_trace_dags, log_line
 from pronk.jobs import get_job
 from pronk.settings import PROJECT_ROOT, Settings, get_settings
-from tasks.prefect_calls import best_effort
-from tasks.trace_dags import MAX_TASK_RUNS, TASK_RUNS_PER_S, draw_trace_dags, log_line
+from pronk.tracking import experiment_name
 
 logger = logging.getLogger(__name__)
 
-TABLE_ROWS = 500
 MLFLOW_BUDGET_S = 60.0
 """Longest the drawer waits on MLflow for the sample's traces (they are logged while the task runs are drawn)."""
 GRACE_S = 30.0
@@ -52,15 +56,6 @@ FLOW_END_WAIT_S = 30.0
 """The longest the drawer waits for its flow run to end before drawing anyway."""
 MARKDOWN_SAFE = str.maketrans({c: "_" for c in "|[]<>`*\\"})
 """A custom id is hostile input: in the sample's markdown it shows as text, never as a link, tag or table cell break."""
-
-
-class SampledTrace(BaseModel):
-    """One sampled line: what drawing it needs."""
-
-    line: int = Field(ge=1, description="1-based line number in the input file.")
-    custom_id: str
-    ok: bool = Field(description="False: the line ended in the error file.")
-    steps: list[dict[str, Any]] = Field(description="The line's step records.")
 
 
 class SampleOrder(BaseModel):
@@ -87,7 +82,7 @@ def place_order(order: SampleOrder, settings: Settings) -> None:
         settings.logs_dir.mkdir(parents=True, exist_ok=True)
         with open(settings.logs_dir / "trace_samples.log", "ab") as log:
             subprocess.Popen(
-                [sys.executable, "-m", "tasks.trace_sample", "--", order.batch_id],
+                [sys.executable, "-m", "pronk.control.trace_sample", "--", order.batch_id],
                 cwd=PROJECT_ROOT,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -98,6 +93,31 @@ def place_order(order: SampleOrder, settings: Settings) -> None:
     except BaseException:
         storage.delete(uri, settings)  # no drawer: no order left behind
         raise
+
+
+async def publish_traces(run: BatchRun, settings: Settings, sample_size: int) -> None:
+    """After the batch's results are written: drop the tools' scratch folder, leave the trace sample's order.
+
+    The drawer draws the sample in this flow run's graph, logs it to MLflow and publishes the per-trace table with
+    each sampled line's MLflow link once this flow run has ended; without a sample (or when the order cannot be
+    left) the table is published here, without links. All of it is best effort.
+    """
+    batch = run.batch
+    await asyncio.to_thread(shutil.rmtree, scratch_dir(settings, batch.id), True)
+    sample = sample_of(run.finished, sample_size)
+    rows = table_rows(run.finished, sample)
+    if sample and batch.flow_run_id:
+        order = SampleOrder(
+            batch_id=batch.id, flow_run_id=batch.flow_run_id, job_id=run.job.job_id, traces=sample, rows=rows
+        )
+        try:
+            await asyncio.to_thread(place_order, order, settings)
+        except Exception as exc:  # noqa: BLE001 - the batch's results are written: its sample is for show
+            logger.warning("batch %s: cannot start drawing its trace sample: %r", batch.id, exc)
+        else:
+            logger.info("batch %s: %d sampled traces will be drawn once this run has ended", batch.id, len(sample))
+            return
+    await publish_trace_table(batch.id, rows)
 
 
 def take_order(batch_id: str, settings: Settings) -> SampleOrder | None:
@@ -153,7 +173,7 @@ async def log_sample_to_mlflow(order: SampleOrder, settings: Settings) -> dict[s
                 log_mlflow_traces,
                 records,
                 settings.tracking_uri,
-                f"pronk-{job.job_id}",
+                experiment_name(job.job_id),
                 settings.artifact_root,
                 {"pronk.batch_id": order.batch_id, "pronk.job_id": job.job_id},
             ),
@@ -206,11 +226,6 @@ def sample_markdown(
 
 def _cell(text: str) -> str:
     return readable(text, 400).translate(MARKDOWN_SAFE)
-
-
-def trace_table(rows: list[dict[str, Any]], links: dict[str, str]) -> list[dict[str, Any]]:
-    """The per-trace table's rows, each sampled one with its MLflow trace's URL."""
-    return [{**row, "mlflow_trace": links.get(str(row.get("custom_id") or ""), "")} for row in rows]
 
 
 async def fulfil(order: SampleOrder, settings: Settings) -> None:

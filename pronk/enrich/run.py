@@ -1,0 +1,137 @@
+"""One run of an enrichment, Prefect-free: the rows it asks as agent lines, the answers read back, and its record.
+
+The enrich flow is the recipe over these (plan, write the lines, run them as a batch, read the answers, finish);
+`finish` merges the answers into a new version of the table and appends the run to the enrichment's history.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import polars as pl
+
+from pronk import storage
+from pronk.enrich.answers import Answer, AnswerParser
+from pronk.enrich.history import EnrichRun, History
+from pronk.enrich.lines import check_job, input_file
+from pronk.enrich.spec import EnrichSpec, EnrichSpecError, load_spec
+from pronk.enrich.table import Plan, merge, write_version
+from pronk.jobs import JobConfig, get_job
+from pronk.protocol.ids import new_id
+from pronk.settings import Settings
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def new_run_id() -> str:
+    """A run's id: its start time, then 8 random hex digits (sorts by time)."""
+    return f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{new_id('enrich')[-8:]}"
+
+
+def load_checked(spec_path: str) -> tuple[EnrichSpec, JobConfig]:
+    """The enrichment and its job, refused (`EnrichSpecError`, naming what is wrong) when they do not fit."""
+    enrichment = load_spec(spec_path)
+    try:
+        job = get_job(enrichment.job)
+    except KeyError as exc:
+        raise EnrichSpecError(f"spec {enrichment.name}: job {enrichment.job!r}: {exc}") from exc
+    problems = check_job(enrichment, job)
+    if problems:
+        raise EnrichSpecError(f"spec {enrichment.name}: " + "; ".join(problems))
+    return enrichment, job
+
+
+def custom_id(index: int) -> str:
+    return f"row-{index}"
+
+
+def write_lines(spec: EnrichSpec, job: JobConfig, todo: pl.DataFrame, indices: list[int], uri: str, settings) -> None:
+    """The rows to ask as a batch input file, one agent line per row, named by the row's index."""
+    rows = todo.to_dicts()
+    storage.write_bytes(uri, input_file(spec, job, [(custom_id(i), r) for i, r in zip(indices, rows)]), settings)
+
+
+@dataclass(slots=True)
+class BatchAnswers:
+    answers: dict[int, Answer]
+    steps: int
+    model_version: str | None
+
+
+def batch_answers(spec: EnrichSpec, batch: dict, indices: list[int], settings: Settings) -> BatchAnswers:
+    """Each asked row's answer from the batch's output and error files: typed values, or nulls and the reason."""
+    parser = AnswerParser(spec)
+    wanted = {custom_id(i): i for i in indices}
+    answers: dict[int, Answer] = {}
+    versions: list[str] = []
+    for uri in (batch.get("output_uri"), batch.get("error_uri")):
+        if not uri or not storage.exists(uri, settings):
+            continue
+        for raw in storage.read_bytes(uri, settings).splitlines():
+            line = json.loads(raw)
+            index = wanted.get(line.get("custom_id"))
+            if index is None:
+                continue
+            if line.get("error"):
+                answers[index] = parser.failed(f"{line['error']['code']}: {line['error']['message']}")
+                continue
+            body = line["response"]["body"]
+            versions.append(body.get("pronk", {}).get("model_version") or "")
+            answers[index] = parser.parse(body["choices"][0]["message"]["content"])
+    steps = 0
+    if batch.get("steps_uri") and storage.exists(batch["steps_uri"], settings):
+        steps = pl.read_ndjson(storage.read_bytes(batch["steps_uri"], settings)).height
+    model_version = max(set(versions), key=versions.count) if any(versions) else None
+    return BatchAnswers(answers, steps, model_version)
+
+
+@dataclass(slots=True)
+class RunStart:
+    """When and under which id a run started, and where the enrichment's results live."""
+
+    run_id: str
+    results: str
+    started_at: str
+    started: float
+
+
+def start(results: str) -> RunStart:
+    return RunStart(new_run_id(), results, now(), time.monotonic())
+
+
+def finish(
+    spec: EnrichSpec, plan: Plan, outcome: BatchAnswers, batch: dict, begun: RunStart, settings: Settings
+) -> tuple[EnrichRun, pl.DataFrame]:
+    """Merge the answers into a new version of the table, record the run in the history; the record and table."""
+    table = merge(spec, plan, outcome.answers, begun.run_id, begun.started_at)
+    version = write_version(begun.results, begun.run_id, table, settings)
+    failed = sum(1 for a in outcome.answers.values() if a.error is not None) + len(plan.todo) - len(outcome.answers)
+    cost = float(batch.get("processing_cost") or 0.0)
+    filled = len(plan.todo) - failed
+    record = EnrichRun(
+        run_id=begun.run_id,
+        spec=spec.name,
+        started_at=begun.started_at,
+        finished_at=now(),
+        rows=plan.rows.height,
+        new=plan.new,
+        changed=plan.changed,
+        retried=plan.retried,
+        skipped=plan.skipped,
+        failed=failed,
+        pending=plan.rows.height - plan.skipped - len(plan.todo),
+        steps=outcome.steps,
+        cost_usd=cost,
+        tasks_per_dollar=filled / cost if cost > 0 else None,
+        model_version=outcome.model_version,
+        batch_id=batch.get("id"),
+        version_uri=version,
+        duration_s=round(time.monotonic() - begun.started, 3),
+    )
+    History(begun.results, settings).append(record)
+    return record, table
