@@ -36,7 +36,7 @@ down:
 	$(BIN)/pronk stack down
 
 # pronk vs N stock vLLM servers, the Herd's ablations and the offline limit on both agent profiles (3 rounds each,
-# traces >= 3x the concurrency), plus the single-step file; records bench/RESULTS.md and bench/results.json.
+# traces >= 3x the concurrency), plus the single-step file; records bench/RESULTS.md and bench/results/results.json.
 bench: install
 	$(BIN)/pronk bench --record --job agent-long --profile agent-long --rounds 3 --single-step-requests 0
 	$(BIN)/pronk bench --record --job tiny-cpu-herd --profile cpu --rounds 3 --traces 96

@@ -338,7 +338,8 @@ def bench(
     limit: Annotated[bool, typer.Option(help="Also run the offline limit (vLLM LLM.generate, no tool gaps).")] = True,
     work_dir: Annotated[Path | None, typer.Option(help="Scratch folder (default: <data dir>/bench).")] = None,
     record: Annotated[
-        bool, typer.Option(help="Write bench/RESULTS.md, bench/results.json and bench/completion_times.png.")
+        bool,
+        typer.Option(help="Write bench/RESULTS.md, bench/results/results.json and bench/results/completion_times.png."),
     ] = False,
 ) -> None:
     """pronk against N stock vLLM servers on the same agent traces and single-step file; prints the table."""
@@ -348,7 +349,7 @@ def bench(
     settings = get_settings()
     configure_prefect(settings)
     sys.path.insert(0, str(PROJECT_ROOT))  # bench/ lives in the checkout, not in the installed package
-    from bench.suite import BenchConfig, run_bench
+    from bench.harness.suite import BenchConfig, run_bench
 
     config = BenchConfig(
         job=job or settings.default_job,

@@ -10,9 +10,9 @@ import math
 
 import pytest
 
-from bench.figures import BASELINE, BATCH, FULL, LIMIT, Comparison
-from bench.pronk_runs import ABLATIONS
-from bench.suite import BenchConfig, record, run_bench
+from bench.harness.figures import BASELINE, BATCH, FULL, LIMIT, Comparison
+from bench.harness.pronk_runs import ABLATIONS
+from bench.harness.suite import BenchConfig, record, run_bench
 
 pytestmark = pytest.mark.e2e
 

@@ -6,9 +6,10 @@ import asyncio
 import json
 import math
 
-from bench.agent_loop import replay
-from bench.baseline import engine_flags, processing_seconds
-from bench.figures import (
+from bench.experiments.probe import Load, load_figures
+from bench.harness.agent_loop import replay
+from bench.harness.baseline import engine_flags, processing_seconds
+from bench.harness.figures import (
     BASELINE,
     BATCH,
     FULL,
@@ -21,12 +22,11 @@ from bench.figures import (
     steady_rate,
     worker_moves,
 )
-from bench.offline_limit import final_context, fitting_groups
-from bench.probe import Load, load_figures
-from bench.pronk_runs import OneOrder, preemptions_in_metrics
-from bench.report import END, START, write_json, write_results_md
-from bench.suite import relabel
-from bench.workload import PROFILES, cache_bounds, generate
+from bench.harness.offline_limit import final_context, fitting_groups
+from bench.harness.pronk_runs import OneOrder, preemptions_in_metrics
+from bench.harness.report import END, START, write_json, write_results_md
+from bench.harness.suite import relabel
+from bench.harness.workload import PROFILES, cache_bounds, generate
 from pronk.jobs import get_job
 from tests.pronk.agents.test_replay import EchoRouter
 
@@ -104,7 +104,7 @@ def test_worker_moves_counts_steps_that_left_their_trace_worker():
 
 
 def test_agent_long_profile_is_prefill_dominated_and_fits_16k():
-    from bench.workload import PROFILES as profiles
+    from bench.harness.workload import PROFILES as profiles
 
     profile = profiles["agent-long"]
     workload = generate("agent-long", 0)
@@ -270,7 +270,7 @@ def test_results_json_and_md_keep_each_profile(tmp_path):
 
 
 def test_gpu_check_job_is_a_valid_dummy_weight_cuda_job(tmp_path):
-    from bench.gpu_check import KV_BYTES_PER_TOKEN, MAX_MODEL_LEN, write_job
+    from bench.experiments.gpu_check import KV_BYTES_PER_TOKEN, MAX_MODEL_LEN, write_job
 
     job = write_job(tmp_path / "jobs", tmp_path / "model", 16, MAX_MODEL_LEN + 256)
     assert job.device == "cuda" and job.engine.load_format == "dummy" and job.scheduling.admission == "kv_budget"

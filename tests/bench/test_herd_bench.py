@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.herd import SMOKE, recorded, run_herd_bench, side_by_side
+from bench.experiments.herd import SMOKE, recorded, run_herd_bench, side_by_side
 from pronk.herd.trial import Measurement
 
 

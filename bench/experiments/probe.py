@@ -1,10 +1,10 @@
 """A quick look at one bare-loop setup: one round per seed on the job's fleet, with each worker's load sampled.
 
 `make bench` takes about an hour a profile; a probe takes two or three minutes a seed, so a scheduling change
-can be tried before it is recorded. Each round runs one setup of `bench.pronk_runs.ABLATIONS` (default: every
+can be tried before it is recorded. Each round runs one setup of `bench.harness.pronk_runs.ABLATIONS` (default: every
 mechanism on) on a fresh workload, and prints one JSON line with the bench's figures of one round
-(`bench.figures.run_figures`, as in `bench/results.json`; `first_errors` quotes up to three) and, from every
-worker's `/stats` sampled every `--interval-s`:
+(`bench.harness.figures.run_figures`, as in `bench/results/results.json`; `first_errors` quotes up to three)
+and, from every worker's `/stats` sampled every `--interval-s`:
 
 - `busy`: per worker, the share of samples with a step in the engine (admitted, not waiting for room);
 - `idle_with_waiters`: per worker, the share with no step in the engine while steps waited for room somewhere;
@@ -17,8 +17,8 @@ no gaps beside the limit shows what the serving path costs; the same round with 
 Knobs a worker reads at start (`PRONK_KV_BUDGET_HEADROOM`, `PRONK_KV_BUDGET_GROWTH_STEPS`) can be set in the
 environment of a probe that starts its own fleet (no stack up). Probes on one machine must run one at a time.
 
-    python -m bench.probe --job agent-long --profile agent-long --traces 30 --seeds 1,2 [--gap-scale 0] [--limit]
-        [--out probes.jsonl]
+    python -m bench.experiments.probe --job agent-long --profile agent-long --traces 30 --seeds 1,2
+        [--gap-scale 0] [--limit] [--out probes.jsonl]
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import pronk_runs
-from bench.figures import FULL, AgentRun, over_limit, run_figures
-from bench.suite import CPU_BLOCK_SIZE, limit_run, pronk_fleet, relabel
-from bench.workload import cache_bounds, generate
+from bench.harness import pronk_runs
+from bench.harness.figures import FULL, AgentRun, over_limit, run_figures
+from bench.harness.suite import CPU_BLOCK_SIZE, limit_run, pronk_fleet, relabel
+from bench.harness.workload import cache_bounds, generate
 from engine.protocol import WorkerStats
 from pronk.jobs import JobConfig, get_job
 from pronk.settings import Settings

@@ -7,7 +7,7 @@ and `enrich_table` on a fresh results folder (every row new: scan, fingerprint, 
 batch inside the enrich flow run, parse, merge, versioned write, history, artifacts), in alternating order.
 The goal: enrich's median wall time is at most 1.10x the batch's. Prints every round and the medians as JSON.
 
-    .venv/bin/python -m bench.enrich [--rows 96] [--rounds 3] [--max-steps 2] [--tools search]
+    .venv/bin/python -m bench.experiments.enrich [--rows 96] [--rounds 3] [--max-steps 2] [--tools search]
 """
 
 from __future__ import annotations

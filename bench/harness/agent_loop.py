@@ -74,7 +74,7 @@ class OpenAIServers:
 
 @dataclass(slots=True)
 class ReplayResult:
-    """What one replay of a workload produced; `bench.figures` turns it into figures."""
+    """What one replay of a workload produced; `bench.harness.figures` turns it into figures."""
 
     wall_s: float
     traces: list[TraceRecord] = field(default_factory=list)

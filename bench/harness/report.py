@@ -1,4 +1,5 @@
-"""The benchmark's outputs: the printed table, `bench/results.json`, the main section of `bench/RESULTS.md`, the plot.
+"""The benchmark's outputs: the printed table, `bench/results/results.json`, the main section of `bench/RESULTS.md`,
+the plot.
 
 `RESULTS.md` is shared with other sections (`## Gap KV`, `## Leap`, `## Calibration`): this module only
 rewrites the text between a profile's two markers, and puts that block first when it writes it for the first
@@ -11,7 +12,7 @@ import json
 import math
 from pathlib import Path
 
-from bench.figures import AgentRun, Comparison, percentile
+from bench.harness.figures import AgentRun, Comparison, percentile
 
 START, END = "<!-- bench:main:start -->", "<!-- bench:main:end -->"
 TITLE = "# Benchmark results"

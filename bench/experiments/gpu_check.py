@@ -7,7 +7,7 @@ with the same KV cache, sized so the working set oversubscribes it ~2.5x. One ro
 behind round-robin, then pronk's bare loop with every mechanism on, then pronk's with affinity only; the
 JSON is rewritten after each setup, so a run cut short still leaves what it measured.
 
-    bench/gpu_check.sh [--traces 48] [--concurrency 16] [--out bench/gpu_results.json]
+    bench/gpu_check.sh [--traces 48] [--concurrency 16] [--out bench/results/gpu_results.json]
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from pathlib import Path
 
 import yaml
 
-from bench.agent_loop import OpenAIServers, replay
-from bench.baseline import VllmServers
-from bench.figures import BASELINE, AgentRun, run_figures
-from bench.pronk_runs import ABLATIONS, bare_loop
-from bench.suite import relabel
-from bench.workload import PROFILES, cache_bounds, generate
+from bench.harness.agent_loop import OpenAIServers, replay
+from bench.harness.baseline import VllmServers
+from bench.harness.figures import BASELINE, AgentRun, run_figures
+from bench.harness.pronk_runs import ABLATIONS, bare_loop
+from bench.harness.suite import relabel
+from bench.harness.workload import PROFILES, cache_bounds, generate
 from pronk.jobs import JobConfig, load_job_file
 from pronk.settings import PROJECT_ROOT, Settings
 
@@ -138,7 +138,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--oversubscription", type=float, default=2.5)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "bench" / "gpu_results.json")
+    parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "bench" / "results" / "gpu_results.json")
     args = parser.parse_args()
 
     from pronk.stack.processes import stop

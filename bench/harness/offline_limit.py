@@ -7,7 +7,8 @@ then step k+1 with the outputs appended (fan-out children join the wave after th
 every step finds its trace's prefix cached (no eviction, no preemption, batches as full as the cache
 allows) and nothing waits on a tool: about what an engine could do with this work at best.
 
-    python -m bench.offline_limit --shapes S.jsonl --model DIR --engine-args JSON --capacity-tokens N --out OUT.json
+    python -m bench.harness.offline_limit --shapes S.jsonl --model DIR --engine-args JSON --capacity-tokens N \
+        --out OUT.json
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def run_limit(
     timeout_s: float = 3600.0,
 ) -> dict:
     """The shapes split over one offline process per core set (pinned), run at once; their figures combined."""
-    from bench.baseline import pinned
+    from bench.harness.baseline import pinned
 
     work_dir.mkdir(parents=True, exist_ok=True)
     procs = []
@@ -127,7 +128,7 @@ def run_limit(
         argv = [
             sys.executable,
             "-m",
-            "bench.offline_limit",
+            "bench.harness.offline_limit",
             "--shapes",
             str(part),
             "--model",
