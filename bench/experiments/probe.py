@@ -14,8 +14,9 @@ and, from every worker's `/stats` sampled every `--interval-s`:
 (with the fleet idle) and adds `limit_traces_per_s` and `over_limit`, as `make bench` computes them. A round with
 no gaps beside the limit shows what the serving path costs; the same round with its gaps shows what they cost.
 
-Knobs a worker reads at start (`PRONK_KV_BUDGET_HEADROOM`, `PRONK_KV_BUDGET_GROWTH_STEPS`) can be set in the
-environment of a probe that starts its own fleet (no stack up). Probes on one machine must run one at a time.
+Knobs a worker reads at start (the job's `scheduling.kv_budget_headroom`, `scheduling.kv_budget_growth_steps`) are
+tried with a job file that sets them (`base:` the job, and the one change). Probes on one machine must run one at a
+time.
 
     python -m bench.experiments.probe --job agent-long --profile agent-long --traces 30 --seeds 1,2
         [--gap-scale 0] [--limit] [--out probes.jsonl]

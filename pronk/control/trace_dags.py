@@ -1,6 +1,6 @@
 """Sampled traces drawn in the Prefect UI: one task run per recorded step and tool call, linked as the trace ran.
 
-They are drawn after the batch's flow run has ended, by the sample's drawer process (`tasks.trace_sample`):
+They are drawn after the batch's flow run has ended, by the sample's drawer process (`pronk.control.trace_sample`):
 each node is created through the Prefect client already final (`Completed`, or `Failed` for a failed step
 or tool call), against the batch's flow run id, with its upstream nodes' task run ids as its `task_inputs`,
 which is what draws the edges of the run's graph. Nothing runs (no task engine, no events to record): one

@@ -1,4 +1,4 @@
-"""`bench/herd.py`: the side-by-side figures (unit) and its smoke mode on the real stack (e2e)."""
+"""`bench/experiments/herd.py`: the side-by-side figures (unit) and its smoke mode on the real stack (e2e)."""
 
 from __future__ import annotations
 
