@@ -59,8 +59,9 @@ def test_first_run_fills_the_columns_with_typed_values(first_run):
     assert run["steps"] >= ROWS and run["cost_usd"] > 0 and run["model_version"].startswith("pronk-tiny/")
     assert table.height == ROWS and table["company_id"].to_list() == list(range(1, ROWS + 1))
     assert table.schema["confidence"] == pl.Float64 and table.schema["sector"] == pl.String
+    # How many rows the random model answers is its choice; every row is either answered or carries its error.
     answered = table.filter(pl.col("_error").is_null())
-    assert answered.height == ROWS - run["failed"] and answered.height >= ROWS - 1
+    assert answered.height == ROWS - run["failed"]
     assert answered["confidence"].is_between(0, 1).all() and answered["hq_country"].is_not_null().all()
     sectors = {"industrials", "consumer", "technology", "health", "energy", "financials", "services"}
     assert set(answered["sector"]) <= sectors

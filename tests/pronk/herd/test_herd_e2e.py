@@ -1,13 +1,10 @@
-"""Herd on the shared stack: `pronk herd tune` within its budget on temporary workers, and a rolling restart of
-the job's workers while a batch runs (every line completes)."""
+"""Herd on the shared stack: a tuning within its budget on temporary workers, and a rolling restart of the job's
+workers while a batch runs (every line completes)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -27,7 +24,6 @@ from pronk.stack.state import SUPERVISOR
 
 pytestmark = pytest.mark.e2e
 JOB = "job-c0ffee01"
-PRONK = str(Path(sys.executable).parent / "pronk")
 
 
 def run_batch_file(path: Path, out: Path, batch_id: str | None = None) -> dict:
@@ -54,25 +50,33 @@ def long_replay_lines(count: int, steps: int, gap_s: float) -> list[dict]:
     ]
 
 
-def test_herd_tune_within_budget_on_temporary_workers(stack, tmp_path):
+def test_herd_tunes_within_budget_on_temporary_workers_with_a_task_run_per_trial(stack, tmp_path):
+    """One tuning, through the `herd` flow (the command line runs the same `Tuner`; its printing is a unit test)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from flows.herd import herd
+
     batch = run_batch_file(PROJECT_ROOT / "data" / "replay_batch.jsonl", tmp_path / "out")
     assert batch["status"] == "completed" and batch["steps_uri"]
     workers_before = {k: v for k, v in read_state(stack).items() if k.startswith(JOB)}
 
-    started = time.monotonic()
-    tuned = subprocess.run(
-        [PRONK, "herd", "tune", "--job", JOB, "--budget-minutes", "3", "--sample", "3", "--max-workers", "1",
-         "--knobs", "routing,kv_pin_ttl_s,max_concurrency", "--time-scale", "0.2"],
-        capture_output=True, text=True, timeout=400, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
-    )  # fmt: skip
-    wall = time.monotonic() - started
-    assert tuned.returncode == 0, tuned.stderr[-3000:]
-    summary = json.loads(tuned.stdout.strip().splitlines()[-1])
+    state = herd(
+        job_id=JOB,
+        budget_minutes=2.5,
+        sample=3,
+        knobs=["routing", "kv_pin_ttl_s", "max_concurrency"],
+        max_workers=1,
+        time_scale=0.2,
+        return_state=True,
+    )
+    summary = state.result()
+    labels = [row["trial"] for row in summary["table"]]
+    assert labels[:2] == ["current #1", "current #2"]
     measured = [row for row in summary["table"] if row["error"] is None]
-    print(f"herd tune: {wall:.1f} s, {len(summary['table'])} trials", tuned.stderr[-2000:])
     assert len(measured) >= 2, summary
     assert all(row["tasks_per_dollar"] > 0 for row in measured)
-    assert summary["seconds"] <= 3 * 60 + 20  # the budget, plus stopping the last trial's fleet
+    assert summary["seconds"] <= 2.5 * 60 + 20  # the budget, plus stopping the last trial's fleet
 
     # the job's own workers were never touched, and no trial worker is left
     assert {k: v for k, v in read_state(stack).items() if k.startswith(JOB)} == workers_before
@@ -87,6 +91,17 @@ def test_herd_tune_within_budget_on_temporary_workers(stack, tmp_path):
     )
     assert len(children) == len(summary["table"])
     assert all("tasks_per_dollar" in run.data.metrics for run in children if "pronk.herd.error" not in run.data.tags)
+
+    async def task_run_names() -> list[str]:
+        async with get_client() as client:
+            runs = await client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
+            )
+        return [t.name for t in runs]
+
+    names = asyncio.run(task_run_names())
+    assert set(labels) <= set(names)
+    assert any(name.startswith("herd-profile") for name in names)
 
 
 def test_rolling_restart_with_a_batch_running(stack, tmp_path):
@@ -119,29 +134,3 @@ def test_rolling_restart_with_a_batch_running(stack, tmp_path):
     state = read_state(stack)
     assert alive(state[SUPERVISOR]) and {n: state[n] for n in restarted} == restarted
     assert len(Registry.from_settings(stack).live(JOB)) == 2
-
-
-def test_herd_flow_shows_each_trial_as_a_task_run(stack, tmp_path):
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    from flows.herd import herd
-
-    run_batch_file(PROJECT_ROOT / "data" / "replay_batch.jsonl", tmp_path / "out")
-    state = herd(
-        job_id=JOB, budget_minutes=2.5, sample=3, knobs=["live"], max_workers=1, time_scale=0.2, return_state=True
-    )
-    summary = state.result()
-    labels = [row["trial"] for row in summary["table"]]
-    assert labels[:2] == ["current #1", "current #2"]
-
-    async def task_run_names() -> list[str]:
-        async with get_client() as client:
-            runs = await client.read_task_runs(
-                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
-            )
-        return [t.name for t in runs]
-
-    names = asyncio.run(task_run_names())
-    assert set(labels) <= set(names)
-    assert any(name.startswith("herd-profile") for name in names)
