@@ -117,7 +117,7 @@ class Hosts:
         # another those periods add up to a minute.
         if self.pids:
             with ThreadPoolExecutor(max_workers=len(self.pids)) as pool:
-                list(pool.map(stop, self.pids))
+                list(pool.map(lambda pid: stop(pid, timeout_s=5.0), self.pids))
         for ns in reversed(self.made):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         self.pids.clear()

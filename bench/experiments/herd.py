@@ -14,7 +14,7 @@ profile, and never below it. `--record` keeps the latest run of each (profile, j
 
     python -m bench.experiments.herd --profiles agent-long,cpu --budget-minutes 20 --rounds 3 --record
     python -m bench.experiments.herd --profiles agent-long --job agent-long --budget-minutes 18 --rounds 3 --record
-    python -m bench.experiments.herd --smoke          # a few traces and a 1.5-minute budget, to keep the script alive
+    python -m bench.experiments.herd --smoke          # a few traces and a 1-minute budget, to keep the script alive
 
 Do not run the full bench on a shared machine: it holds every core for the whole budget and the rounds.
 """
@@ -68,7 +68,7 @@ SMOKE = HerdBenchConfig(
     profiles=["smoke"],
     traces=3,
     tune_traces=3,
-    budget_minutes=1.5,
+    budget_minutes=1.0,
     rounds=1,
     knobs=list(LIVE_KNOBS),
     max_workers=1,
