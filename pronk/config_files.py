@@ -26,15 +26,22 @@ def describe(exc: ValidationError, path: Path, raw: dict[str, Any]) -> str:
     return "; ".join(problems)
 
 
-def load_config_file(path: Path, model: type[Model], error: type[PronkError], kind: str) -> Model:
-    """Read `path` as one YAML mapping into `model` (its `name` defaults to the file's stem); any problem raises
-    `error` with the file named. `kind` names the file in messages ("job file", "enrichment spec")."""
+def read_mapping(path: Path, error: type[PronkError], kind: str) -> dict[str, Any]:
+    """`path` as one YAML mapping; an unreadable file or any other YAML value raises `error` with the file named.
+    `kind` names the file in messages ("job file", "enrichment spec")."""
     try:
         raw = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise error(f"{path}: cannot read {kind}: {exc}") from exc
     if not isinstance(raw, dict):
         raise error(f"{path}: the {kind} must be a mapping, got {type(raw).__name__}")
+    return raw
+
+
+def load_config_file(path: Path, model: type[Model], error: type[PronkError], kind: str) -> Model:
+    """Read `path` as one YAML mapping into `model` (its `name` defaults to the file's stem); any problem raises
+    `error` with the file named."""
+    raw = read_mapping(path, error, kind)
     raw.setdefault("name", path.stem)
     try:
         return model.model_validate(raw)

@@ -14,10 +14,9 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pronk.config_files import describe
+from pronk.config_files import describe, read_mapping
 from pronk.errors import PronkError
 from pronk.settings import get_settings
 
@@ -332,12 +331,7 @@ def migrate_flat(raw: dict[str, Any]) -> dict[str, Any]:
 
 def _raw_job_file(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """The mapping of `path` with its `base:` chain merged under it; `name` defaults to the file's stem."""
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise JobFileError(f"{path}: cannot read job file: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise JobFileError(f"{path}: the job file must be a mapping, got {type(raw).__name__}")
+    raw = read_mapping(path, JobFileError, "job file")
     old = flat_keys(raw)
     if old:
         moves = ", ".join(f"{key} → {FLAT_KEYS[key]}" for key in old)
