@@ -3,7 +3,7 @@
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test unit lint typecheck down bench
+.PHONY: install demo test unit lint typecheck down bench bench-smoke
 
 install: $(VENV)/.installed
 
@@ -15,9 +15,15 @@ demo: install
 	$(BIN)/pronk batch run data/sample_batch.jsonl --job tiny-cpu --out out/sample
 	$(BIN)/pronk enrich run companies
 
-# Lint and type checks first, then the whole suite (CI's .ci/run calls this).
-test: install lint typecheck
-	$(BIN)/python -m pytest
+# The whole suite (CI's .ci/run calls this): lint; then the type check beside the unit tests (one core each);
+# then the end-to-end tests. The benchmark's own smoke runs (bench_smoke, ~6 minutes) guard the benchmark rather
+# than pronk: `make bench-smoke`, and `make bench` first.
+test: install lint
+	$(BIN)/mypy > $(VENV)/mypy.log 2>&1 & typing=$$!; \
+	$(BIN)/python -m pytest -m "not e2e"; units=$$?; \
+	wait $$typing; typed=$$?; cat $(VENV)/mypy.log; \
+	[ $$units -eq 0 ] && [ $$typed -eq 0 ]
+	$(BIN)/python -m pytest -m "e2e and not bench_smoke"
 
 # The tests that need no server (seconds).
 unit: install
@@ -35,8 +41,12 @@ typecheck: install
 down:
 	$(BIN)/pronk stack down
 
+# `pronk bench` and `python -m bench.experiments.herd` end to end on a tiny workload: every setup and figure exists.
+bench-smoke: install
+	$(BIN)/python -m pytest -m bench_smoke
+
 # pronk vs N stock vLLM servers, the Herd's ablations and the offline limit on both agent profiles (3 rounds each,
 # traces >= 3x the concurrency), plus the single-step file; records bench/RESULTS.md and bench/results/results.json.
-bench: install
+bench: install bench-smoke
 	$(BIN)/pronk bench --record --job agent-long --profile agent-long --rounds 3 --single-step-requests 0
 	$(BIN)/pronk bench --record --job tiny-cpu-herd --profile cpu --rounds 3 --traces 96

@@ -1,6 +1,7 @@
 """The benchmark kept alive: a small run on the real stack and real stock vLLM servers produces every figure.
 
-It asserts that each setup ran and each figure exists, never a speed.
+It asserts that each setup ran and each figure exists, never a speed. A `bench_smoke` test: `make bench-smoke`
+runs it, and `make bench` runs it first; `make test` leaves it out (it guards the benchmark, not pronk).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from bench.harness.figures import BASELINE, BATCH, FULL, LIMIT, Comparison
 from bench.harness.pronk_runs import ABLATIONS
 from bench.harness.suite import BenchConfig, record, run_bench
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.bench_smoke]
 
 
 def test_smoke_bench_runs_every_setup_and_reports_every_figure(stack, tmp_path):

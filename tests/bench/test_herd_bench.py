@@ -33,6 +33,7 @@ def test_smoke_config_is_small():
 
 
 @pytest.mark.e2e
+@pytest.mark.bench_smoke
 def test_smoke_herd_bench_reports_both_configurations(stack):
     outcome = run_herd_bench(SMOKE, stack, echo=lambda _line: None)
     (profile,) = outcome["profiles"]

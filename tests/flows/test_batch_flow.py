@@ -142,7 +142,7 @@ def test_steps_are_resent_when_a_worker_dies_mid_batch(stack, tmp_path):
                 "body": {
                     "model": "pronk-tiny",
                     "messages": [{"role": "user", "content": f"story {i}"}],
-                    "max_tokens": 1000,
+                    "max_tokens": 256,
                 },
             }
         )
