@@ -8,12 +8,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from pronk.agents.validation import check_tools
 from pronk.errors import PronkError
 from pronk.jobs import JobConfig
 from pronk.protocol.bodies import REPLAY_URL, SERVED_URLS, ChatCompletionBody, ReplayBody
+from pronk.protocol.checks import Check
 from pronk.protocol.error_codes import ErrorCode
 from pronk.protocol.lines import OutputLine, ValidRequest, error_line
 
@@ -43,10 +44,13 @@ class ValidatedInput:
     total: int
 
 
-def _validation_message(exc: ValidationError) -> str:
+def _validation_message(exc: ValidationError, root: str = "body") -> str:
     return "; ".join(
-        f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']} (got {e.get('input')!r:.80})" for e in exc.errors()
+        f"{'.'.join(str(p) for p in e['loc']) or root}: {e['msg']} (got {e.get('input')!r:.80})" for e in exc.errors()
     )
+
+
+CHECK = TypeAdapter(Check)
 
 
 MAX_INT_DIGITS = 64
@@ -134,7 +138,15 @@ def _check_line(
     agent_problem = _agent_problem(parsed, job) or _length_problem(parsed, job, limits)
     if agent_problem is not None:
         return error_line(number, custom_id, agent_problem[0], agent_problem[1])
-    return ValidRequest(line=number, custom_id=custom_id, body=parsed)
+    check = None
+    if raw.get("check") is not None:
+        if isinstance(parsed, ReplayBody):
+            return error_line(number, custom_id, ErrorCode.INVALID_CHECK, "a replay line has no answer to check")
+        try:
+            check = CHECK.validate_python(raw["check"])
+        except ValidationError as exc:
+            return error_line(number, custom_id, ErrorCode.INVALID_CHECK, "check: " + _validation_message(exc, "check"))
+    return ValidRequest(line=number, custom_id=custom_id, body=parsed, check=check)
 
 
 def _length_problem(

@@ -41,6 +41,11 @@ class RunFigures:
     cached_pct: float
     cost_usd: float
     tasks_per_dollar: float | None
+    tasks_counted: str
+    """`passed` (lines whose check passed) when the batch checked any line, else `completed`."""
+    checked: int
+    passed: int
+    success_rate: float | None
     duration_s: float | None
     model_version: str
     created_at: int
@@ -64,6 +69,10 @@ class RunFigures:
             cached_pct=round(100.0 * cached / usage.input_tokens, 2) if usage.input_tokens else 0.0,
             cost_usd=round(batch.processing_cost, 8),
             tasks_per_dollar=round(batch.tasks_per_dollar, 2) if batch.tasks_per_dollar is not None else None,
+            tasks_counted=batch.tasks_counted,
+            checked=batch.checks.checked,
+            passed=batch.checks.passed,
+            success_rate=batch.success_rate,
             duration_s=float(end - start) if end else None,
             model_version=model_version,
             created_at=batch.created_at,
@@ -99,17 +108,21 @@ def recent_runs(settings: Settings, job_ids: list[str], limit: int = 20) -> list
 def runs_table(rows: list[RunFigures]) -> str:
     """`pronk runs`: one line per batch."""
     head = (
-        f"{'batch':<32} {'job':<13} {'status':<10} {'lines':>7} {'failed':>6} {'in tok':>9} {'out tok':>8} "
-        f"{'cached':>7} {'cost $':>10} {'tasks/$':>10} {'dur s':>7}  model"
+        f"{'batch':<32} {'job':<13} {'status':<10} {'lines':>7} {'failed':>6} {'passed':>9} {'in tok':>9} "
+        f"{'out tok':>8} {'cached':>7} {'cost $':>10} {'tasks/$':>11} {'dur s':>7}  model"
     )
     lines = [head]
     for r in rows:
         tpd = f"{r.tasks_per_dollar:,.0f}" if r.tasks_per_dollar is not None else "-"
+        tpd += "*" if r.tasks_counted == "passed" else " "
+        passed = f"{r.passed}/{r.checked}" if r.checked else "-"
         dur = f"{r.duration_s:.0f}" if r.duration_s is not None else "-"
         lines.append(
-            f"{r.batch_id:<32} {r.job_id:<13} {r.status:<10} {r.lines:>7} {r.failed:>6} {r.input_tokens:>9} "
-            f"{r.output_tokens:>8} {r.cached_pct:>6.1f}% {r.cost_usd:>10.6f} {tpd:>10} {dur:>7}  {r.model_version}"
+            f"{r.batch_id:<32} {r.job_id:<13} {r.status:<10} {r.lines:>7} {r.failed:>6} {passed:>9} "
+            f"{r.input_tokens:>9} {r.output_tokens:>8} {r.cached_pct:>6.1f}% {r.cost_usd:>10.6f} {tpd:>11} {dur:>7}  "
+            f"{r.model_version}"
         )
+    lines.append("passed: lines whose check passed / lines checked; tasks/$* counts passed lines, else completed ones.")
     return "\n".join(lines)
 
 
@@ -163,7 +176,16 @@ def batch_markdown(figures: RunFigures, times: list[float], mlflow_url: str | No
         ("tokens in / cached / out", f"{figures.input_tokens} / {figures.cached_tokens} / {figures.output_tokens}"),
         ("cached", f"{figures.cached_pct:.1f}%"),
         ("cost (USD)", f"{figures.cost_usd:.6f}"),
-        ("tasks per dollar", f"{figures.tasks_per_dollar:,.2f}" if figures.tasks_per_dollar is not None else "—"),
+        (
+            f"tasks per dollar (counts {figures.tasks_counted} lines)",
+            f"{figures.tasks_per_dollar:,.2f}" if figures.tasks_per_dollar is not None else "—",
+        ),
+        (
+            "checks passed / checked",
+            f"{figures.passed} / {figures.checked} ({figures.success_rate:.0%})"
+            if figures.success_rate is not None
+            else "no line checked",
+        ),
         ("duration (s)", f"{figures.duration_s:.0f}" if figures.duration_s is not None else "—"),
         ("model version", figures.model_version or "—"),
     ]

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from pronk import storage
+from pronk.protocol.checks import CheckStatus
 from pronk.protocol.lines import OutputLine
 from pronk.settings import Settings, get_settings
 
@@ -34,6 +35,7 @@ class FinishedLine(BaseModel):
     cached_tokens: int = Field(default=0, ge=0)
     completion_tokens: int = Field(default=0, ge=0)
     worker_id: str | None = None
+    check: CheckStatus = Field(default="unchecked", description="How the check of the line's answer ended.")
     steps: list[dict[str, Any]] = Field(default_factory=list, description="The line's step records.")
     row: dict[str, Any] = Field(default_factory=dict, description="The line's row of the run's per-trace table.")
 

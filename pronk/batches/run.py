@@ -14,17 +14,20 @@ from dataclasses import asdict
 from typing import Literal
 
 from pronk import storage
+from pronk.agents.checks import run_check
 from pronk.agents.harness import Harness
-from pronk.agents.outcomes import RequestOutcome
+from pronk.agents.outcomes import Completion, RequestOutcome
 from pronk.agents.step_records import StepRecord, record_order, steps_ndjson
+from pronk.agents.tools.python_exec import PythonTool
 from pronk.batches.files import FileStore
 from pronk.batches.input import BatchInputError, InputLimits, ValidatedInput, validate_input
 from pronk.batches.outputs import output_line
 from pronk.batches.results import FinishedLine, ResultParts, RunRecord, jsonl, new_run_tag
-from pronk.batches.schemas import TERMINAL_STATUSES, Batch, BatchErrorData, BatchErrors, BatchUsage
+from pronk.batches.schemas import TERMINAL_STATUSES, Batch, BatchErrorData, BatchErrors, BatchUsage, CheckCounts
 from pronk.batches.store import BatchStore
 from pronk.batches.traces import trace_row
 from pronk.jobs import JobConfig, get_job
+from pronk.protocol.checks import CheckResult
 from pronk.protocol.error_codes import ErrorCode
 from pronk.protocol.ids import new_id
 from pronk.protocol.lines import OutputLine, ValidRequest, error_line
@@ -44,23 +47,34 @@ STOP_ERRORS: dict[StopReason, tuple[str, str]] = {
 }
 
 
-def finished_line(outcome: RequestOutcome, steps: list[StepRecord], row: dict | None = None) -> FinishedLine:
-    """The one place that reads a `RequestOutcome`: what of it is persisted and counted."""
+def finished_line(
+    outcome: RequestOutcome, steps: list[StepRecord], row: dict | None = None, checked: CheckResult | None = None
+) -> FinishedLine:
+    """The one place that reads a `RequestOutcome`: what of it is persisted and counted.
+
+    An output line carries its check's result as `response.body.pronk.check` (`{"status", "reason"}`).
+    """
     rows = [asdict(s) for s in steps]
+    checked = checked or CheckResult(status="unchecked")
+    row = {**(row or {}), "check": checked.status}
     completion = outcome.completion
+    output = output_line(outcome)
     if completion is None:
-        return FinishedLine(line=outcome.line, output=output_line(outcome), ok=False, steps=rows, row=row or {})
+        return FinishedLine(line=outcome.line, output=output, ok=False, check=checked.status, steps=rows, row=row)
+    assert output.response is not None
+    output.response.body.setdefault("pronk", {})["check"] = checked.model_dump()
     usage = completion.usage
     return FinishedLine(
         line=outcome.line,
-        output=output_line(outcome),
+        output=output,
         ok=True,
         prompt_tokens=usage.prompt_tokens,
         cached_tokens=usage.cached_tokens,
         completion_tokens=usage.completion_tokens,
         worker_id=completion.worker_id or None,
+        check=checked.status,
         steps=rows,
-        row=row or {},
+        row=row,
     )
 
 
@@ -102,6 +116,9 @@ class BatchRun:
         self.unstarted: list[ValidRequest] = []
         self.prior_worker_seconds = prior_worker_seconds
         self.started = time.monotonic()
+        predicates = any(r.check is not None and r.check.type == "python" for r in requests)
+        self.python = PythonTool(job.tools.python) if predicates else None
+        """Runs the lines' Python predicates in the python tool's sandbox, with the job's limits."""
         self.recount()
 
     @classmethod
@@ -127,6 +144,11 @@ class BatchRun:
             if f.ok:
                 usage.add(f.prompt_tokens, f.cached_tokens, f.completion_tokens)
         self.batch.usage = usage
+        self.batch.checks = CheckCounts(
+            passed=sum(1 for f in done if f.check == "passed"),
+            failed=sum(1 for f in done if f.check == "failed"),
+            unchecked=sum(1 for f in done if f.check == "unchecked") + len(self.invalid) + unstarted,
+        )
 
     def chunks(self, size: int) -> list[tuple[int, int]]:
         """`[start, stop)` ranges of `todo` of at most `size` requests: one Prefect task run each."""
@@ -142,15 +164,19 @@ class BatchRun:
                     self.unstarted.append(request)
                     return
                 outcome = await harness.run_line(request)
-                self.record(outcome, harness.recorder.take_line(request.custom_id))
+                answer = outcome.result.text if isinstance(outcome.result, Completion) else None
+                checked = await run_check(request.check, answer, self.python)
+                self.record(outcome, harness.recorder.take_line(request.custom_id), checked)
 
         await asyncio.gather(*(one(r) for r in self.todo[start:stop]))
 
-    def record(self, outcome: RequestOutcome, steps: list[StepRecord]) -> None:
+    def record(self, outcome: RequestOutcome, steps: list[StepRecord], checked: CheckResult | None = None) -> None:
         """A line finished: counted now, persisted with its step records and table row at the next flush."""
-        line = finished_line(outcome, steps, trace_row(outcome))
+        line = finished_line(outcome, steps, trace_row(outcome), checked)
         self.finished[line.line] = line
         self.pending.append(line)
+        checks = self.batch.checks
+        setattr(checks, line.check, getattr(checks, line.check) + 1)
         counts = self.batch.request_counts
         if not line.ok:
             counts.failed += 1
@@ -215,8 +241,11 @@ class BatchRun:
         batch = self.batch
         batch.worker_seconds = self.prior_worker_seconds + (self.run_worker_seconds() if ran else 0.0)
         batch.processing_cost = batch.worker_seconds / 3600.0 * self.job.price_per_worker_hour
-        completed = batch.request_counts.completed
-        batch.tasks_per_dollar = completed / batch.processing_cost if batch.processing_cost > 0 else None
+        checks = batch.checks
+        batch.success_rate = checks.success_rate
+        batch.tasks_counted = "passed" if checks.checked else "completed"
+        tasks = checks.passed if checks.checked else batch.request_counts.completed
+        batch.tasks_per_dollar = tasks / batch.processing_cost if batch.processing_cost > 0 else None
 
     def result_lines(self) -> tuple[list[OutputLine], list[OutputLine]]:
         """Output and error lines sorted by input line: exactly one per input line of a finished batch."""
@@ -256,6 +285,11 @@ class BatchRun:
             "worker seconds": round(batch.worker_seconds, 3),
             "processing cost (USD)": round(batch.processing_cost, 8),
             "tasks per dollar": batch.tasks_per_dollar,
+            "tasks counted": batch.tasks_counted,
+            "checks passed": batch.checks.passed,
+            "checks failed": batch.checks.failed,
+            "lines unchecked": batch.checks.unchecked,
+            "success rate": batch.success_rate,
         }
         return [{"figure": k, "value": v} for k, v in rows.items()]
 

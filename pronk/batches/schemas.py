@@ -22,6 +22,23 @@ class RequestCounts(BaseModel):
     failed: int = 0
 
 
+class CheckCounts(BaseModel):
+    """Lines by how their answer's check ended; `unchecked` lines carried no check (or one that could not run)."""
+
+    passed: int = 0
+    failed: int = 0
+    unchecked: int = 0
+
+    @property
+    def checked(self) -> int:
+        return self.passed + self.failed
+
+    @property
+    def success_rate(self) -> float | None:
+        """Passed over checked lines; None when no line was checked."""
+        return self.passed / self.checked if self.checked else None
+
+
 class InputTokensDetails(BaseModel):
     cached_tokens: int = 0
 
@@ -105,6 +122,13 @@ class Batch(BaseModel):
     worker_seconds: float = Field(default=0.0, description="Worker-seconds the job's fleet was held for this run.")
     processing_cost: float = Field(default=0.0, description="USD: worker_seconds / 3600 × price_per_worker_hour.")
     tasks_per_dollar: float | None = None
+    checks: CheckCounts = Field(default_factory=CheckCounts)
+    success_rate: float | None = Field(default=None, description="Passed over checked lines (None: none checked).")
+    tasks_counted: Literal["completed", "passed"] = Field(
+        default="completed",
+        description="What tasks per dollar counts: the lines whose check passed when any line was checked, "
+        "else the completed lines.",
+    )
     output_uri: str | None = None
     error_uri: str | None = None
     steps_uri: str | None = Field(

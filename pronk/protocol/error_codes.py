@@ -13,6 +13,7 @@ class ErrorCode:
     INVALID_METHOD = "invalid_method"
     UNSUPPORTED_URL = "unsupported_url"
     INVALID_BODY = "invalid_body"
+    INVALID_CHECK = "invalid_check"
     MODEL_MISMATCH = "model_mismatch"
     LINE_TOO_LARGE = "line_too_large"
     REQUEST_REJECTED = "request_rejected"

@@ -8,16 +8,18 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from pronk.protocol.bodies import ChatCompletionBody, ReplayBody
+from pronk.protocol.checks import Check
 from pronk.protocol.ids import new_id
 
 
 @dataclass(slots=True)
 class ValidRequest:
-    """A line that passed validation: its 1-based number, custom id and parsed body."""
+    """A line that passed validation: its 1-based number, custom id, parsed body and how its answer is checked."""
 
     line: int
     custom_id: str
     body: ChatCompletionBody | ReplayBody
+    check: Check | None = None
 
 
 class LineError(BaseModel):

@@ -51,6 +51,14 @@ def test_agent_batch_completes_with_all_tools_and_a_fan_out(agent_run):
     # The harness reads a step the way parse_call does: a raw control character inside a generated string is kept.
     assert json.loads(transcript[2]["content"], strict=False)["tool"] == "sql"
     assert sum(body["usage"]["prompt_tokens"] for body in outputs.values()) == batch["usage"]["input_tokens"]
+    # Four lines carry a check; whether the random model passes one is its choice, that each was checked is not.
+    checked = {"agent-python", "agent-sql", "agent-fanout", "chat-plain"}
+    statuses = {cid: body["pronk"]["check"]["status"] for cid, body in outputs.items()}
+    assert all(statuses[cid] in {"passed", "failed"} for cid in checked), statuses
+    assert all(status == "unchecked" for cid, status in statuses.items() if cid not in checked), statuses
+    checks = batch["checks"]
+    assert checks["passed"] + checks["failed"] == 4 and checks["unchecked"] == 4
+    assert batch["tasks_counted"] == "passed" and batch["success_rate"] == checks["passed"] / 4
 
 
 def test_step_records_show_one_worker_per_trace_and_cached_prefixes(agent_run):

@@ -56,16 +56,41 @@ def test_recent_runs_newest_first(tmp_path):
     assert (done.lines, done.completed, done.failed, done.cached_pct) == (4, 3, 1, 25.0)
     assert (done.duration_s, done.tasks_per_dollar, done.model_version) == (30.0, 3000.0, "m/1")
     table = runs_table(rows)
-    assert "batch_000000000000000000000000" in table and "25.0%" in table and "3,000" in table
+    assert "batch_000000000000000000000000" in table and "25.0%" in table and "3,000 " in table  # counts completed
+    assert (done.tasks_counted, done.checked, done.success_rate) == ("completed", 0, None)
 
 
 def test_completion_times_and_markdown():
     times = completion_times(records())
     assert times == [0.6, 3.1]  # b ends 0.5 + 0.1; a's last step ends at 3.0 + 0.1
     assert len(text_histogram(times, bins=8)) == 8
-    figures = RunFigures("batch_x", JOB, "completed", 2, 2, 0, 870, 224, 53, 25.7, 0.0001, 20000.0, 4.0, "m/1|<x>", 0)
+    figures = RunFigures(
+        "batch_x",
+        JOB,
+        "completed",
+        2,
+        2,
+        0,
+        870,
+        224,
+        53,
+        25.7,
+        0.0001,
+        20000.0,
+        "passed",
+        2,
+        1,
+        0.5,
+        4.0,
+        "m/1|<x>",
+        0,
+    )
     text = batch_markdown(figures, times, "http://127.0.0.1:5000/#/x")
-    assert "| tasks per dollar | 20,000.00 |" in text and "m/1_x" not in text and "m/1__x_" in text
+    assert (
+        "| tasks per dollar (counts passed lines) | 20,000.00 |" in text
+        and "| checks passed / checked | 1 / 2 (50%) |" in text
+    )
+    assert "m/1_x" not in text and "m/1__x_" in text
     assert "p50 3.1 s" in text or "p50 0.6 s" in text
     assert "[MLflow](http://127.0.0.1:5000/#/x)" in text
 
