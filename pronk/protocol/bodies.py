@@ -21,6 +21,15 @@ REPLAY_URL = "/v1/pronk/replay"
 SERVED_URLS = (CHAT_COMPLETIONS_URL, REPLAY_URL)
 
 
+def valid_json_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema` itself when it is a valid JSON schema (2020-12); else ValueError, for a pydantic validator."""
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        raise ValueError(f"not a valid JSON schema: {exc.message}") from exc
+    return schema
+
+
 class ToolFunction(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -100,11 +109,7 @@ class JsonSchemaFormat(BaseModel):
     @field_validator("schema_")
     @classmethod
     def _valid_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
-        try:
-            Draft202012Validator.check_schema(value)
-        except SchemaError as exc:
-            raise ValueError(f"not a valid JSON schema: {exc.message}") from exc
-        return value
+        return valid_json_schema(value)
 
 
 class ResponseFormat(BaseModel):

@@ -17,8 +17,9 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import regex
-from jsonschema import Draft202012Validator, SchemaError
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from pronk.protocol.bodies import valid_json_schema
 
 CheckStatus = Literal["passed", "failed", "unchecked"]
 MAX_EXPECTED_CHARS = 10_000
@@ -55,12 +56,7 @@ class JsonCheck(_Check):
     @field_validator("json_schema")
     @classmethod
     def _schema_is_valid(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
-        if schema is not None:
-            try:
-                Draft202012Validator.check_schema(schema)
-            except SchemaError as exc:
-                raise ValueError(f"not a valid JSON schema: {exc.message}") from exc
-        return schema
+        return schema if schema is None else valid_json_schema(schema)
 
 
 class RegexCheck(_Check):

@@ -13,25 +13,7 @@ from typer.testing import CliRunner
 from pronk.cli.main import app
 from pronk.herd import tuner
 from pronk.herd.guard import Verdict
-from pronk.herd.trial import Measurement
-
-
-def measurement(tasks_per_dollar: float) -> Measurement:
-    return Measurement(
-        traces=3,
-        completed=3,
-        failed=0,
-        wall_s=2.0,
-        worker_seconds=4.0,
-        cost_usd=0.001,
-        tasks_per_dollar=tasks_per_dollar,
-        p50_s=0.5,
-        p90_s=0.9,
-        cached_ratio=0.4,
-        prompt_tokens=900,
-        cached_tokens=360,
-        output_tokens=48,
-    )
+from tests.bench.test_herd_bench import measurement
 
 
 class FixedTuner:
