@@ -158,7 +158,13 @@ class PythonToolLimits(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     cpu_s: int = Field(default=5, ge=1, le=3600, description="CPU seconds (RLIMIT_CPU).")
-    memory_mb: int = Field(default=512, ge=64, le=65536, description="Address space in MiB (RLIMIT_AS).")
+    memory_mb: int = Field(
+        default=512,
+        ge=64,
+        le=65536,
+        description="MiB of memory for the whole call, scratch included (a cgroup), and of address space for each "
+        "process (RLIMIT_AS).",
+    )
     wall_s: float = Field(
         default=10.0, gt=0, le=3600, description="Wall-clock seconds before the process group is killed."
     )
@@ -166,7 +172,13 @@ class PythonToolLimits(BaseModel):
         default=8192, ge=256, le=1 << 24, description="Most bytes of stdout+stderr kept (and file size cap)."
     )
     processes: int = Field(
-        default=32, ge=2, le=4096, description="Processes and threads in the sandbox (RLIMIT_NPROC)."
+        default=32, ge=2, le=4096, description="Processes and threads in the sandbox (a cgroup, and RLIMIT_NPROC)."
+    )
+    scratch_mb: int = Field(
+        default=64,
+        ge=1,
+        le=16384,
+        description="MiB the trace's scratch folder may hold (the sandbox's /scratch is a tmpfs of this size).",
     )
     open_files: int = Field(
         default=64, ge=16, le=65536, description="Open file descriptors per process (RLIMIT_NOFILE)."

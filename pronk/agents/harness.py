@@ -21,6 +21,7 @@ from typing import Any
 from engine.client import ContextTooLong, StepRejected
 from engine.protocol import ChatMessage, SamplingSpec, StepRequest, StepResult
 from engine.router import NoWorkerAvailable, Router
+from pronk import paths
 from pronk.agents.completions import engine_error_code, failed_outcome, run_request
 from pronk.agents.outcomes import Completion, RequestOutcome, Usage
 from pronk.agents.replay import run_shape
@@ -165,7 +166,7 @@ class Harness:
             max_tokens=min(body.output_limit(limits.step_max_tokens), limits.step_max_tokens),
             temperature=body.temperature,
             seed=body.seed,
-            scratch=self.scratch_root / _safe(request.custom_id),
+            scratch=paths.under(self.scratch_root, paths.component(request.custom_id)),
             answer_schema=body.answer_schema,
         )
         messages = [{"role": "system", "content": family.system_prompt}] + [
@@ -285,7 +286,9 @@ class Harness:
             text = await self._fan_out(family, state, call["arguments"].get("tasks", []))
             return text, True, time.monotonic() - started
         view = family.tools[call["tool"]]
-        context = ToolContext(trace_id=state.trace_id, scratch_dir=family.scratch / _safe(state.trace_id))
+        context = ToolContext(
+            trace_id=state.trace_id, scratch_dir=paths.under(family.scratch, paths.component(state.trace_id))
+        )
         outcome = await run_tool(view.tool, call["arguments"], context, family.limits.tool_timeout_s, TOOL_RESULT_CHARS)
         return outcome.text, outcome.ok, outcome.seconds
 
@@ -336,7 +339,3 @@ class Harness:
 
 class _ContextFull(PronkError):
     """The trace's prompt outgrew the model's context: it ends with finish_reason `context_length`."""
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:80]

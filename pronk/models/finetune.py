@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from pronk import paths
 from pronk.models.versions import UploadResult, upload_checkpoint
 from pronk.settings import Settings, get_settings
 
@@ -80,7 +81,7 @@ def finetune(config: FinetuneConfig, settings: Settings | None = None) -> Finetu
         raise ValueError(f"finetune source {config.source!r}: expected models:/NAME@ALIAS or models:/NAME/N")
     name = parse_models_uri(config.source)[0]
     parent = resolve_model(config.source, settings)
-    work = settings.data_dir / "build" / f"finetune-{name}-{time.time_ns()}"
+    work = paths.under(settings.data_dir / "build", f"finetune-{paths.component(name)}-{time.time_ns()}")
     shutil.copytree(parent.path, work)
     try:
         started = time.monotonic()

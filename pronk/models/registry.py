@@ -8,6 +8,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from pronk import paths
 from pronk.models.checkpoints import checkpoint_tags, read_spec
 from pronk.settings import Settings, get_settings
 
@@ -119,7 +120,7 @@ def resolve_model(uri: str, settings: Settings | None = None) -> ResolvedModel:
         client = _client(settings)
         name, alias, number = parse_models_uri(uri)
         version = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, number)
-        target = settings.models_dir / name / f"v{version.version}"
+        target = paths.under(settings.models_dir, paths.component(name), f"v{version.version}")
         if not (target / "config.json").exists():
             import mlflow.artifacts
 

@@ -3,9 +3,9 @@
 Each call gets new user, PID, network, IPC, UTS and cgroup namespaces; uid/gid 65534 inside with no
 capabilities and no new privileges; a read-only view of `/usr` and the base interpreter's prefix (its
 stdlib, never the venv's site-packages nor the project tree, the data dir, `/root` or `/etc`); a fresh
-tmpfs `/tmp`; and the trace's scratch folder bound at `/scratch`, the only writable place. The code
-arrives as a read-only copy at `/cell.py`, so nothing outside the sandbox opens a path in the scratch
-folder. Resource limits are set inside by `prlimit`, after the user namespace exists, so RLIMIT_NPROC
+tmpfs `/tmp`; and a size-limited tmpfs at `/scratch`, the only writable place, which the launcher fills from
+the trace's files and hands back as a tar when the code ends (`scratch.py`): no host folder is ever mounted
+writable or handed to the sandbox's uid. The code arrives as a read-only copy at `/cell.py`. Resource limits are set inside by `prlimit`, after the user namespace exists, so RLIMIT_NPROC
 counts this sandbox's processes only.
 
 Run as root, plain `bwrap --unshare-user` would map the sandbox's uid to host uid 0, which the kernel
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from pronk.agents.tools import scratch as scratch_files
 from pronk.agents.tools.seccomp import no_user_namespaces_fd
 from pronk.jobs import PythonToolLimits
 
@@ -40,7 +41,32 @@ logger = logging.getLogger(__name__)
 SANDBOX_UID = 65534
 SCRATCH = "/scratch"
 CELL = "/cell.py"
+SEED = "/seed.tar"
+LAUNCHER = """
+import os, signal, subprocess, sys, tarfile
+with tarfile.open("/seed.tar") as seed:
+    seed.extractall("/scratch", filter="data")
+def first_to_go():
+    with open("/proc/self/oom_score_adj", "w") as adj:
+        adj.write("1000")
+status = subprocess.run([sys.executable, "-I", "/cell.py"], preexec_fn=first_to_go).returncode
+try:
+    with os.fdopen(int(sys.argv[1]), "wb") as pipe, tarfile.open(fileobj=pipe, mode="w|") as dump:
+        for name in sorted(os.listdir("/scratch")):
+            dump.add(os.path.join("/scratch", name), arcname=name)
+except Exception:
+    pass
+if status < 0:
+    if -status != signal.SIGKILL:
+        signal.signal(-status, signal.SIG_DFL)
+    os.kill(os.getpid(), -status)
+sys.exit(status)
+"""
+"""Runs inside the sandbox: unpack the trace's files into the tmpfs scratch, run the code (without the dump
+pipe, and first in line for the out-of-memory killer), then write the scratch to the pipe as a tar and end as the
+code ended."""
 PROBE_TIMEOUT_S = 30.0
+PROBE_DUMP_BYTES = 1 << 20
 BWRAP_ENV = {"PATH": "/usr/bin:/bin"}  # bwrap's own environment: its PID 1 inside shows it in /proc/1/environ
 
 
@@ -77,10 +103,12 @@ def _host_user_namespace() -> int:
 
 @dataclass(slots=True)
 class Launch:
-    """One prepared sandbox run: its command line and the fds it needs; `close` once bwrap has started."""
+    """One prepared sandbox run: its command line, the fds it needs (`close` them once bwrap has started) and
+    the read end of the pipe its scratch comes back through (`scratch.read_dump` consumes it)."""
 
     command: list[str]
     fds: tuple[int, ...]
+    dump: int
 
     def close(self) -> None:
         for fd in self.fds:
@@ -95,26 +123,26 @@ class Sandbox:
     limits: PythonToolLimits
 
     def prepare(self, scratch: Path, code: str) -> Launch:
-        """The scratch folder made writable for the sandbox's uid, the code, the filter, as root the user namespace."""
-        scratch.mkdir(parents=True, exist_ok=True)
-        fds = [code_fd(code)]
+        """The code, the trace's scratch as a tar, the dump pipe, the filter, as root the user namespace."""
+        dump, dump_end = os.pipe2(os.O_CLOEXEC)
+        fds = [dump_end, code_fd(code)]
         try:
+            fds.append(scratch_files.seed(scratch))
             seccomp = no_user_namespaces_fd()
             if seccomp is not None:
                 fds.append(seccomp)
-            userns = None
-            if os.geteuid() == 0:
-                os.chown(scratch, SANDBOX_UID, SANDBOX_UID, follow_symlinks=False)
-                os.chmod(scratch, 0o701)  # bwrap, as host uid 0 without capabilities, must still enter it
-                userns = _host_user_namespace()
+            userns = _host_user_namespace() if os.geteuid() == 0 else None
+            if userns is not None:
                 fds.append(userns)
         except BaseException:
-            for fd in fds:
+            for fd in (dump, *fds):
                 os.close(fd)
             raise
-        return Launch(self._command(scratch, fds[0], seccomp, userns), tuple(fds))
+        return Launch(self._command(fds[1], fds[2], dump_end, seccomp, userns), tuple(fds), dump)
 
-    def _command(self, scratch: Path, cell_fd: int, seccomp_fd: int | None, userns_fd: int | None) -> list[str]:
+    def _command(
+        self, cell_fd: int, seed_fd: int, dump_fd: int, seccomp_fd: int | None, userns_fd: int | None
+    ) -> list[str]:
         python, prefix = _interpreter()
         limits = self.limits
         view = ["--ro-bind", "/usr", "/usr"]
@@ -170,14 +198,22 @@ class Sandbox:
             "/dev",
             "--tmpfs",
             "/tmp",
-            "--bind",
-            str(scratch),
+            "--size",
+            str(limits.scratch_mb << 20),
+            "--perms",
+            "1777",
+            "--tmpfs",
             SCRATCH,
             "--perms",
             "0444",
             "--ro-bind-data",
             str(cell_fd),
             CELL,
+            "--perms",
+            "0444",
+            "--ro-bind-data",
+            str(seed_fd),
+            SEED,
             "--chdir",
             SCRATCH,
             *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []),
@@ -192,7 +228,9 @@ class Sandbox:
             "--",
             python,
             "-I",
-            CELL,
+            "-c",
+            LAUNCHER,
+            str(dump_fd),
         ]
 
 
@@ -207,29 +245,35 @@ def code_fd(code: str) -> int:
 @lru_cache
 def sandbox_unavailable(bwrap: str) -> str | None:
     """Why code cannot run isolated here (None when it can); probed once per bwrap path by running the real sandbox."""
-    scratch = Path(tempfile.mkdtemp(prefix="pronk-sandbox-probe-"))
-    launch = None
+    scratch = Path(tempfile.mkdtemp(prefix="pronk-sandbox-probe-")) / "trace"
     try:
         code = f"import os\nassert os.getuid() == {SANDBOX_UID}\nopen('probe', 'w').write('ok')\n"
         launch = Sandbox(bwrap, PythonToolLimits()).prepare(scratch, code)
-        result = subprocess.run(
-            launch.command,
-            pass_fds=launch.fds,
-            capture_output=True,
-            timeout=PROBE_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-            env=BWRAP_ENV,
-        )
-        if result.returncode != 0 or (scratch / "probe").read_text() != "ok":
+        try:
+            # The probe's dump (one small file) fits the pipe's buffer: it is read once the sandbox has ended.
+            result = subprocess.run(
+                launch.command,
+                pass_fds=launch.fds,
+                capture_output=True,
+                timeout=PROBE_TIMEOUT_S,
+                stdin=subprocess.DEVNULL,
+                env=BWRAP_ENV,
+            )
+        finally:
+            launch.close()
+            dump = scratch_files.read_dump(launch.dump, PROBE_DUMP_BYTES)
+        if (
+            result.returncode != 0
+            or scratch_files.keep(scratch, dump, PROBE_DUMP_BYTES)
+            or not (scratch / "probe").is_file()
+        ):
             why = result.stderr.decode("utf-8", "replace").strip()[-300:]
             return f"bubblewrap sandbox failed (exit status {result.returncode}): {why}"
         return None
     except (OSError, subprocess.SubprocessError) as exc:
         return f"bubblewrap sandbox cannot start: {exc}"
     finally:
-        if launch is not None:
-            launch.close()
-        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(scratch.parent, ignore_errors=True)
 
 
 def sandbox_available(bwrap: str) -> bool:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pronk.agents.tools import ToolContext, ToolOutcome, run_tool
+from pronk import paths
+from pronk.agents.tools import ToolContext, ToolOutcome, call_cgroup, run_tool
 from pronk.agents.tools.python_exec import PythonTool
 from pronk.agents.tools.sandbox import sandbox_available
 from pronk.jobs import PythonToolLimits
@@ -70,7 +71,7 @@ def test_normal_code_prints_imports_the_stdlib_and_keeps_files_in_scratch(scratc
     assert outcome.ok, outcome.text
     assert outcome.text.strip() == '{"a": 2, "b": 1, "c": 1} 3.14'
     assert (scratch / "notes.txt").read_text() == '{"a": 2, "b": 1, "c": 1}'
-    assert (scratch / "notes.txt").stat().st_uid != 0, "the sandbox wrote as host root"
+    assert (scratch / "notes.txt").stat().st_mode & 0o022 == 0, "the trace's folder is pronk's, not the sandbox's"
     again = run("print(open('notes.txt').read())", scratch)
     assert again.ok and "a" in again.text
 
@@ -148,27 +149,28 @@ def test_os_open_with_o_creat_cannot_write_outside_scratch(scratch, tmp_path):
 
 
 @needs_sandbox
-def test_a_symlink_in_scratch_opened_with_dir_fd_leads_nowhere(scratch, secret):
+def test_links_to_outside_neither_enter_nor_leave_the_scratch(scratch, secret):
+    """A link planted in the trace's folder never reaches the sandbox, and one the code makes is not kept."""
     (scratch / "planted").symlink_to(secret)
     code = (
         "import os\n"
         f"os.symlink({str(PROJECT_ROOT / 'pyproject.toml')!r}, 'made')\n"
+        "os.symlink('/etc/passwd', 'absolute')\n"
+        "open('kept.txt', 'w').write('kept')\n"
         "folder = os.open('.', os.O_RDONLY | os.O_DIRECTORY)\n"
         "for name in ('planted', 'made'):\n"
         "    try:\n"
         "        print(os.read(os.open(name, os.O_RDONLY, dir_fd=folder), 200))\n"
         "    except OSError as exc:\n"
-        "        print('refused', exc.strerror)\n"
-        "    try:\n"
-        "        os.close(os.open(name, os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=folder))\n"
-        "        print('CREATED through', name)\n"
-        "    except OSError as exc:\n"
         "        print('refused', exc.strerror)"
     )
     outcome = run(code, scratch)
     assert outcome.ok, outcome.text
-    assert outcome.text.count("refused") == 4 and "the-planted-secret" not in outcome.text
-    assert "CREATED" not in outcome.text and secret.read_text() == "the-planted-secret"
+    assert outcome.text.count("refused") == 2 and "the-planted-secret" not in outcome.text
+    assert "left out 'absolute'" in outcome.text and "'made'" in outcome.text
+    assert secret.read_text() == "the-planted-secret"
+    assert (scratch / "kept.txt").read_text() == "kept"
+    assert not any(path.is_symlink() for path in scratch.iterdir())
 
 
 @needs_sandbox
@@ -208,7 +210,7 @@ def test_no_process_survives_the_wall_time_kill(scratch):
         "print('spawned', n, flush=True)\n"
         "time.sleep(120)"
     )
-    limits = LIMITS.model_copy(update={"wall_s": 3.0, "processes": 64})
+    limits = LIMITS.model_copy(update={"wall_s": 3.0, "processes": 64, "memory_mb": 2048})
     started = time.monotonic()
     outcome = run(code, scratch, limits)
     assert not outcome.ok and "wall time limit of 3s exceeded" in outcome.text, outcome.text
@@ -304,3 +306,62 @@ def test_the_process_limit_binds_each_sandbox_on_its_own(tmp_path):
     assert all(o.ok for o in outcomes), outcomes
     counts = {int(o.text.split()[2]) for o in outcomes}
     assert len(counts) == 1 and 5 <= counts.pop() < 12, outcomes
+
+
+@needs_sandbox
+@pytest.mark.skipif(call_cgroup.layout() is None, reason="no cgroup for a call can be made here")
+def test_the_memory_limit_holds_for_the_whole_call_not_each_process(scratch):
+    """Six children of 200 MB each fit a 512 MiB RLIMIT_AS one by one; the call's cgroup holds them to 512 MiB."""
+    code = (
+        "import os, time\n"
+        "children = []\n"
+        "for _ in range(6):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        block = b'x' * (200 << 20)\n"
+        "        time.sleep(3)\n"
+        "        os._exit(0)\n"
+        "    children.append(pid)\n"
+        "held = sum(os.waitpid(pid, 0)[1] == 0 for pid in children)\n"
+        "print(f'held {held} of 6')"
+    )
+    limits = LIMITS.model_copy(update={"memory_mb": 512, "processes": 16})
+    outcome = run(code, scratch, limits)
+    held = [line for line in outcome.text.splitlines() if line.startswith("held ")]
+    assert held != ["held 6 of 6"], outcome.text
+    assert outcome.ok or "memory limit of 512 MiB for the whole call exceeded" in outcome.text, outcome.text
+
+
+@needs_sandbox
+def test_the_scratch_fills_up_at_its_size_and_keeps_what_fit(scratch):
+    code = (
+        "n = 0\n"
+        "try:\n"
+        "    while True:\n"
+        "        with open(f'f{n}', 'wb') as f:\n"
+        "            f.write(b'x' * 16384)\n"
+        "        n += 1\n"
+        "except OSError as exc:\n"
+        "    print('full:', exc.strerror)"
+    )
+    outcome = run(code, scratch, LIMITS.model_copy(update={"scratch_mb": 2}))
+    assert outcome.ok and "full: No space left on device" in outcome.text, outcome.text
+    kept = list(scratch.iterdir())
+    assert kept and sum(path.stat().st_size for path in kept) <= 2 << 20
+
+
+@needs_sandbox
+def test_a_custom_id_of_dotdot_keeps_to_its_own_folder_and_changes_no_owner(tmp_path):
+    """The probe's escape: `..` as a custom id made the data dir the scratch, mounted writable and chowned."""
+    data = tmp_path / "data"
+    (data / "store").mkdir(parents=True)
+    (data / "worker-token").write_text("token")
+    before = {path: (path.stat().st_uid, path.stat().st_mode) for path in [data, *data.iterdir()]}
+    root = data / "scratch" / "batch_x"
+    scratch = paths.under(root, paths.component(".."), paths.component(".."))
+    code = "import os\nopen('note', 'w').write('x')\nprint(sorted(os.listdir('.')), sorted(os.listdir('..')))"
+    outcome = run(code, scratch)
+    assert outcome.ok and "worker-token" not in outcome.text, outcome.text
+    assert scratch.resolve().is_relative_to(root.resolve()) and (scratch / "note").read_text() == "x"
+    assert {path: (path.stat().st_uid, path.stat().st_mode) for path in before} == before
+    assert sorted(p.name for p in data.iterdir()) == ["scratch", "store", "worker-token"]
