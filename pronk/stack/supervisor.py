@@ -2,7 +2,8 @@
 
 Run as `python -m pronk.stack.supervisor` (its pid is `supervisor` in `stack.json`, its log
 `logs/supervisor.log`). Every half second it checks each worker in `stack.json` by its pid and its
-registry heartbeat. A worker that exited, never heartbeat within `start_timeout_s`, or stopped
+registry heartbeat. A worker silent for longer than the router's `heartbeat_timeout_s` shows as `unresponsive`
+(the router already sends it nothing); one that exited, never heartbeat within `start_timeout_s`, or stopped
 heartbeating for `hang_timeout_s` is a failure: its whole process group is killed (vLLM's EngineCore
 outlives a SIGKILLed worker otherwise), and the same worker id is started again after the restart
 policy's backoff, or given up on after too many failures. What it sees goes to `supervisor.json`,
@@ -36,6 +37,8 @@ log = logging.getLogger(__name__)
 class WorkerState(StrEnum):
     STARTING = "starting"
     SERVING = "serving"
+    UNRESPONSIVE = "unresponsive"
+    """Alive but silent for longer than the router waits (it sends the worker nothing); not yet a hang."""
     RESTARTING = "restarting"
     GIVEN_UP = "given up"
 
@@ -114,6 +117,7 @@ class Supervisor:
     kill_group: Callable[[int], object]
     start_timeout_s: float = 300.0
     hang_timeout_s: float = 60.0
+    unresponsive_after_s: float = 5.0
     watches: dict[str, Watch] = field(default_factory=dict)
 
     def tick(self, workers: dict[str, int], now: float) -> dict[str, int]:
@@ -156,9 +160,21 @@ class Supervisor:
                 log.info("%s (pid %d) is serving", watch.worker_id, watch.pid)
             elif now - watch.since > self.start_timeout_s:
                 self._fail(watch, now, f"no heartbeat within {self.start_timeout_s:.0f}s of its start")
-        elif now - max(watch.last_beat or 0.0, watch.since) > self.hang_timeout_s:
+        elif now - (watch.last_beat if watch.last_beat is not None else watch.since) > self.hang_timeout_s:
             self._fail(watch, now, f"no heartbeat for {self.hang_timeout_s:.0f}s")
+        elif watch.last_beat is not None and now - watch.last_beat > self.unresponsive_after_s:
+            if watch.state != WorkerState.UNRESPONSIVE:
+                watch.state, watch.since = WorkerState.UNRESPONSIVE, now
+                log.warning(
+                    "%s (pid %d) is unresponsive: no heartbeat for %.1fs",
+                    watch.worker_id,
+                    watch.pid,
+                    now - watch.last_beat,
+                )
         else:
+            if watch.state == WorkerState.UNRESPONSIVE:
+                watch.state, watch.since = WorkerState.SERVING, now
+                log.info("%s (pid %d) is serving again", watch.worker_id, watch.pid)
             watch.history.record_healthy(watch.since, now)
 
     def _fail(self, watch: Watch, now: float, reason: str) -> None:
@@ -218,7 +234,14 @@ def stack_supervisor(settings: Settings) -> Supervisor:
         entry = next((e for e in entries if e.worker_id == worker_id), None)
         return Beat(entry.pid, entry.heartbeat_at) if entry else None
 
-    return Supervisor(policy_from_settings(settings), spawn, _poll, heartbeat, kill_group)
+    return Supervisor(
+        policy_from_settings(settings),
+        spawn,
+        _poll,
+        heartbeat,
+        kill_group,
+        unresponsive_after_s=settings.heartbeat_timeout_s,
+    )
 
 
 def run(settings: Settings, stop: threading.Event, interval_s: float = 0.5) -> None:

@@ -106,6 +106,25 @@ def test_a_worker_that_never_heartbeats_or_stops_heartbeating_is_killed_and_rest
     assert host.killed == [7] and sup.watches[W0].state == WorkerState.RESTARTING
 
 
+def test_a_silent_worker_shows_unresponsive_within_seconds_and_serving_when_it_beats_again():
+    """A SIGSTOPped worker showed `serving` for the whole hang timeout; it is `unresponsive` once the router
+    would drop it, and `serving` again when its heartbeat returns."""
+    host = FakeHost(running={7}, beats={W0: Beat(7, 0.0)})
+    sup = supervisor(host)
+    sup.tick({W0: 7}, 0.5)
+    assert sup.watches[W0].state == WorkerState.SERVING
+    sup.tick({W0: 7}, 4.0)
+    assert sup.watches[W0].state == WorkerState.SERVING
+    sup.tick({W0: 7}, 6.0)
+    assert sup.watches[W0].state == WorkerState.UNRESPONSIVE and not host.killed
+    assert sup.report(1, 6.0).workers[0].state == "unresponsive"
+    host.beats[W0] = Beat(7, 8.0)
+    sup.tick({W0: 7}, 8.5)
+    assert sup.watches[W0].state == WorkerState.SERVING
+    sup.tick({W0: 7}, 19.0)
+    assert sup.watches[W0].state == WorkerState.RESTARTING and host.killed == [7]
+
+
 def test_workers_leaving_the_state_file_are_forgotten_and_new_pids_from_elsewhere_are_adopted():
     host = FakeHost(running={7, 8}, beats={W0: Beat(8, 5.0)})
     sup = supervisor(host)
