@@ -99,6 +99,15 @@ class Settings(BaseSettings):
     max_batch_runs: int = Field(
         default=3, ge=1, description="Runs a batch may take: a crashed run is resumed until then, else it ends failed."
     )
+    api_run_start_concurrency: int = Field(
+        default=4, ge=1, description="Batch runs the API asks Prefect to start at once (a burst of creates queues)."
+    )
+    api_run_start_attempts: int = Field(
+        default=6, ge=1, description="Tries to start a batch's run before the batch ends failed (run_not_started)."
+    )
+    api_run_start_first_delay_s: float = Field(
+        default=0.5, ge=0, description="The wait before the second try to start a run; it doubles after each try."
+    )
     prefect_database: Literal["sqlite", "postgres"] = Field(
         default="sqlite",
         description="The Prefect server's database: SQLite under data_dir, or a PostgreSQL server the stack starts "

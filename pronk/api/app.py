@@ -13,28 +13,33 @@ from fastapi import FastAPI
 
 from pronk.api.body_limits import BodyLimits
 from pronk.api.errors import install_error_handlers
+from pronk.api.idempotency import IdempotencyKeys
 from pronk.api.keys import ApiKeyStore
 from pronk.api.reconcile import Reconciler
 from pronk.api.routes import batches, files, weights
+from pronk.api.run_starts import RunStarts
 from pronk.api.runs import BatchFlowRuns
 from pronk.batches.files import FileStore
 from pronk.batches.store import BatchStore
 from pronk.settings import Settings, get_settings
-from pronk.stack.deployments import PrefectDeployments
+from pronk.stack.deployments import DeploymentStarter, PrefectDeployments
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, runs: DeploymentStarter | None = None) -> FastAPI:
+    """The app; `runs` starts deployment runs (default: on the Prefect server the settings name)."""
     settings = settings or get_settings()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        """The reconcile loop runs while the API serves."""
+        """The reconcile loop runs while the API serves; batches a previous process left unstarted start now."""
         checker = None
         if settings.reconcile_interval_s > 0:
             checker = asyncio.create_task(app.state.reconciler.loop())
+        await app.state.run_starts.resubmit_waiting()
         yield
         if checker is not None:
             checker.cancel()
+        await app.state.run_starts.drain()
 
     app = FastAPI(
         title="pronk",
@@ -45,8 +50,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.files = FileStore(settings)
     app.state.batches = BatchStore(settings)
     app.state.keys = ApiKeyStore(settings)
-    app.state.runs = PrefectDeployments(settings)
+    app.state.runs = runs or PrefectDeployments(settings)
     app.state.reconciler = Reconciler(settings, BatchFlowRuns(), app.state.runs, app.state.batches)
+    app.state.run_starts = RunStarts(settings, app.state.runs, app.state.files, app.state.batches)
+    app.state.idempotency = IdempotencyKeys(settings)
     install_error_handlers(app)
     app.add_middleware(BodyLimits, settings=settings)
 

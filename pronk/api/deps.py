@@ -9,7 +9,9 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from pronk.api.errors import ApiError
+from pronk.api.idempotency import IdempotencyKeys
 from pronk.api.keys import ApiKeyStore
+from pronk.api.run_starts import RunStarts
 from pronk.batches.files import FileStore
 from pronk.batches.store import BatchStore
 from pronk.settings import Settings
@@ -39,12 +41,23 @@ def get_runs(request: Request) -> DeploymentStarter:
     return request.app.state.runs
 
 
+def get_run_starts(request: Request) -> RunStarts:
+    return request.app.state.run_starts
+
+
+def get_idempotency(request: Request) -> IdempotencyKeys:
+    return request.app.state.idempotency
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 FilesDep = Annotated[FileStore, Depends(get_files)]
 BatchesDep = Annotated[BatchStore, Depends(get_batches)]
 KeysDep = Annotated[ApiKeyStore, Depends(get_keys)]
 RunsDep = Annotated[DeploymentStarter, Depends(get_runs)]
 """Starts Prefect deployment runs: batch runs and Leaps (`pronk.api.runs`)."""
+RunStartsDep = Annotated[RunStarts, Depends(get_run_starts)]
+"""Starts batch runs in the background, a few at a time, with retries (`pronk.api.run_starts`)."""
+IdempotencyDep = Annotated[IdempotencyKeys, Depends(get_idempotency)]
 
 _bearer = HTTPBearer(auto_error=False, description="An API key from `pronk keys create` (when PRONK_API_AUTH=true).")
 

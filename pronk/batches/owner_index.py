@@ -15,13 +15,15 @@ from typing import Literal
 from pronk import storage
 from pronk.settings import Settings, get_settings
 
-OWNER_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+OWNER_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # never `.` or `..`: it names a folder
 _LAST_MS = 10**13 - 1
 
 
 def check_owner(owner: str) -> str:
-    if not OWNER_PATTERN.match(owner):
-        raise ValueError(f"owner {owner!r} must be 1-64 letters, digits, '_', '.' or '-'")
+    if not OWNER_PATTERN.fullmatch(owner):
+        raise ValueError(
+            f"owner {owner[:80]!r} must be 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit"
+        )
     return owner
 
 

@@ -5,8 +5,9 @@ capabilities and no new privileges; a read-only view of `/usr` and the base inte
 stdlib, never the venv's site-packages nor the project tree, the data dir, `/root` or `/etc`); a fresh
 tmpfs `/tmp`; and a size-limited tmpfs at `/scratch`, the only writable place, which the launcher fills from
 the trace's files and hands back as a tar when the code ends (`scratch.py`): no host folder is ever mounted
-writable or handed to the sandbox's uid. The code arrives as a read-only copy at `/cell.py`. Resource limits are set inside by `prlimit`, after the user namespace exists, so RLIMIT_NPROC
-counts this sandbox's processes only.
+writable or handed to the sandbox's uid. The code arrives as a read-only copy at `/cell.py`. Resource limits
+are set inside by `prlimit`, after the user namespace exists, so RLIMIT_NPROC counts this sandbox's processes
+only; memory and processes are bounded for the whole call by its cgroup (`call_cgroup.py`).
 
 Run as root, plain `bwrap --unshare-user` would map the sandbox's uid to host uid 0, which the kernel
 exempts from RLIMIT_NPROC and which owns most files. So as root the sandbox enters a user namespace

@@ -5,16 +5,17 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Header, Path, Query
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from pronk.api.deps import BatchesDep, FilesDep, OwnerDep, RunsDep
+from pronk.api.deps import BatchesDep, FilesDep, IdempotencyDep, OwnerDep, RunStartsDep
 from pronk.api.errors import ApiError, not_found
+from pronk.api.idempotency import HEADER, Remembered, check_key, request_hash
 from pronk.api.routes.files import ID_PATTERN, owned_file
-from pronk.api.runs import start_batch_run
-from pronk.batches.files import FileRecord
-from pronk.batches.schemas import TERMINAL_STATUSES, Batch, BatchErrorData, BatchErrors
+from pronk.api.run_starts import RunStarts
+from pronk.batches.files import FileRecord, FileStore
+from pronk.batches.schemas import TERMINAL_STATUSES, Batch
 from pronk.batches.store import BatchStore
 from pronk.jobs import JobConfig, load_jobs
 from pronk.protocol.bodies import SERVED_URLS
@@ -116,9 +117,41 @@ def owned_batch(batches: BatchStore, owner: str, batch_id: str) -> Batch:
 
 @router.post("", response_model=Batch, response_model_exclude=HIDDEN)
 async def create_batch(
-    body: BatchCreate, owner: OwnerDep, files: FilesDep, batches: BatchesDep, runs: RunsDep
+    body: BatchCreate,
+    owner: OwnerDep,
+    files: FilesDep,
+    batches: BatchesDep,
+    run_starts: RunStartsDep,
+    keys: IdempotencyDep,
+    idempotency_key: Annotated[
+        str | None, Header(alias=HEADER, description="Retries with the same key get the first try's batch.")
+    ] = None,
 ) -> Batch:
-    """Check the request, save the batch (`validating`) and start its run; returns at once."""
+    """Check the request and record the batch (`validating`); its run starts in the background."""
+    if idempotency_key is None:
+        return await _create_batch(body, owner, files, batches, run_starts)
+    key = check_key(idempotency_key)
+    async with keys.held(owner, key):
+        remembered = await run_in_threadpool(keys.find, owner, key)
+        if remembered is not None and await run_in_threadpool(batches.exists, remembered.batch_id):
+            if remembered.request_sha256 != request_hash(body):
+                raise ApiError(
+                    409,
+                    f"This {HEADER} was used with a different request; use a new key for a new batch.",
+                    param=HEADER,
+                    code="idempotency_key_reused",
+                )
+            return await run_in_threadpool(owned_batch, batches, owner, remembered.batch_id)
+        batch = await _create_batch(body, owner, files, batches, run_starts)
+        await run_in_threadpool(
+            keys.remember, owner, key, Remembered(batch_id=batch.id, request_sha256=request_hash(body))
+        )
+        return batch
+
+
+async def _create_batch(
+    body: BatchCreate, owner: str, files: FileStore, batches: BatchStore, run_starts: RunStarts
+) -> Batch:
     file = await run_in_threadpool(owned_file, files, owner, body.input_file_id)
     if file.purpose != "batch":
         raise ApiError(
@@ -126,7 +159,7 @@ async def create_batch(
         )
     if body.endpoint not in SERVED_URLS:
         raise ApiError(
-            400, f"Endpoint {body.endpoint!r} is not served; use one of {list(SERVED_URLS)}.", param="endpoint"
+            400, f"Endpoint {body.endpoint[:80]!r} is not served; use one of {list(SERVED_URLS)}.", param="endpoint"
         )
     other_urls = [url for url in file.urls if url != body.endpoint]
     if other_urls:
@@ -149,16 +182,7 @@ async def create_batch(
     )
     batch.request_counts.total = file.lines
     await run_in_threadpool(batches.create, batch)
-    try:
-        batch.flow_run_id = await start_batch_run(runs, batch, file.uri)
-    except Exception as exc:
-        logger.exception("could not start the run of %s", batch.id)
-        batch.errors = BatchErrors(
-            data=[BatchErrorData(code="run_not_started", message=f"{type(exc).__name__}: {exc}")]
-        )
-        batch.mark("failed")
-        await run_in_threadpool(batches.save, batch)
-        raise ApiError(503, f"Could not start the batch's run on Prefect: {exc}", code="run_not_started") from exc
+    run_starts.submit(batch.id)
     return batch
 
 

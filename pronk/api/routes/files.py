@@ -103,7 +103,7 @@ async def upload_file(request: Request, owner: OwnerDep, files: FilesDep, settin
         if purpose not in UPLOADABLE:
             raise ApiError(
                 400,
-                f"Invalid 'purpose' {purpose!r}: pronk accepts {list(UPLOADABLE)}.",
+                f"Invalid 'purpose' {str(purpose)[:80]!r}: pronk accepts {list(UPLOADABLE)}.",
                 param="purpose",
                 code="invalid_purpose",
             )

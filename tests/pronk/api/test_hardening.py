@@ -37,8 +37,7 @@ def api(tmp_path: Path):
         reconcile_interval_s=0,
         weights_root=tmp_path / "weights",
     )
-    app = create_app(settings)
-    app.state.runs = RecordingRuns()
+    app = create_app(settings, runs=RecordingRuns())
     keys = ApiKeyStore(settings)
     user, admin = keys.create()[0], keys.create(admin=True)[0]
     with TestClient(app) as client:
@@ -271,3 +270,17 @@ def test_malformed_keys_are_refused_without_a_lookup(api):
     for key in [b"pk-../../files/records/x", b"pk-" + b"a" * 500, "pk-\u00e9".encode()]:
         response = client.get("/v1/files", headers={"Authorization": b"Bearer " + key})
         assert response.status_code == 401
+
+
+def test_a_long_purpose_is_not_echoed_whole(api):
+    client, headers = api[0], api[1]
+    answer = client.post(
+        "/v1/files", headers=headers, files={"file": ("in.jsonl", b"{}")}, data={"purpose": "p" * 5000}
+    )
+    assert answer.status_code == 400 and len(answer.text) < 400
+
+
+@pytest.mark.parametrize("owner", [".", "..", "a/b", "a\n", "-a", "x" * 65])
+def test_owners_that_would_name_odd_folders_are_refused(tmp_path, owner):
+    with pytest.raises(ValueError, match="must be 1-64"):
+        ApiKeyStore(Settings(data_dir=tmp_path, storage_uri=str(tmp_path / "store"))).create(owner=owner)

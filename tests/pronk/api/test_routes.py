@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -20,16 +22,21 @@ def line(i: int, model: str = "pronk-tiny", url: str = "/v1/chat/completions") -
     return json.dumps({"custom_id": f"r{i}", "method": "POST", "url": url, "body": body})
 
 
+INTERNAL_URL = "http://127.0.0.1:4200/api"
+
+
 class RecordingRuns:
     """A `DeploymentStarter` that records (batch id, input URI) of each run-batch run it is asked to start."""
 
     def __init__(self):
         self.started: list[tuple[str, str]] = []
-        self.fail = False
+        self.refusals = 0
+        """How many of the next starts fail as an overloaded Prefect server answers."""
 
     async def start(self, deployment: str, parameters: dict[str, Any], run_name: str, tags: list[str]) -> str:
-        if self.fail:
-            raise ConnectionError("Prefect is down")
+        if self.refusals:
+            self.refusals -= 1
+            raise ConnectionError(f"Server error '503' for url '{INTERNAL_URL}/deployments/x/create_flow_run'")
         assert deployment == RUN_BATCH and run_name == parameters["batch_id"] and parameters["job_id"] in tags
         self.started.append((parameters["batch_id"], parameters["input_uri"]))
         return "flow-run-1"
@@ -45,9 +52,9 @@ def api(tmp_path: Path):
         api_max_upload_bytes=4096,
         reconcile_interval_s=0,
         api_max_upload_lines=5,
+        api_run_start_first_delay_s=0.0,
     )
-    app = create_app(settings)
-    app.state.runs = RecordingRuns()
+    app = create_app(settings, runs=RecordingRuns())
     keys = ApiKeyStore(settings)
     alice, bob = keys.create()[0], keys.create()[0]
     with TestClient(app) as client:
@@ -135,9 +142,14 @@ def test_upload_needs_purpose_batch(api):
     assert_error(upload(client, alice, line(0), purpose="fine-tune"), 400, "purpose")
 
 
-def create(client, headers, file_id, **extra):
+def create(client, headers, file_id, key: str | None = None, **extra):
     body = {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h", **extra}
-    return client.post("/v1/batches", headers=headers, json=body)
+    return client.post("/v1/batches", headers={**headers, **({"Idempotency-Key": key} if key else {})}, json=body)
+
+
+def starts_done(client) -> None:
+    """Wait for the runs the API starts in the background."""
+    client.portal.call(client.app.state.run_starts.drain)
 
 
 def test_batch_create_picks_the_job_serving_the_model_and_starts_a_run(api):
@@ -148,7 +160,8 @@ def test_batch_create_picks_the_job_serving_the_model_and_starts_a_run(api):
     assert (
         batch["model"] == "pronk-tiny" and batch["request_counts"]["total"] == 3 and batch["metadata"] == {"team": "x"}
     )
-    assert batch["expires_at"] == batch["created_at"] + 24 * 3600 and batch["flow_run_id"] == "flow-run-1"
+    assert batch["expires_at"] == batch["created_at"] + 24 * 3600
+    starts_done(client)
     assert (
         "owner" not in batch and runs.started[0][0] == batch["id"] and runs.started[0][1].endswith(f"{file_id}.jsonl")
     )
@@ -229,10 +242,58 @@ def test_cancel_shows_cancelling_at_once_and_refuses_a_finished_batch(api):
     )
 
 
-def test_a_run_that_cannot_start_fails_the_batch_with_a_503(api):
+def test_a_refused_start_is_tried_again_and_one_never_started_fails_the_batch_naming_nothing_internal(api):
     client, alice, _, runs, _ = api
-    runs.fail = True
     file_id = upload(client, alice, line(0)).json()["id"]
-    assert assert_error(create(client, alice, file_id), 503)["code"] == "run_not_started"
-    (batch,) = client.get("/v1/batches", headers=alice).json()["data"]
-    assert batch["status"] == "failed" and "Prefect is down" in batch["errors"]["data"][0]["message"]
+    runs.refusals = 2
+    first = create(client, alice, file_id)
+    assert first.status_code == 200 and first.json()["status"] == "validating"
+    starts_done(client)
+    assert [batch_id for batch_id, _ in runs.started] == [first.json()["id"]]
+
+    runs.refusals = 100
+    second = create(client, alice, file_id).json()
+    starts_done(client)
+    batch = client.get(f"/v1/batches/{second['id']}", headers=alice).json()
+    (error,) = batch["errors"]["data"]
+    assert batch["status"] == "failed" and error["code"] == "run_not_started"
+    assert "refused 6 times" in error["message"]
+    assert "127.0.0.1" not in error["message"] and "http" not in error["message"]
+
+
+def test_an_idempotency_key_makes_a_retried_create_return_the_first_batch(api):
+    client, alice, bob, runs, _ = api
+    file_id = upload(client, alice, line(0)).json()["id"]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: create(client, alice, file_id, key="retry-1"), range(8)))
+    assert {a.status_code for a in answers} == {200} and len({a.json()["id"] for a in answers}) == 1
+    starts_done(client)
+    assert len(runs.started) == 1
+    assert create(client, alice, file_id, key="retry-2").json()["id"] != answers[0].json()["id"]
+    other = create(client, alice, file_id, key="retry-1", metadata={"a": "b"})
+    assert assert_error(other, 409, "Idempotency-Key")["code"] == "idempotency_key_reused"
+    bob_file = upload(client, bob, line(0)).json()["id"]
+    assert create(client, bob, bob_file, key="retry-1").json()["id"] != answers[0].json()["id"]
+    spaced = create(client, alice, file_id, key="has space")
+    assert assert_error(spaced, 400, "Idempotency-Key")["code"] == "invalid_key"
+
+
+def test_a_burst_of_creates_answers_without_waiting_for_the_runs_to_start(api):
+    client, alice, bob, runs, _ = api
+    files = {who: upload(client, headers, line(0)).json()["id"] for who, headers in (("a", alice), ("b", bob))}
+    slow = asyncio.Event()
+    original = runs.start
+
+    async def waits_for_prefect(*args):
+        await slow.wait()
+        return await original(*args)
+
+    runs.start = waits_for_prefect
+    requests = [(alice, files["a"], f"key-{i}") if i % 2 else (bob, files["b"], f"key-{i}") for i in range(40)]
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda r: create(client, r[0], r[1], key=r[2]), requests))
+    assert all(a.status_code == 200 and a.json()["status"] == "validating" for a in answers)
+    client.portal.call(slow.set)
+    starts_done(client)
+    ids = [a.json()["id"] for a in answers]
+    assert sorted(batch_id for batch_id, _ in runs.started) == sorted(set(ids))

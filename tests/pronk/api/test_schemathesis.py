@@ -22,8 +22,7 @@ SETTINGS = Settings(
     weights_root=ROOT / "weights",
     reconcile_interval_s=0,
 )
-APP = create_app(SETTINGS)
-APP.state.runs = RecordingRuns()
+APP = create_app(SETTINGS, runs=RecordingRuns())
 KEY = ApiKeyStore(SETTINGS).create(admin=True)[0]
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
 

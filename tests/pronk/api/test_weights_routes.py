@@ -63,8 +63,7 @@ def api(tmp_path: Path):
         reconcile_interval_s=0,
     )
     set_alias("m", "live", register_model_dir(checkpoint(tmp_path / "v1"), "m", settings=settings), settings)
-    app = create_app(settings)
-    app.state.runs = RecordingLeaps()
+    app = create_app(settings, runs=RecordingLeaps())
     key, _ = ApiKeyStore(settings).create(admin=True)
     with TestClient(app) as client:
         yield client, {"Authorization": f"Bearer {key}"}, settings, app.state.runs, tmp_path
