@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.harness.report import record_section
+
 BENCH_DIR = Path(__file__).resolve().parent.parent
 JOBS = {
     "tiny": ("job-1ea90001", "pronk-tiny", 2048),
@@ -256,19 +258,6 @@ def markdown(rows: dict[str, dict], dip: dict, redeploy: float, rounds: int) -> 
     return "\n".join(lines) + "\n"
 
 
-def record_section(section: str) -> None:
-    """Replace (or append) the `## Leap` section of bench/RESULTS.md, leaving other sections alone."""
-    path = BENCH_DIR / "RESULTS.md"
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    start = text.find("## Leap\n")
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = text.find("\n## ", start + 1)
-        text = text[:start] + section + (text[end + 1 :] if end >= 0 else "")
-    path.write_text(text)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3, help="Leaps each way per model (medians).")
@@ -328,7 +317,7 @@ def main(argv: list[str] | None = None) -> None:
     section = markdown(rows, dip, redeploy, args.rounds)
     print(section)
     if args.record:
-        record_section(section)
+        record_section(BENCH_DIR / "RESULTS.md", section)
     print(f"scratch dir: {work}", file=sys.stderr)
 
 

@@ -243,3 +243,17 @@ def markdown_section(
     if meta.get("errors"):
         lines += ["", f"Errors seen: `{json.dumps(meta['errors'])[:800]}`"]
     return "\n".join(lines)
+
+
+def record_section(path: Path, section: str) -> None:
+    """Replace (or append) the `## ` section of `path` whose heading is `section`'s first line, leaving the other
+    sections alone (the experiments' sections of RESULTS.md)."""
+    heading = section.split("\n", 1)[0] + "\n"
+    text = path.read_text() if path.exists() else f"{TITLE}\n"
+    start = text.find(heading)
+    if start < 0:
+        text = text.rstrip("\n") + "\n\n" + section
+    else:
+        end = text.find("\n## ", start + 1)
+        text = text[:start] + section + (text[end + 1 :] if end >= 0 else "")
+    path.write_text(text)
