@@ -11,6 +11,7 @@ its job file when the job is loaded (`get_job`).
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pronk.config_files import describe, read_mapping
 from pronk.errors import PronkError
 from pronk.settings import get_settings
+
+logger = logging.getLogger(__name__)
 
 
 class JobFileError(PronkError, ValueError):
@@ -424,29 +427,46 @@ def with_changes(job: JobConfig, changes: dict[str, Any]) -> JobConfig:
         raise JobFileError(f"job {job.job_id}: configuration changes {changes} are invalid: {exc}") from exc
 
 
-def load_jobs(jobs_dir: Path | None = None, versions: bool = True) -> dict[str, JobConfig]:
-    """Every job in the folder, by job id, with its current configuration version applied unless `versions`
-    is false (the job files alone); duplicate ids are an error."""
-    folder = jobs_dir or get_settings().jobs_dir
+def _read_catalog(folder: Path) -> tuple[dict[str, JobConfig], list[JobFileError]]:
+    """The folder's jobs by id, and the files that could not be read; duplicate ids are an error."""
     jobs: dict[str, JobConfig] = {}
+    broken: list[JobFileError] = []
     for path in sorted(folder.glob("*.yaml")):
-        job = load_job_file(path)
+        try:
+            job = load_job_file(path)
+        except JobFileError as exc:
+            broken.append(exc)
+            continue
         if job.job_id in jobs:
             raise JobFileError(
                 f"{path}: key 'job_id' value {job.job_id!r}: already used by job '{jobs[job.job_id].name}'"
             )
         jobs[job.job_id] = job
+    return jobs, broken
+
+
+def load_jobs(jobs_dir: Path | None = None, versions: bool = True) -> dict[str, JobConfig]:
+    """Every job in the folder, by job id, with its current configuration version applied unless `versions`
+    is false (the job files alone); a file that cannot be read, or a duplicate id, is an error."""
+    jobs, broken = _read_catalog(jobs_dir or get_settings().jobs_dir)
+    if broken:
+        raise broken[0]
     if not versions:
         return jobs
     return {job_id: with_changes(job, current_changes(job_id)) for job_id, job in jobs.items()}
 
 
 def get_job(job: str, jobs_dir: Path | None = None, versions: bool = True) -> JobConfig:
-    """A job by id or by name, with its current configuration version unless `versions` is false."""
-    jobs = load_jobs(jobs_dir, versions)
-    if job in jobs:
-        return jobs[job]
-    for candidate in jobs.values():
-        if candidate.name == job:
-            return candidate
-    raise KeyError(f"no job {job!r}; known: {', '.join(sorted(jobs)) or 'none'}")
+    """A job by id or by name, with its current configuration version unless `versions` is false.
+
+    Another job file that cannot be read does not stop this one (a batch must not fail for a neighbour's typo);
+    it is logged, and named when the job is not found.
+    """
+    jobs, broken = _read_catalog(jobs_dir or get_settings().jobs_dir)
+    found = jobs.get(job) or next((candidate for candidate in jobs.values() if candidate.name == job), None)
+    if found is None:
+        unreadable = "".join(f"; unreadable: {exc}" for exc in broken)
+        raise KeyError(f"no job {job!r}; known: {', '.join(sorted(jobs)) or 'none'}{unreadable}")
+    for exc in broken:
+        logger.warning("job file skipped: %s", exc)
+    return with_changes(found, current_changes(found.job_id)) if versions else found

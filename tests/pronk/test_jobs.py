@@ -68,6 +68,18 @@ def test_unknown_job_lists_known_ones(tmp_path):
         get_job("nope", tmp_path)
 
 
+def test_a_broken_neighbour_does_not_stop_a_job_but_the_catalog_names_it(tmp_path, caplog):
+    """A typo in one job file used to fail every batch of every job (their runs look jobs up by id)."""
+    write(tmp_path, "good", GOOD)
+    write(tmp_path, "typo", GOOD.replace("job-0123abcd", "job-0123abce") + "wokers: 3\n")
+    assert get_job("job-0123abcd", tmp_path).name == "good"
+    assert "typo.yaml" in caplog.text
+    with pytest.raises(KeyError, match=r"unreadable: .*wokers"):
+        get_job("job-0123abce", tmp_path)
+    with pytest.raises(JobFileError, match="wokers"):
+        load_jobs(tmp_path)
+
+
 def test_a_derived_job_states_only_its_differences(tmp_path):
     write(tmp_path, "small", GOOD + "scheduling: {routing: least_loaded, kv_pin_ttl_s: 5}\n")
     derived = write(tmp_path, "small-herd", "base: small\njob_id: job-0123abce\nscheduling: {admission: kv_budget}\n")
