@@ -5,8 +5,8 @@ makes from the trace's folder (`seed`), and go out as a tar the sandbox writes t
 ended; pronk reads at most a bounded number of bytes of it (`read_dump`) and unpacks it into a fresh folder
 that replaces the old one (`keep`). Both directions pass tarfile's `data` filter, so an absolute path, a
 `..`, a link that leaves the folder, a device or a setuid bit never reaches the host's disk, and nothing on the
-host ever changes owner or mode for the sandbox. A dump that breaks a rule, or is cut short, leaves the folder as
-the previous call left it, and the call says so.
+host ever changes owner or mode for the sandbox. An entry that breaks a rule is left out; a dump that is cut
+short, too big or has too many entries leaves the folder as the previous call left it. The call says which.
 """
 
 from __future__ import annotations
