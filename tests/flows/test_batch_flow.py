@@ -20,6 +20,7 @@ from engine.auth import auth_headers
 from pronk.batches.store import BatchStore
 from pronk.jobs import get_job
 from pronk.settings import PROJECT_ROOT
+from pronk.stack.state import worker_name
 from pronk.worker_token import worker_token
 from tests.conftest import DATA
 from tests.flows.deployment_runs import run_batch_deployment
@@ -126,12 +127,15 @@ def test_prefect_deployment_run_completes_a_batch_through_the_process_worker(sta
     assert len(read_jsonl(stored.output_uri)) + len(read_jsonl(stored.error_uri)) == 10
 
 
-def test_steps_are_resent_when_a_worker_dies_mid_batch(stack, tmp_path):
+def test_a_killed_worker_has_its_steps_resent_and_a_sigtermed_one_withdraws(stack, tmp_path):
+    """Two extra workers started together (one start-up instead of two): w2 is SIGKILLed while it holds steps,
+    which other workers finish; w3 is SIGTERMed after the batch and leaves the registry."""
     from engine.registry import FileRegistry
     from pronk.stack.fleet import start_workers, wait_for_workers
+    from pronk.stack.processes import alive
 
     job = get_job(JOB)
-    extra = start_workers(job, stack, indices=range(2, 3))
+    extra = start_workers(job, stack, indices=range(2, 4))
     wait_for_workers(job, stack, extra)
     lines = [
         json.dumps(
@@ -150,8 +154,9 @@ def test_steps_are_resent_when_a_worker_dies_mid_batch(stack, tmp_path):
     ]
     path = tmp_path / "long.jsonl"
     path.write_text("\n".join(lines))
-    (pid,) = extra.values()
-    (w2,) = [e for e in FileRegistry(stack.registry_dir).live(JOB) if e.worker_id.endswith("-w2")]
+    pid, w3_pid = extra[worker_name(JOB, 2)], extra[worker_name(JOB, 3)]
+    registry = FileRegistry(stack.registry_dir)
+    (w2,) = [e for e in registry.live(JOB) if e.worker_id.endswith("-w2")]
     busy_at_kill: list[int] = []
 
     def kill_when_busy():
@@ -172,31 +177,24 @@ def test_steps_are_resent_when_a_worker_dies_mid_batch(stack, tmp_path):
 
     killer = threading.Thread(target=kill_when_busy)
     killer.start()
-    batch = run(path, tmp_path)
-    killer.join()
-    assert busy_at_kill, "w2 never held a step, so nothing was resent"
-    assert batch["request_counts"] == {"total": 24, "completed": 24, "failed": 0}
-    workers = {line["response"]["body"]["pronk"]["worker_id"] for line in read_jsonl(batch["output_uri"])}
-    assert not any(w.endswith("-w2") for w in workers)
+    try:
+        batch = run(path, tmp_path)
+        killer.join()
+        assert busy_at_kill, "w2 never held a step, so nothing was resent"
+        assert batch["request_counts"] == {"total": 24, "completed": 24, "failed": 0}
+        workers = {line["response"]["body"]["pronk"]["worker_id"] for line in read_jsonl(batch["output_uri"])}
+        assert not any(w.endswith("-w2") for w in workers)
 
-
-def test_worker_withdraws_from_the_registry_on_sigterm(stack):
-    from engine.registry import FileRegistry
-    from pronk.stack.fleet import start_workers, wait_for_workers
-    from pronk.stack.processes import alive
-
-    job = get_job(JOB)
-    extra = start_workers(job, stack, indices=[3])
-    wait_for_workers(job, stack, extra)
-    (pid,) = extra.values()
-    registry = FileRegistry(stack.registry_dir)
-    assert any(e.worker_id.endswith("-w3") for e in registry.live(JOB))
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 60
-    while alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not alive(pid)
-    assert not any(e.worker_id.endswith("-w3") for e in registry.entries(JOB))
+        assert any(e.worker_id.endswith("-w3") for e in registry.live(JOB))
+        os.kill(w3_pid, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while alive(w3_pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not alive(w3_pid)
+        assert not any(e.worker_id.endswith("-w3") for e in registry.entries(JOB))
+    finally:  # w3 must not outlive the test either
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(w3_pid, signal.SIGKILL)
 
 
 def test_hostile_lines_each_end_in_one_line_and_a_too_long_prompt_never_runs(stack, tmp_path):
