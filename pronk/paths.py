@@ -33,7 +33,7 @@ def under(root: Path, *components: str) -> Path:
     """`root` joined with `components` (each already made by `component` or a trusted constant), checked to stay
     under `root` once symlinks and `..` are resolved."""
     path = root.joinpath(*components)
-    resolved_root = root.resolve()
-    if not path.resolve().is_relative_to(resolved_root) or path.resolve() == resolved_root:
+    resolved, resolved_root = path.resolve(), root.resolve()
+    if resolved == resolved_root or not resolved.is_relative_to(resolved_root):
         raise PathEscape(f"{path} is not inside {root}")
     return path

@@ -35,10 +35,11 @@ def create_app(settings: Settings | None = None, runs: DeploymentStarter | None 
         checker = None
         if settings.reconcile_interval_s > 0:
             checker = asyncio.create_task(app.state.reconciler.loop())
-        await app.state.run_starts.resubmit_waiting()
+        resubmitting = asyncio.create_task(app.state.run_starts.resubmit_waiting())
         yield
         if checker is not None:
             checker.cancel()
+        await resubmitting
         await app.state.run_starts.drain()
 
     app = FastAPI(

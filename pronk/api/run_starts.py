@@ -22,7 +22,6 @@ from pronk.api.runs import start_batch_run
 from pronk.batches.files import FileStore
 from pronk.batches.schemas import Batch, BatchErrorData, BatchErrors
 from pronk.batches.store import BatchStore
-from pronk.jobs import load_jobs
 from pronk.settings import Settings
 from pronk.stack.deployments import DeploymentStarter
 
@@ -55,13 +54,14 @@ class RunStarts:
             await asyncio.gather(*self.pending, return_exceptions=True)
 
     async def resubmit_waiting(self) -> list[str]:
-        """Hand over every API batch still `validating`: its start may have been lost with the last API process."""
-        jobs = await run_in_threadpool(load_jobs)
-        waiting = [
-            b.id
-            for b in await run_in_threadpool(self.batches.of_jobs, set(jobs))
-            if b.owner is not None and b.status == "validating"
-        ]
+        """Hand over every API batch still `validating`: its start may have been lost with the last API process.
+        Run beside the API's start-up (it reads every batch record); a store it cannot read is logged."""
+        try:
+            records = await run_in_threadpool(self.batches.records)
+        except Exception as exc:  # noqa: BLE001 - the API serves anyway; the next start tries again
+            logger.warning("batches left validating were not looked for: %s: %s", type(exc).__name__, exc)
+            return []
+        waiting = [b.id for b in records if b.owner is not None and b.status == "validating"]
         for batch_id in waiting:
             self.submit(batch_id)
         return waiting

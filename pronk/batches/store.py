@@ -78,20 +78,23 @@ class BatchStore:
             batch.cancelling_at = int(request)
         return batch
 
-    def of_jobs(self, job_ids: set[str], limit: int | None = None) -> builtins.list[Batch]:
-        """The batch records of the jobs, newest first (at most `limit`); unreadable records are skipped."""
+    def records(self) -> builtins.list[Batch]:
+        """Every batch record in the store, newest first; unreadable records are skipped."""
         names = [n for n in storage.list_names(self.root, self.settings) if n.endswith(".json")]
         batches = []
         for data in storage.read_many([storage.join(self.root, n) for n in names], self.settings):
             if not data:
                 continue
             try:
-                batch = Batch.model_validate_json(data)
+                batches.append(Batch.model_validate_json(data))
             except ValueError:
                 continue
-            if batch.job_id in job_ids:
-                batches.append(batch)
         batches.sort(key=lambda b: (b.created_at, b.id), reverse=True)
+        return batches
+
+    def of_jobs(self, job_ids: set[str], limit: int | None = None) -> builtins.list[Batch]:
+        """The batch records of the jobs, newest first (at most `limit`); unreadable records are skipped."""
+        batches = [b for b in self.records() if b.job_id in job_ids]
         return batches[:limit] if limit else batches
 
     def exists(self, batch_id: str) -> bool:

@@ -65,9 +65,10 @@ def local_source(src: str, settings: Settings) -> Path:
 def content_sha256(path: Path) -> str:
     """sha256 of a file, or of a directory's files (names and bytes, in name order)."""
     digest = hashlib.sha256()
+    base = path if path.is_dir() else path.parent
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     for file in files:
-        digest.update(str(file.relative_to(path if path.is_dir() else path.parent)).encode() + b"\0")
+        digest.update(str(file.relative_to(base)).encode() + b"\0")
         with file.open("rb") as handle:
             while chunk := handle.read(HASH_CHUNK):
                 digest.update(chunk)

@@ -7,7 +7,7 @@ outside it; `close` kills whatever is left and removes the group.
 
 cgroup v2 is used where the root of the unified hierarchy offers the memory and pids controllers, else the v1
 memory and pids hierarchies (as on a Firecracker VM). Where neither can be written (not root, no delegation),
-`CallCgroup.create` returns None and the call keeps only its rlimits; `unavailable` says why, once.
+`CallCgroup.create` returns None and the call keeps only its rlimits; `layout` logs why, once.
 """
 
 from __future__ import annotations

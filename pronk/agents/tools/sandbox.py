@@ -43,18 +43,18 @@ SANDBOX_UID = 65534
 SCRATCH = "/scratch"
 CELL = "/cell.py"
 SEED = "/seed.tar"
-LAUNCHER = """
+LAUNCHER = f"""
 import os, signal, subprocess, sys, tarfile
-with tarfile.open("/seed.tar") as seed:
-    seed.extractall("/scratch", filter="data")
+with tarfile.open({SEED!r}) as seed:
+    seed.extractall({SCRATCH!r}, filter="data")
 def first_to_go():
     with open("/proc/self/oom_score_adj", "w") as adj:
         adj.write("1000")
-status = subprocess.run([sys.executable, "-I", "/cell.py"], preexec_fn=first_to_go).returncode
+status = subprocess.run([sys.executable, "-I", {CELL!r}], preexec_fn=first_to_go).returncode
 try:
     with os.fdopen(int(sys.argv[1]), "wb") as pipe, tarfile.open(fileobj=pipe, mode="w|") as dump:
-        for name in sorted(os.listdir("/scratch")):
-            dump.add(os.path.join("/scratch", name), arcname=name)
+        for name in sorted(os.listdir({SCRATCH!r})):
+            dump.add(os.path.join({SCRATCH!r}, name), arcname=name)
 except Exception:
     pass
 if status < 0:

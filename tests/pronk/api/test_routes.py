@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from fastapi.testclient import TestClient
 from pronk.api.app import create_app
 from pronk.api.keys import ApiKeyStore
 from pronk.api.runs import RUN_BATCH
+from pronk.batches.store import BatchStore
 from pronk.settings import Settings
 
 
@@ -297,3 +299,23 @@ def test_a_burst_of_creates_answers_without_waiting_for_the_runs_to_start(api):
     starts_done(client)
     ids = [a.json()["id"] for a in answers]
     assert sorted(batch_id for batch_id, _ in runs.started) == sorted(set(ids))
+
+
+def test_a_restarted_api_starts_the_batches_left_validating(api):
+    """A batch recorded by an API that died before starting its run is started by the next API process (the batch
+    id is the run's idempotency key, so one whose run did start gets no second run from Prefect)."""
+    client, alice, _, _, _ = api
+    file_id = upload(client, alice, line(0)).json()["id"]
+    started = create(client, alice, file_id).json()["id"]
+    starts_done(client)
+    settings = client.app.state.settings
+    store = BatchStore(settings)
+    lost = store.load(started).model_copy(update={"id": "batch_" + "7" * 24})
+    store.create(lost)
+    restarted = create_app(settings, runs=RecordingRuns())
+    with TestClient(restarted) as again:
+        deadline = time.monotonic() + 10
+        while len(restarted.state.runs.started) < 2 and time.monotonic() < deadline:
+            again.portal.call(restarted.state.run_starts.drain)
+            time.sleep(0.05)
+    assert sorted(batch_id for batch_id, _ in restarted.state.runs.started) == sorted([started, lost.id])
