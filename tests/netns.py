@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from pronk.stack.processes import spawn, stop
+from pronk.stack.processes import spawn, stop_groups
 
 T = TypeVar("T")
 CLONE_NEWNET = 0x40000000
@@ -115,9 +115,7 @@ class Hosts:
     def close(self) -> None:
         # All at once: a process on a host whose link was cut can use its whole grace period, and one after
         # another those periods add up to a minute.
-        if self.pids:
-            with ThreadPoolExecutor(max_workers=len(self.pids)) as pool:
-                list(pool.map(lambda pid: stop(pid, timeout_s=5.0), self.pids))
+        stop_groups(self.pids, timeout_s=5.0)
         for ns in reversed(self.made):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         self.pids.clear()

@@ -144,6 +144,12 @@ def cluster(data_dir, hosts):
         env,
     )
     ok(hosts.run("a", [*CLI, "model", "make-tiny"], env, cwd=PROJECT_ROOT))
+    workers = {}  # they load the model (the longest start) while the rest starts
+    for host, index in (("b", 0), ("c", 1)):
+        address = hosts.address[host]
+        argv = [PYTHON, "-m", "pronk.stack.worker", "--job", JOB, "--index", str(index), "--host", address]
+        argv += ["--port", str(PORTS["worker"]), "--advertise", f"http://{address}:{PORTS['worker']}"]
+        workers[host] = hosts.spawn(host, argv, logs / f"worker-{host}.log", env, cwd=PROJECT_ROOT)
     v2 = json.loads(ok(hosts.run("a", [*CLI, "model", "finetune-tiny"], env, cwd=PROJECT_ROOT)).splitlines()[-1])
     hosts.call("a", lambda: wait_healthy(f"http://{a}:{PORTS['s3']}/", "moto S3", s3, logs / "s3.log"))
     hosts.call("a", lambda: make_bucket(f"http://{a}:{PORTS['s3']}"))
@@ -151,13 +157,6 @@ def cluster(data_dir, hosts):
         "a",
         lambda: wait_healthy(f"http://{a}:{PORTS['prefect']}/api/health", "Prefect", prefect, logs / "prefect.log"),
     )
-
-    workers = {}
-    for host, index in (("b", 0), ("c", 1)):
-        address = hosts.address[host]
-        argv = [PYTHON, "-m", "pronk.stack.worker", "--job", JOB, "--index", str(index), "--host", address]
-        argv += ["--port", str(PORTS["worker"]), "--advertise", f"http://{address}:{PORTS['worker']}"]
-        workers[host] = hosts.spawn(host, argv, logs / f"worker-{host}.log", env, cwd=PROJECT_ROOT)
 
     project = write_prefect_yaml(data_dir / "prefect.yaml")
     ok(hosts.run("d", [PYTHON, "-m", "prefect", "work-pool", "create", WORK_POOL, "--type", "process"], env))

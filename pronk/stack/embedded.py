@@ -21,7 +21,7 @@ from pronk.stack.fleet import start_workers, wait_for_workers
 from pronk.stack.postgres import POSTGRES, PREFECT_ON_POSTGRES, start_postgres
 from pronk.stack.prefect_env import prefect_environment
 from pronk.stack.prefect_yaml import write_prefect_yaml
-from pronk.stack.processes import alive, group_members, spawn, stop, wait_healthy
+from pronk.stack.processes import alive, group_members, spawn, stop, stop_groups, wait_healthy
 from pronk.stack.state import SUPERVISOR, read_state, state_path, worker_name, worker_of, write_state
 from pronk.stack.supervisor import report_path
 from pronk.worker_token import worker_token
@@ -55,9 +55,9 @@ def prefect_database_url(settings: Settings, state: dict[str, int]) -> str | Non
     return start_postgres(settings, state).url("prefect", scheme="postgresql+asyncpg")
 
 
-def start_prefect_server(settings: Settings, state: dict[str, int]) -> None:
+def start_prefect_server(settings: Settings, state: dict[str, int], database_url: str | None) -> None:
+    """Start the Prefect server on `database_url` (from `prefect_database_url`) and wait until it answers."""
     env = prefect_environment(settings)
-    database_url = prefect_database_url(settings, state)
     if database_url is not None:
         env["PREFECT_API_DATABASE_CONNECTION_URL"] = database_url
     if (database_url or next((os.environ[k] for k in DATABASE_URL_KEYS if k in os.environ), "")).startswith("postgres"):
@@ -145,16 +145,21 @@ def start_api(settings: Settings, state: dict[str, int]) -> None:
     wait_healthy(f"http://127.0.0.1:{settings.api_port}/health", "pronk API", state["api"], log)
 
 
-def start_job(job: JobConfig, settings: Settings, state: dict[str, int]) -> None:
-    """Start the job's workers that are not running (all of them on a first start) and wait for them."""
-    wanted = range(job.workers)
-    missing = [i for i in wanted if not alive(state.get(worker_name(job.job_id, i), 0))]
+def spawn_job(job: JobConfig, settings: Settings, state: dict[str, int]) -> dict[str, int]:
+    """Spawn the job's workers that are not running (all of them on a first start), recorded in `state`, without
+    waiting for them; returns worker id -> pid of those spawned."""
+    missing = [i for i in range(job.workers) if not alive(state.get(worker_name(job.job_id, i), 0))]
     if not missing:
-        return
+        return {}
     ensure_job_model(job.model, job.model_source, settings)
     pids = start_workers(job, settings, indices=missing)
     state.update(pids)
-    wait_for_workers(job, settings, pids)
+    return pids
+
+
+def start_job(job: JobConfig, settings: Settings, state: dict[str, int]) -> None:
+    """Start the job's workers that are not running and wait for them."""
+    wait_for_workers(job, settings, spawn_job(job, settings, state))
 
 
 def start_supervisor(settings: Settings, state: dict[str, int]) -> None:
@@ -194,14 +199,18 @@ def up(
     try:
         worker_token(settings)  # made once here, before any worker or flow run races to make it
         ensure_tiny_model(settings)
-        start_prefect_server(settings, state)
+        database_url = prefect_database_url(settings, state)  # PostgreSQL first: the workers may announce in it
+        job = get_job(job_name or settings.default_job)
+        # The workers load their model (the longest start) while Prefect, MLflow and the API start beside them.
+        workers = spawn_job(job, settings, state)
+        start_prefect_server(settings, state, database_url)
         if mlflow_ui:
             start_mlflow_ui(settings, state)
         if deploy:
             deploy_flows(settings, state)
         if api:
             start_api(settings, state)
-        start_job(get_job(job_name or settings.default_job), settings, state)
+        wait_for_workers(job, settings, workers)
     finally:
         write_state(settings, state)
     if supervise:
@@ -212,15 +221,20 @@ def up(
 def down(settings: Settings) -> list[str]:
     """Stop everything `up` started and their process groups: the supervisor first (so it restarts nothing),
     then the workers (so they withdraw from the registry and take vLLM's engine processes with them), then the rest,
-    PostgreSQL last (its clients first, so it has no sessions left to wait for).
+    PostgreSQL last (its clients first, so it has no sessions left to wait for). The processes of each wave stop
+    together.
     """
     state = read_state(settings)
     stopped = [SUPERVISOR] if SUPERVISOR in state else []
     stop_supervisor(settings, state)
     order = sorted(state, key=lambda name: (worker_of(name) is None, name == POSTGRES, name))
-    for name in order:
-        if not stop(state[name]):
-            log.error("%s: process group %d still has %s after SIGKILL", name, state[name], group_members(state[name]))
+    workers = [name for name in order if worker_of(name) is not None]
+    for wave in (workers, [n for n in order if n not in workers and n != POSTGRES], [POSTGRES]):
+        pids = {name: state[name] for name in wave if name in state}
+        emptied = stop_groups(pids.values())  # a wave stops together
+        for name, pid in pids.items():
+            if not emptied[pid]:
+                log.error("%s: process group %d still has %s after SIGKILL", name, pid, group_members(pid))
     state_path(settings).unlink(missing_ok=True)
     report_path(settings).unlink(missing_ok=True)
     return stopped + order

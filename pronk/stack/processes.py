@@ -12,6 +12,7 @@ import pwd
 import signal
 import subprocess
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import httpx
@@ -110,21 +111,33 @@ def stop(pid: int, timeout_s: float = 20.0, kill_timeout_s: float = 5.0) -> bool
     Returns whether the group is empty at the end. Waits on the whole group, not only its leader, so
     children that outlive their parent are caught too.
     """
+    return stop_groups([pid], timeout_s, kill_timeout_s)[pid]
+
+
+def stop_groups(pids: Iterable[int], timeout_s: float = 20.0, kill_timeout_s: float = 5.0) -> dict[int, bool]:
+    """`stop` for several process groups at once: each is signalled together and waited on together, so they
+    stop in the time the slowest takes, not in the sum of their times. Returns pid -> whether its group is empty."""
+    results: dict[int, bool] = {}
+    left = set(pids)
     for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, kill_timeout_s)):
-        if wait <= 0:
+        if wait <= 0 or not left:
             continue
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return not _group_alive(pid)
+        for pid in sorted(left):
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                results[pid] = True
+            except PermissionError:
+                results[pid] = not _group_alive(pid)
+        left -= results.keys()
         deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if not _group_alive(pid):
-                return True
-            time.sleep(0.2)
-    return not _group_alive(pid)
+        while left and time.monotonic() < deadline:
+            results.update({pid: True for pid in left if not _group_alive(pid)})
+            left -= results.keys()
+            if left:
+                time.sleep(0.2)
+    results.update({pid: not _group_alive(pid) for pid in left})
+    return results
 
 
 def wait_healthy(url: str, what: str, pid: int, log: Path, timeout_s: float = 120.0) -> None:

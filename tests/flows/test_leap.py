@@ -163,6 +163,8 @@ def test_leap_during_a_running_batch_switches_every_step_cleanly(stack, on_v1, t
     record = Batch(input_file_id=str(path), job_id=JOB, model=MODEL)
     BatchStore().save(record)
 
+    fresh: dict[str, int] = {}
+
     async def batch_with_a_leap_in_the_middle():
         batch = asyncio.create_task(
             run_batch(input_uri=str(path), job_id=JOB, output_dir=str(tmp_path), batch_id=record.id, chunk_size=160)
@@ -172,39 +174,38 @@ def test_leap_during_a_running_batch_switches_every_step_cleanly(stack, on_v1, t
             await asyncio.sleep(0.2)
         leap_record = await leap(job_id=JOB, version=v2)
         assert not batch.done(), "the batch ended before the Leap did"
+        # A worker started after the Leap must load v2; it loads while the batch's held slots run out.
+        fresh.update(start_workers(get_job(JOB), stack, indices=range(2, 3)))
         return await batch, leap_record
 
-    batch, record = asyncio.run(batch_with_a_leap_in_the_middle())
-
-    assert record["status"] == "completed" and record["alias_moved"], record["message"]
-    assert 0 < record["switch_seconds"] < 10
-    assert alias_version(MODEL, "live", stack) == v2
-    assert {w.stats.model_version for w in fleet(stack)} == {f"{MODEL}/{v2}"}
-    assert batch["request_counts"] == {"total": 160, "completed": 160, "failed": 0}
-    lines = [json.loads(line) for line in Path(batch["output_uri"]).read_text().splitlines()]
-    outputs = [o for o in lines if o["custom_id"].startswith("r")]
-    fingerprints = [o["response"]["body"]["system_fingerprint"] for o in outputs]
-    assert all(o["response"]["body"]["pronk"]["model_version"] == f for o, f in zip(outputs, fingerprints))
-    assert set(fingerprints[:64]) == {f"{MODEL}/{v1}"}  # they finished before the Leap started
-    assert f"{MODEL}/{v2}" in fingerprints[64:]
-
-    first = asyncio.run(greedy(w0.url, LONG_PROMPT, 2))
-    again = asyncio.run(greedy(w0.url, LONG_PROMPT, 2))
-    assert (first.model_version, first.cached_tokens) == (f"{MODEL}/{v2}", 0), "the prefix cache survived the swap"
-    assert again.cached_tokens > 0, "prefix-cache hits did not restart after the swap"
-
-    after = {w.worker_id: probe(w.url) for w in fleet(stack)}
-    assert all(tokens != before for tokens in after.values()), "the new weights produce the old outputs"
-    fresh = start_workers(get_job(JOB), stack, indices=range(2, 3))
     try:
+        batch, record = asyncio.run(batch_with_a_leap_in_the_middle())
+        assert record["status"] == "completed" and record["alias_moved"], record["message"]
+        assert 0 < record["switch_seconds"] < 10
+        assert alias_version(MODEL, "live", stack) == v2
+        assert {w.stats.model_version for w in fleet(stack)} == {f"{MODEL}/{v2}"}
+        assert batch["request_counts"] == {"total": 160, "completed": 160, "failed": 0}
+        lines = [json.loads(line) for line in Path(batch["output_uri"]).read_text().splitlines()]
+        outputs = [o for o in lines if o["custom_id"].startswith("r")]
+        fingerprints = [o["response"]["body"]["system_fingerprint"] for o in outputs]
+        assert all(o["response"]["body"]["pronk"]["model_version"] == f for o, f in zip(outputs, fingerprints))
+        assert set(fingerprints[:64]) == {f"{MODEL}/{v1}"}  # they finished before the Leap started
+        assert f"{MODEL}/{v2}" in fingerprints[64:]
+
+        first = asyncio.run(greedy(w0.url, LONG_PROMPT, 2))
+        again = asyncio.run(greedy(w0.url, LONG_PROMPT, 2))
+        assert (first.model_version, first.cached_tokens) == (f"{MODEL}/{v2}", 0), "the prefix cache survived the swap"
+        assert again.cached_tokens > 0, "prefix-cache hits did not restart after the swap"
+
+        after = {w.worker_id: probe(w.url) for w in fleet(stack)}
+        assert all(tokens != before for tokens in after.values()), "the new weights produce the old outputs"
         wait_for_workers(get_job(JOB), stack, fresh)
         (entry,) = [w for w in registry(stack).live(JOB) if w.worker_id == f"{JOB}-w2"]
         assert entry.stats.model_version == f"{MODEL}/{v2}"
-        loaded_fresh = probe(entry.url)
+        assert all(tokens == probe(entry.url) for tokens in after.values())
     finally:
         for pid in fresh.values():
             stop(pid)
-    assert all(tokens == loaded_fresh for tokens in after.values())
 
 
 def wrong_shape_checkpoint(settings, v1: int, path):

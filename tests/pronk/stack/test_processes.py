@@ -9,7 +9,7 @@ import time
 
 from pronk.settings import Settings
 from pronk.stack import embedded
-from pronk.stack.processes import alive, group_members, kill_group, spawn
+from pronk.stack.processes import alive, group_members, kill_group, spawn, stop_groups
 from pronk.stack.state import read_state, write_state
 
 # A stand-in for an engine worker: a leader that starts a child in its own group, as vLLM starts EngineCore.
@@ -55,3 +55,17 @@ def test_down_stops_the_supervisor_first_and_empties_every_recorded_group(tmp_pa
     assert stopped == ["supervisor", "job-c0ffee01-w0", "job-c0ffee01-w1", "api"]
     assert all(group_members(pid) == [] for pid in state.values())
     assert read_state(settings) == {}
+
+
+def test_stop_groups_empties_every_group_and_kills_one_that_ignores_sigterm(tmp_path):
+    deaf = spawn(
+        [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"],
+        tmp_path / "deaf.log",
+    )
+    families = [start_family(tmp_path, f"f{i}") for i in range(2)]
+    gone = spawn([sys.executable, "-c", "pass"], tmp_path / "gone.log")
+    while alive(gone):
+        time.sleep(0.05)
+    time.sleep(0.5)  # the deaf process has set its handler
+    assert stop_groups([deaf, *families, gone], timeout_s=1.0) == {pid: True for pid in (deaf, *families, gone)}
+    assert all(group_members(pid) == [] for pid in (deaf, *families))
