@@ -18,6 +18,8 @@ TUNED_SERVER = {
     "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE": "500",
     "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "1",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    # A scheduled deployment (an enrichment spec's cron) gets its runs within 10 s of being deployed, not 60.
+    "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "10",
 }
 
 
