@@ -19,6 +19,12 @@ trace's step adds to its reservation). More steps of room mean fewer pauses and 
 traces resident to fill one another's tool gaps: prefill-heavy work gains, decode-heavy work loses, so it is a
 per-job setting (`scheduling.kv_budget_growth_steps`) that the Herd tuner searches.
 
+With a KV host tier (`engine.kv_tier`, `host_capacity_tokens`), a paused trace's blocks are already in host
+memory, so pausing costs a copy back instead of a recompute, and the budget counts two tiers: admitted traces
+within the engine's cache, paused ones within the host tier. A new trace that does not fit may then pause gapped
+traces of any age, those whose tool gap is expected to last longest first (the step's pin TTL is the harness's
+estimate of it), while the paused traces' context fits the host tier.
+
 The router side is a small strategy chosen per job (`ADMISSION`): `none` sends steps as the routing
 policy says; `kv_budget` asks workers to admit each step, places a new trace on the worker with the most
 room for it (free budget less growth reserve) or at its family's home, and keeps a started trace on the worker
@@ -56,6 +62,8 @@ class Resident:
     age: tuple[float, int]
     running: int = 0
     touched_at: float = field(default_factory=time.monotonic)
+    gap_until: float = 0.0
+    """When its tool gap is expected to end (monotonic): the last step's end plus the gap the harness expects."""
 
 
 @dataclass(slots=True)
@@ -81,18 +89,22 @@ class KvBudget:
         on_pause: Callable[[list[str]], None] | None = None,
         idle_s: float = 1800.0,
         max_paused: int = 100_000,
+        host_capacity_tokens: int = 0,
     ):
         self.capacity_tokens = capacity_tokens
         self.limit = max(1, int(capacity_tokens * (1.0 - headroom)))
+        self.host_limit = int(host_capacity_tokens * (1.0 - headroom))
         self.growth_steps = growth_steps
         self.step_growth = 0.0
         self.on_pause = on_pause
         self.idle_s = idle_s
         self.max_paused = max_paused
         self.resident: dict[str, Resident] = {}
-        self.paused: OrderedDict[str, None] = OrderedDict()
+        self.paused: OrderedDict[str, int] = OrderedDict()
+        """Paused traces -> their context in tokens (what the host tier holds for them, where there is one)."""
         self.waiters: list[_Waiter] = []
         self.used = 0
+        self.host_used = 0
         self.peak = 0
         self.counts = {"admitted": 0, "waited": 0, "timed_out": 0, "refused": 0, "paused": 0}
         self._seq = itertools.count()
@@ -158,14 +170,15 @@ class KvBudget:
         waiter.future.cancel()
         self._serve()
 
-    def step_done(self, trace_id: str, tokens: int) -> None:
+    def step_done(self, trace_id: str, tokens: int, expected_gap_s: float = 0.0) -> None:
         """A step of the trace finished: its resident context is now `tokens` (prompt + output) and, with no
-        other step in flight, it is in a tool gap (pausable)."""
+        other step in flight, it is in a tool gap (pausable) expected to last `expected_gap_s`."""
         entry = self.resident.get(trace_id)
         if entry is None:
             return
         entry.running = max(0, entry.running - 1)
         entry.touched_at = time.monotonic()
+        entry.gap_until = entry.touched_at + expected_gap_s
         self.used += tokens - entry.tokens
         entry.tokens = tokens
         self._serve()
@@ -176,8 +189,11 @@ class KvBudget:
             entry = self.resident.pop(trace_id, None)
             if entry is not None:
                 self.used -= entry.tokens
-            self.paused.pop(trace_id, None)
+            self._unpause(trace_id)
         self._serve()
+
+    def _unpause(self, trace_id: str) -> None:
+        self.host_used -= self.paused.pop(trace_id, 0)
 
     def _take(self, waiter: _Waiter) -> None:
         entry = self.resident.get(waiter.trace_id)
@@ -186,7 +202,7 @@ class KvBudget:
             self.step_growth = growth if not self.step_growth else 0.9 * self.step_growth + 0.1 * growth
         if entry is None:
             entry = self.resident[waiter.trace_id] = Resident(0, (waiter.since, next(self._seq)))
-            self.paused.pop(waiter.trace_id, None)
+            self._unpause(waiter.trace_id)
         self.used += max(0, waiter.tokens - entry.tokens)
         entry.tokens = max(entry.tokens, waiter.tokens)
         entry.running += 1
@@ -201,9 +217,11 @@ class KvBudget:
         while self.waiters:
             head = self.waiters[0]
             extra = self._extra(head.trace_id, head.tokens)
+            reserve = self.growth_reserve if head.key[0] == 1 else 0
             if self.used + extra > self.limit and head.key[0] == 0:
                 self._pause_for(self.used + extra - self.limit, head)
-            reserve = self.growth_reserve if head.key[0] == 1 else 0
+            elif self.used + extra + reserve > self.limit and self.host_limit:
+                self._pause_to_host(self.used + extra + reserve - self.limit)
             if self.used + extra + reserve > self.limit:
                 return
             self.waiters.pop(0)
@@ -225,17 +243,42 @@ class KvBudget:
         )
         if sum(tokens for tokens, _ in gapped) < shortfall:
             return  # pausing all of them would not make room: wait for running steps to finish instead
-        paused: list[str] = []
-        for tokens, trace_id in gapped:
+        self._pause([trace_id for _, trace_id in gapped], shortfall)
+
+    def _pause_to_host(self, shortfall: int) -> None:
+        """With a host tier, make room for a new trace: pause gapped traces whose gap is expected to last longest
+        first, while their context fits the host tier's room and only if that makes room enough."""
+        room = self.host_limit - self.host_used
+        gapped = sorted(
+            ((e.gap_until, e.tokens, t) for t, e in self.resident.items() if e.running == 0 and e.tokens > 0),
+            reverse=True,
+        )
+        chosen: list[str] = []
+        for _, tokens, trace_id in gapped:
             if shortfall <= 0:
                 break
-            del self.resident[trace_id]
+            if tokens <= room:
+                chosen.append(trace_id)
+                room -= tokens
+                shortfall -= tokens
+        if shortfall <= 0:
+            self._pause(chosen, shortfall=None)
+
+    def _pause(self, trace_ids: list[str], shortfall: int | None) -> None:
+        """Pause these traces in order, until `shortfall` tokens are free (None: all of them)."""
+        paused: list[str] = []
+        for trace_id in trace_ids:
+            if shortfall is not None and shortfall <= 0:
+                break
+            tokens = self.resident.pop(trace_id).tokens
             self.used -= tokens
-            shortfall -= tokens
-            self.paused[trace_id] = None
+            if shortfall is not None:
+                shortfall -= tokens
+            self.paused[trace_id] = tokens
+            self.host_used += tokens
             paused.append(trace_id)
         while len(self.paused) > self.max_paused:
-            self.paused.popitem(last=False)
+            self.host_used -= self.paused.popitem(last=False)[1]
         self.counts["paused"] += len(paused)
         if paused and self.on_pause:
             self.on_pause(paused)

@@ -107,6 +107,21 @@ class StepResult(BaseModel):
     engine_time_s: float = Field(description="From arrival in the worker to the last token.")
 
 
+class HostTierStats(BaseModel):
+    """A worker's KV host tier since it started (`scheduling.kv_host_tier_bytes`); all counts cumulative."""
+
+    capacity_bytes: int = Field(description="Host memory the tier was given.")
+    lookup_tokens: int = Field(default=0, description="Prompt tokens the engine missed and looked up in the tier.")
+    hit_tokens: int = Field(default=0, description="Of those, tokens the tier held.")
+    loaded_tokens: int = Field(default=0, description="Prompt tokens loaded from the tier instead of recomputed.")
+    stores: int = Field(default=0, description="Copies from the engine's cache to the tier.")
+    stored_bytes: int = 0
+    store_seconds: float = 0.0
+    loads: int = Field(default=0, description="Copies from the tier back into the engine's cache.")
+    loaded_bytes: int = 0
+    load_seconds: float = 0.0
+
+
 class WorkerStats(BaseModel):
     """What a worker advertises to the router: load, cache, version."""
 
@@ -140,6 +155,9 @@ class WorkerStats(BaseModel):
     admission_resident: int = Field(default=0, description="Admitted traces (running or in a tool gap).")
     admission_waiting: int = Field(default=0, description="Steps waiting for room.")
     admission_paused: int = Field(default=0, description="Traces paused to make room (their next step re-admits).")
+    admission_host_limit_tokens: int = Field(default=0, description="With a KV host tier: paused traces' budget.")
+    admission_host_tokens: int = Field(default=0, description="With a KV host tier: paused traces' context.")
     admission_counts: dict[str, int] = Field(
         default_factory=dict, description="Cumulative: admitted, waited, timed_out, refused, paused."
     )
+    host_tier: HostTierStats | None = Field(default=None, description="The KV host tier, where the job has one.")

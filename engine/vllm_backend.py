@@ -11,7 +11,7 @@ from typing import Any
 from engine.admission import KvBudget
 from engine.errors import EngineError
 from engine.kv_retention import release_request_id, retention_hints
-from engine.protocol import SamplingSpec, StepRequest, StepResult, WorkerStats
+from engine.protocol import HostTierStats, SamplingSpec, StepRequest, StepResult, WorkerStats
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +26,44 @@ class SchedulerSnapshot:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     preemptions: int = 0
+    host_tier: HostTierStats | None = None
+
+
+TIER_TRANSFERS = {
+    "vllm:kv_offload_store_size_count": "stores",
+    "vllm:kv_offload_store_bytes": "stored_bytes",
+    "vllm:kv_offload_store_time": "store_seconds",
+    "vllm:kv_offload_load_size_count": "loads",
+    "vllm:kv_offload_load_bytes": "loaded_bytes",
+    "vllm:kv_offload_load_time": "load_seconds",
+}
+"""vLLM's OffloadingConnector transfer counters (per report) -> the `HostTierStats` totals they add to."""
+
+
+def _count_tier(tier: HostTierStats, scheduler_stats: Any, iteration_stats: Any) -> None:
+    """Add one engine report's KV host tier numbers to `tier`."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
+
+    if iteration_stats is not None:
+        tier.loaded_tokens += iteration_stats.prompt_token_stats.external_kv_transfer
+    if scheduler_stats is None:
+        return
+    lookups = scheduler_stats.connector_prefix_cache_stats
+    if lookups is not None:
+        tier.lookup_tokens += lookups.queries
+        tier.hit_tokens += lookups.hits
+    if scheduler_stats.kv_connector_stats:
+        transfers = OffloadingConnectorStats(data=scheduler_stats.kv_connector_stats).reduce()
+        for name, total in TIER_TRANSFERS.items():
+            setattr(tier, total, getattr(tier, total) + transfers.get(name, 0))
+
+
+def _kv_bytes_per_token(vllm_config: Any) -> int:
+    """Bytes of K and V one token takes in every layer of the engine's cache (plain attention layers)."""
+    model, parallel = vllm_config.model_config, vllm_config.parallel_config
+    cache_dtype = vllm_config.cache_config.cache_dtype
+    itemsize = model.dtype.itemsize if cache_dtype == "auto" else 1
+    return 2 * model.get_num_layers(parallel) * model.get_num_kv_heads(parallel) * model.get_head_size() * itemsize
 
 
 def _stat_logger_factory(snapshot: SchedulerSnapshot):
@@ -37,6 +75,8 @@ def _stat_logger_factory(snapshot: SchedulerSnapshot):
             pass
 
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+            if snapshot.host_tier is not None:
+                _count_tier(snapshot.host_tier, scheduler_stats, iteration_stats)
             if iteration_stats is not None:
                 snapshot.preemptions += iteration_stats.num_preempted_reqs
             if scheduler_stats is None:
@@ -112,6 +152,9 @@ class VllmBackend:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         args = AsyncEngineArgs(model=self.model_path, disable_log_stats=False, **self.engine_kwargs)
+        if args.kv_transfer_config is not None:
+            tier_bytes = int(args.kv_transfer_config.kv_connector_extra_config.get("cpu_bytes_to_use", 0))
+            self.snapshot.host_tier = HostTierStats(capacity_bytes=tier_bytes)
         self._engine = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(self.snapshot)])
         self._tokenizer = self._engine.get_tokenizer()
         await self._engine.update_weight_version(self.model_version)
@@ -121,8 +164,22 @@ class VllmBackend:
         if capacity <= 0:
             log.warning("%s: the engine did not report its KV cache size; steps run without admission", self.worker_id)
             return
-        self.budget = KvBudget(capacity, self.kv_budget_headroom, self.kv_budget_growth_steps, on_pause=self._drop_pins)
-        log.info("%s: KV cache holds %d tokens, admission budget %d", self.worker_id, capacity, self.budget.limit)
+        tier = self.snapshot.host_tier
+        host_tokens = tier.capacity_bytes // _kv_bytes_per_token(self._engine.vllm_config) if tier else 0
+        self.budget = KvBudget(
+            capacity,
+            self.kv_budget_headroom,
+            self.kv_budget_growth_steps,
+            on_pause=self._drop_pins,
+            host_capacity_tokens=host_tokens,
+        )
+        log.info(
+            "%s: KV cache holds %d tokens, admission budget %d, host tier %d tokens",
+            self.worker_id,
+            capacity,
+            self.budget.limit,
+            host_tokens,
+        )
 
     @property
     def priority_scheduling(self) -> bool:
@@ -212,7 +269,7 @@ class VllmBackend:
             self.in_flight -= 1
             if budget is not None and trace_id is not None:
                 output_tokens = len(final.outputs[0].token_ids) if final is not None else 0
-                budget.step_done(trace_id, len(prompt_ids) + output_tokens)
+                budget.step_done(trace_id, len(prompt_ids) + output_tokens, request.kv_pin_ttl_s)
         if final is None:
             raise EngineError(f"{self.worker_id}: the engine ended request {request.request_id} without output")
         self.requests_served += 1
@@ -259,6 +316,7 @@ class VllmBackend:
             requests_served=self.requests_served,
             leap_state=self.leap_state,
             staged_version=self.staged_version,
+            host_tier=self.snapshot.host_tier.model_copy() if self.snapshot.host_tier else None,
         )
         budget = self.budget
         if budget is not None:
@@ -271,6 +329,8 @@ class VllmBackend:
             stats.admission_resident = len(budget.resident)
             stats.admission_waiting = len(budget.waiters)
             stats.admission_paused = len(budget.paused)
+            stats.admission_host_limit_tokens = budget.host_limit
+            stats.admission_host_tokens = budget.host_used if budget.host_limit else 0
             stats.admission_counts = dict(budget.counts)
         return stats
 

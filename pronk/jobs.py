@@ -126,6 +126,14 @@ class SchedulingConfig(BaseModel):
         description="Most of a worker's KV cache pins may hold; a full pin table refuses new pins (read when a "
         "worker starts).",
     )
+    kv_host_tier_bytes: int = Field(
+        default=0,
+        ge=0,
+        description="Bytes of host memory per worker for a second KV tier behind the engine's cache (0: none): "
+        "computed blocks are copied there, and a prefix evicted from the engine is loaded back instead of recomputed "
+        "(vLLM's OffloadingConnector: its own CPU offloading on an accelerator, pronk's host-copy spec on CPU; read "
+        "when a worker starts).",
+    )
 
 
 class HarnessConfig(BaseModel):
@@ -258,6 +266,12 @@ class JobConfig(BaseModel):
     workers: int = Field(default=1, ge=1, le=64, description="Engine workers to start for this job.")
     cpu_cores_per_worker: int = Field(default=1, ge=1, description="CPU cores pinned to each worker (CPU jobs).")
     price_per_worker_hour: float = Field(ge=0, description="USD per worker-hour, for processing cost.")
+    price_per_host_gb_hour: float = Field(
+        default=0.0,
+        ge=0,
+        description="USD per GB-hour of host memory in a worker's KV host tier (`scheduling.kv_host_tier_bytes`), "
+        "added to its worker-hour price.",
+    )
     default_max_tokens: int = Field(default=256, ge=1, description="`max_tokens` when a request sets none.")
     max_output_tokens: int | None = Field(
         default=None,
@@ -273,6 +287,11 @@ class JobConfig(BaseModel):
     observability: ObservabilityConfig = Field(
         default_factory=ObservabilityConfig, description="Sampled trace DAGs and MLflow traces."
     )
+
+    @property
+    def worker_hour_price(self) -> float:
+        """What one worker-hour costs: the worker's price plus its KV host tier's memory."""
+        return self.price_per_worker_hour + self.scheduling.kv_host_tier_bytes / 1e9 * self.price_per_host_gb_hour
 
     @property
     def output_token_cap(self) -> int:

@@ -240,7 +240,7 @@ class BatchRun:
         """Worker time of every run of the batch, each counted once; cost and tasks per dollar from it."""
         batch = self.batch
         batch.worker_seconds = self.prior_worker_seconds + (self.run_worker_seconds() if ran else 0.0)
-        batch.processing_cost = batch.worker_seconds / 3600.0 * self.job.price_per_worker_hour
+        batch.processing_cost = batch.worker_seconds / 3600.0 * self.job.worker_hour_price
         checks = batch.checks
         batch.success_rate = checks.success_rate
         batch.tasks_counted = "passed" if checks.checked else "completed"
@@ -388,7 +388,7 @@ def open_batch(
         )
     if batch.status in TERMINAL_STATUSES:
         return batch
-    batch.price_per_worker_hour = job.price_per_worker_hour
+    batch.price_per_worker_hour = job.worker_hour_price
     batch.flow_run_id = flow_run_id
     default_result_uris(batch, settings, output_dir)
     store.save(batch)

@@ -118,7 +118,9 @@ class Batch(BaseModel):
     usage: BatchUsage = Field(default_factory=BatchUsage)
     job_id: str
     model: str
-    price_per_worker_hour: float = 0.0
+    price_per_worker_hour: float = Field(
+        default=0.0, description="USD per worker-hour with its KV host tier (JobConfig.worker_hour_price)."
+    )
     worker_seconds: float = Field(default=0.0, description="Worker-seconds the job's fleet was held for this run.")
     processing_cost: float = Field(default=0.0, description="USD: worker_seconds / 3600 × price_per_worker_hour.")
     tasks_per_dollar: float | None = None

@@ -154,7 +154,7 @@ async def replay_sample(
         t.result() if t.done() and not t.cancelled() else TimeoutError(f"not finished within {timeout_s:.0f}s")
         for t in tasks
     ]
-    return measure(records, wall, job.workers, job.price_per_worker_hour)
+    return measure(records, wall, job.workers, job.worker_hour_price)
 
 
 class TrialFleet:

@@ -4,8 +4,9 @@ Optuna, judge the winner against the current configuration, and (when asked) app
 Knobs searched (`KNOBS`): the engine's `max_num_seqs`, `max_num_batched_tokens` (the chunked-prefill token
 budget) and n-gram speculative decoding (`speculative_ngram_tokens`); vLLM's priority queue (`priority`); the
 admission scheduler (`admission`, `kv_budget_headroom`, `kv_budget_growth_steps`); KV pins (`kv_pin_ttl_s`,
-`kv_pin_ttl`); the routing policy; batch concurrency (`max_concurrency`); the number of workers and the cores of
-each (a candidate never has more workers than the machine has cores for; a worker's price grows with its
+`kv_pin_ttl`); the KV host tier's size (`kv_host_tier_bytes`, priced by the job's `price_per_host_gb_hour`, which
+tasks per dollar counts); the routing policy; batch concurrency (`max_concurrency`); the number of workers and the
+cores of each (a candidate never has more workers than the machine has cores for; a worker's price grows with its
 cores). The current configuration is replayed `repeats` times first (the guard's noise), then Optuna's TPE
 sampler proposes candidates until the next trial would not fit in the budget; the best one is replayed once more
 when there is time. Every trial is a child MLflow run of the tuning run (params; tasks per dollar, p50/p90 trace
@@ -45,6 +46,7 @@ KNOBS: dict[str, tuple[str, list[Any]]] = {
     "kv_budget_growth_steps": ("scheduling", [0.0, 1.0, 3.0]),
     "kv_pin_ttl_s": ("scheduling", [0.0, 5.0, 30.0, 120.0]),
     "kv_pin_ttl": ("scheduling", ["fixed", "auto"]),
+    "kv_host_tier_bytes": ("scheduling", [0, 1 << 28, 1 << 30, 1 << 32]),
     "routing": ("scheduling", ["trace_affinity", "least_loaded"]),
     "max_concurrency": ("scheduling", [4, 8, 16, 32, 64]),
     "workers": ("", []),  # 1 … max_workers

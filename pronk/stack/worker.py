@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from engine.kv_retention import pin_settings, scheduler_class
 from engine.registry import Registry
@@ -22,7 +23,7 @@ from engine.worker import (
     pin_to_cores,
     serve,
 )
-from pronk.jobs import get_job
+from pronk.jobs import JobConfig, get_job
 from pronk.models.checkpoints import CheckpointMismatch, check_compatible, read_spec
 from pronk.models.registry import resolve_model
 from pronk.settings import get_settings
@@ -38,6 +39,19 @@ def stage_checkpoint(model_uri: str, current_path: str, current_version: str) ->
     except CheckpointMismatch as exc:
         raise IncompatibleWeights(str(exc)) from exc
     return StagedWeights(version=model.version, path=str(model.path))
+
+
+def host_tier(job: JobConfig) -> dict[str, Any]:
+    """The engine argument that turns on the job's KV host tier, if it has one."""
+    if not job.scheduling.kv_host_tier_bytes:
+        return {}
+    import vllm
+    from vllm.config import KVTransferConfig
+
+    from engine.kv_tier import host_tier_config
+
+    config = host_tier_config(job.scheduling.kv_host_tier_bytes, job.device, vllm.__version__)
+    return {"kv_transfer_config": KVTransferConfig(**config)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -69,6 +83,7 @@ def main(argv: list[str] | None = None) -> None:
             "structured_outputs_config": compact_json_outputs(),
             "additional_config": pin_settings(job.scheduling.kv_pin_max_fraction),
             **job.vllm_kwargs(),
+            **host_tier(job),
         },
         kv_budget_headroom=job.scheduling.kv_budget_headroom,
         kv_budget_growth_steps=job.scheduling.kv_budget_growth_steps,

@@ -192,6 +192,36 @@ async def test_new_waiters_never_pause_anyone():
 
 
 @run_async
+async def test_with_a_host_tier_a_new_trace_pauses_the_longest_gaps_that_fit_the_host():
+    paused: list[list[str]] = []
+    b = budget(on_pause=paused.append, host_capacity_tokens=35)
+    for trace, tokens, gap_s in [("short", 30, 1.0), ("long", 30, 60.0), ("huge", 40, 600.0)]:
+        await admit(b, trace, tokens)
+        b.step_done(trace, tokens, expected_gap_s=gap_s)
+    assert b.used == 100
+    await admit(b, "new", 30)  # "huge" has the longest gap but not the host's room: "long" goes to the host
+    assert paused == [["long"]] and b.paused == {"long": 30} and b.host_used == 30
+    assert b.used == 100 and set(b.resident) == {"short", "huge", "new"}
+    with pytest.raises(AdmissionTimeout):  # the host holds 5 more: pausing "short" (30) does not fit it
+        await admit(b, "new2", 30, wait=0.05)
+    b.release(["new"])
+    await admit(b, "long", 30, started=True)  # back from its gap: the host tier no longer counts it
+    assert b.host_used == 0 and "long" not in b.paused
+
+
+@run_async
+async def test_with_a_host_tier_nothing_is_paused_unless_that_makes_room():
+    paused: list[list[str]] = []
+    b = budget(on_pause=paused.append, host_capacity_tokens=1000)
+    await admit(b, "running", 80)
+    await admit(b, "gapped", 20)
+    b.step_done("gapped", 20, expected_gap_s=60.0)
+    with pytest.raises(AdmissionTimeout):
+        await admit(b, "new", 30, wait=0.05)  # a step in flight holds 80: pausing the 20 would not do
+    assert paused == [] and b.host_used == 0
+
+
+@run_async
 async def test_cancelled_waiter_leaves_and_admitted_cancel_is_not_left_running():
     b = budget()
     await admit(b, "a", 90)

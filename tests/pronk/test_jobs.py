@@ -29,6 +29,13 @@ def test_good_job_file_loads_with_defaults(tmp_path):
     assert job.engine.as_vllm_kwargs()["kv_cache_memory_bytes"] == 33554432
 
 
+def test_a_host_tier_adds_its_memory_to_the_worker_hour_price(tmp_path):
+    job = load_job_file(write(tmp_path, "small", GOOD))
+    assert job.scheduling.kv_host_tier_bytes == 0 and job.worker_hour_price == pytest.approx(0.1)
+    tiered = GOOD + "price_per_host_gb_hour: 0.004\nscheduling:\n  kv_host_tier_bytes: 8000000000\n"
+    assert load_job_file(write(tmp_path, "tiered", tiered)).worker_hour_price == pytest.approx(0.1 + 8 * 0.004)
+
+
 def test_shipped_default_job_is_valid():
     job = get_job("tiny-cpu")
     assert job.job_id == "job-c0ffee01"

@@ -177,7 +177,7 @@ async def _create_batch(
         metadata=body.metadata,
         job_id=job.job_id,
         model=job.served_model_name,
-        price_per_worker_hour=job.price_per_worker_hour,
+        price_per_worker_hour=job.worker_hour_price,
         owner=owner,
     )
     batch.request_counts.total = file.lines
