@@ -4,8 +4,8 @@ and a later request whose prefix left the engine's cache loads it back instead o
 On CUDA this is vLLM's own CPU offloading (what `--kv-offloading-size` turns on). vLLM refuses its copy worker on
 a CPU engine only because that worker issues CUDA stream copies; `HostCopyOffloadingSpec` keeps everything else of
 vLLM's (the scheduler side, its manager and eviction policies, the chunk accounting) and returns a worker that does
-plain torch copies between the engine's KV tensors and a host buffer. The engine process imports this module by
-name (`spec_module_path`), so it must import neither pronk nor anything heavy at import time.
+plain torch copies between the engine's KV tensors and a host buffer. vLLM's engine process imports this module by
+name (`spec_module_path`).
 
 `offload_prompt_only` is off: in an agent trace the text a step generates is the next step's prefix.
 """

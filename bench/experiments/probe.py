@@ -8,7 +8,8 @@ and, from every worker's `/stats` sampled every `--interval-s`:
 
 - `busy`: per worker, the share of samples with a step in the engine (admitted, not waiting for room);
 - `idle_with_waiters`: per worker, the share with no step in the engine while steps waited for room somewhere;
-- `resident`: per worker, the mean number of admitted traces; `paused`: pauses admission made in the round.
+- `resident`: per worker, the mean number of admitted traces; `paused`: pauses admission made in the round;
+- `host_tier`: with a KV host tier, what the round looked up, hit and loaded there, and its copies and their time.
 
 `--gap-scale` multiplies every tool gap (0: none). `--limit` also runs the offline limit on the round's shapes
 (with the fleet idle) and adds `limit_traces_per_s` and `over_limit`, as `make bench` computes them. A round with
@@ -102,6 +103,25 @@ async def sampled(job: JobConfig, settings: Settings, round_, interval_s: float)
         await client.aclose()
 
 
+TIER_FIGURES = ("lookup_tokens", "hit_tokens", "loaded_tokens", "stores", "store_seconds", "loads", "load_seconds")
+"""The KV host tier's counts a round reports (`engine.protocol.HostTierStats`), summed over the workers."""
+
+
+async def tier_totals(job: JobConfig, settings: Settings) -> dict[str, float] | None:
+    """The job's live workers' KV host tier counts so far, summed; None where the job has no tier."""
+    from engine.client import WorkerClient
+    from engine.registry import Registry
+    from pronk.worker_token import worker_token
+
+    client = WorkerClient(worker_token(settings))
+    try:
+        tiers = [(await client.stats(w.url)).host_tier for w in Registry.from_settings(settings).live(job.job_id)]
+    finally:
+        await client.aclose()
+    present = [tier for tier in tiers if tier is not None]
+    return {name: sum(getattr(tier, name) for tier in present) for name in TIER_FIGURES} if present else None
+
+
 @dataclass(frozen=True, slots=True)
 class Round:
     """What one probe round runs: `setup` on the workload of `seed`, its tool gaps times `gap_scale`, and with
@@ -123,7 +143,9 @@ def probe(job: JobConfig, settings: Settings, round_: Round, interval_s: float, 
     loop = pronk_runs.bare_loop(
         relabel(workload.shapes, label), job, settings, job.scheduling.max_concurrency, ablation, round_.gap_scale
     )
+    tier_before = asyncio.run(tier_totals(job, settings))
     result, samples = asyncio.run(sampled(job, settings, loop, interval_s))
+    tier_after = asyncio.run(tier_totals(job, settings))
     run = AgentRun.from_replay(round_.setup, result, job.workers)
     ideal = cache_bounds(workload, job.engine.block_size or CPU_BLOCK_SIZE)[1]
     figures = {name: round(value, 4) for name, value in run_figures(run, ideal).items()}
@@ -143,6 +165,9 @@ def probe(job: JobConfig, settings: Settings, round_: Round, interval_s: float, 
         "wall_s": round(run.wall_s, 1),
         **figures,
         **load_figures(samples),
+        "host_tier": {k: round(tier_after[k] - tier_before[k], 3) for k in TIER_FIGURES}
+        if tier_after and tier_before
+        else None,
         "first_errors": run.errors[:3],
     }
 
