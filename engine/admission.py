@@ -104,7 +104,6 @@ class KvBudget:
         """Paused traces -> their context in tokens (what the host tier holds for them, where there is one)."""
         self.waiters: list[_Waiter] = []
         self.used = 0
-        self.host_used = 0
         self.peak = 0
         self.counts = {"admitted": 0, "waited": 0, "timed_out": 0, "refused": 0, "paused": 0}
         self._seq = itertools.count()
@@ -112,6 +111,11 @@ class KvBudget:
     @property
     def free(self) -> int:
         return max(0, self.limit - self.used)
+
+    @property
+    def host_used(self) -> int:
+        """Tokens of the paused traces' context: what the host tier holds for them, where there is one."""
+        return sum(self.paused.values())
 
     @property
     def growth_reserve(self) -> int:
@@ -189,11 +193,8 @@ class KvBudget:
             entry = self.resident.pop(trace_id, None)
             if entry is not None:
                 self.used -= entry.tokens
-            self._unpause(trace_id)
+            self.paused.pop(trace_id, None)
         self._serve()
-
-    def _unpause(self, trace_id: str) -> None:
-        self.host_used -= self.paused.pop(trace_id, 0)
 
     def _take(self, waiter: _Waiter) -> None:
         entry = self.resident.get(waiter.trace_id)
@@ -202,7 +203,7 @@ class KvBudget:
             self.step_growth = growth if not self.step_growth else 0.9 * self.step_growth + 0.1 * growth
         if entry is None:
             entry = self.resident[waiter.trace_id] = Resident(0, (waiter.since, next(self._seq)))
-            self._unpause(waiter.trace_id)
+            self.paused.pop(waiter.trace_id, None)
         self.used += max(0, waiter.tokens - entry.tokens)
         entry.tokens = max(entry.tokens, waiter.tokens)
         entry.running += 1
@@ -275,10 +276,9 @@ class KvBudget:
             if shortfall is not None:
                 shortfall -= tokens
             self.paused[trace_id] = tokens
-            self.host_used += tokens
             paused.append(trace_id)
         while len(self.paused) > self.max_paused:
-            self.host_used -= self.paused.popitem(last=False)[1]
+            self.paused.popitem(last=False)
         self.counts["paused"] += len(paused)
         if paused and self.on_pause:
             self.on_pause(paused)
