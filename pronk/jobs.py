@@ -245,6 +245,24 @@ class ObservabilityConfig(BaseModel):
     mlflow_traces: bool = Field(default=True, description="Log the run's sampled traces to MLflow as traces.")
 
 
+class QualityConfig(BaseModel):
+    """How a job's answers are checked before a change reaches its fleet: the Herd's tuner and Leap's canary run
+    the job's labelled set (batch lines that each carry a `check`) and refuse a change whose success rate falls."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    labelled_set: str | None = Field(
+        default=None,
+        description="A batch file whose lines all carry a `check` (a path relative to the project root, or s3://…); "
+        "each line's `body.model` is replaced by the job's own. None: no quality guard.",
+    )
+    canary: bool = Field(
+        default=True,
+        description="With a labelled set: `pronk leap` switches one worker first, runs the set on it beside the "
+        "fleet's current version, and switches the rest only if the success rate holds (`--no-canary` skips).",
+    )
+
+
 class JobConfig(BaseModel):
     """One job: which model, how its engine runs, how many workers, what an hour of a worker costs."""
 
@@ -286,6 +304,9 @@ class JobConfig(BaseModel):
     tools: ToolsConfig = Field(default_factory=ToolsConfig, description="Tools and their settings.")
     observability: ObservabilityConfig = Field(
         default_factory=ObservabilityConfig, description="Sampled trace DAGs and MLflow traces."
+    )
+    quality: QualityConfig = Field(
+        default_factory=QualityConfig, description="The labelled set that guards tuning and Leap on success rate."
     )
 
     @property

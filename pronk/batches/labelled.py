@@ -1,0 +1,136 @@
+"""A job's labelled set (`quality.labelled_set`): batch lines that each carry a `check`, run on chosen workers to
+measure a success rate, and the rule that says whether one configuration or model version answers worse than
+another beyond noise.
+
+The Herd's tuner (a candidate configuration against the job's current one) and Leap's canary (a new version on one
+worker against the fleet's current version) both judge by `compare_success`, so both refuse on the same rule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from dataclasses import dataclass
+
+from pronk import storage
+from pronk.agents.checks import run_check
+from pronk.agents.harness import Harness
+from pronk.agents.outcomes import Completion
+from pronk.agents.tools import project_path
+from pronk.agents.tools.python_exec import PythonTool
+from pronk.batches.input import validate_input
+from pronk.errors import PronkError
+from pronk.jobs import JobConfig
+from pronk.protocol.checks import PythonCheck
+from pronk.protocol.lines import ValidRequest
+from pronk.settings import Settings
+
+ONE_SIDED_Z = 1.645
+"""A candidate is worse when its success rate is below the current one's at 95% one-sided confidence."""
+
+
+class LabelledSetError(PronkError, ValueError):
+    """The job's labelled set cannot be read, or a line of it is invalid or carries no check."""
+
+
+@dataclass(frozen=True, slots=True)
+class SuccessTally:
+    """Lines of a labelled run by how their check ended (a line that failed to run counts as failed)."""
+
+    passed: int = 0
+    failed: int = 0
+    unchecked: int = 0
+
+    @property
+    def checked(self) -> int:
+        return self.passed + self.failed
+
+    @property
+    def success_rate(self) -> float | None:
+        return self.passed / self.checked if self.checked else None
+
+    def describe(self) -> str:
+        rate = self.success_rate
+        return f"{self.passed}/{self.checked} passed" + (f" ({rate:.0%})" if rate is not None else "")
+
+
+@dataclass(frozen=True, slots=True)
+class QualityVerdict:
+    worse: bool
+    reason: str
+    current: SuccessTally
+    candidate: SuccessTally
+
+
+def compare_success(current: SuccessTally, candidate: SuccessTally, z: float = ONE_SIDED_Z) -> QualityVerdict:
+    """Whether `candidate` passes fewer checks than `current` beyond noise: a one-sided two-proportion z-test.
+
+    A small labelled set is noisy (20 lines at 60% move by ±11 points run to run), so a drop counts only when it is
+    larger than `z` standard errors of the difference under the pooled rate.
+    """
+    if not current.checked or not candidate.checked:
+        return QualityVerdict(False, "no line was checked: nothing to judge by", current, candidate)
+    drop = (current.success_rate or 0.0) - (candidate.success_rate or 0.0)
+    pooled = (current.passed + candidate.passed) / (current.checked + candidate.checked)
+    error = math.sqrt(pooled * (1 - pooled) * (1 / current.checked + 1 / candidate.checked))
+    both = f"{candidate.describe()} against {current.describe()}"
+    if drop > 0 and (error == 0 or drop > z * error):
+        return QualityVerdict(True, f"success rate fell beyond noise: {both}", current, candidate)
+    return QualityVerdict(False, f"success rate holds within noise: {both}", current, candidate)
+
+
+def _addressed_to(data: bytes, job: JobConfig) -> bytes:
+    """The set's lines with `body.model` set to the job's model, so one set serves every job; a line that is not a
+    JSON object with a body is left as it is for validation to name."""
+    lines = []
+    for raw in data.splitlines():
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            lines.append(raw)
+            continue
+        if isinstance(value, dict) and isinstance(value.get("body"), dict):
+            value["body"]["model"] = job.served_model_name
+            raw = json.dumps(value).encode()
+        lines.append(raw)
+    return b"\n".join(lines)
+
+
+def labelled_lines(job: JobConfig, settings: Settings | None = None) -> list[ValidRequest]:
+    """The job's labelled set, validated for the job; LabelledSetError names the first bad line."""
+    uri = job.quality.labelled_set
+    if uri is None:
+        raise LabelledSetError(f"job {job.job_id} has no quality.labelled_set")
+    source = uri if "://" in uri else str(project_path(uri))
+    try:
+        data = storage.read_bytes(source, settings)
+    except OSError as exc:
+        raise LabelledSetError(f"cannot read the labelled set {uri}: {exc}") from exc
+    validated = validate_input(_addressed_to(data, job), job)
+    if validated.errors:
+        first = validated.errors[0].error
+        raise LabelledSetError(f"labelled set {uri}: {first.message if first else 'an invalid line'}")
+    unchecked = [r.custom_id for r in validated.requests if r.check is None]
+    if unchecked:
+        raise LabelledSetError(f"labelled set {uri}: line {unchecked[0]!r} carries no check")
+    return validated.requests
+
+
+async def run_labelled(lines: list[ValidRequest], harness: Harness) -> SuccessTally:
+    """Run every line through `harness` (whose router picks the workers measured) and tally the checks."""
+    predicates = any(isinstance(r.check, PythonCheck) for r in lines)
+    python = PythonTool(harness.job.tools.python) if predicates else None
+    slots = asyncio.Semaphore(harness.job.scheduling.max_concurrency)
+
+    async def one(request: ValidRequest) -> str:
+        async with slots:
+            outcome = await harness.run_line(request)
+        harness.recorder.take_line(request.custom_id)
+        answer = outcome.result.text if isinstance(outcome.result, Completion) else None
+        return (await run_check(request.check, answer, python)).status
+
+    statuses = await asyncio.gather(*(one(r) for r in lines))
+    return SuccessTally(
+        passed=statuses.count("passed"), failed=statuses.count("failed"), unchecked=statuses.count("unchecked")
+    )
