@@ -5,7 +5,8 @@ or `{"final": TEXT}`, built from the line's tools' JSON schemas with every strin
 so that even a random-weight model's call parses within the step's token budget. `spawn_subagents`
 starts child traces from the parent's messages, concurrently; the parent resumes with their answers.
 A step that fails (engine trouble, an unparsable call, a timeout) is retried up to the harness's
-`max_step_retries`, each attempt recorded. Prefect-free, like `pronk.agents.completions`.
+`max_step_retries`, each attempt recorded, with whether its tool call parsed and was valid against the tool's
+schema (`tool_call_validity`). Prefect-free, like `pronk.agents.completions`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pronk.agents.completions import engine_error_code, failed_outcome, run_requ
 from pronk.agents.outcomes import Completion, RequestOutcome, Usage
 from pronk.agents.replay import run_shape
 from pronk.agents.step_records import StepRecord, StepRecorder, summarise
-from pronk.agents.tool_calls import parse_call, step_schema, system_prompt
+from pronk.agents.tool_calls import parse_call, step_schema, system_prompt, tool_call_validity
 from pronk.agents.tool_gaps import ToolGaps
 from pronk.agents.tools import SPAWN_SUBAGENTS, Tool, ToolContext, job_tools, run_tool
 from pronk.errors import PronkError
@@ -270,6 +271,9 @@ class Harness:
             record.take(result)
             state.last_result = result
             call = parse_call(result.text, {t.name for t in tools}, allow_final, structured)
+            record.tool_call_parsed, record.tool_call_valid = tool_call_validity(
+                result.text, call, {t.name: t.parameters for t in tools}
+            )
             if isinstance(call, str):
                 record.error = call
                 continue

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+from pydantic import computed_field
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from engine.protocol import StepResult
 from pronk import storage
@@ -41,6 +43,10 @@ class StepRecord:
     tool_name: str | None = None
     tool_time_s: float = 0.0
     tool_ok: bool | None = None
+    tool_call_parsed: bool | None = None
+    """None: the step's output was no tool call (a final answer, a plain chat, a replayed step)."""
+    tool_call_valid: bool | None = None
+    """The call named a tool the step offered, with arguments valid against its schema."""
     error: str | None = None
     finish_reason: str | None = None
     started_at: float = field(default_factory=time.time)
@@ -82,6 +88,32 @@ def steps_ndjson(records: Iterable[StepRecord]) -> bytes:
     return b"".join(json.dumps(asdict(r)).encode() + b"\n" for r in records)
 
 
+@pydantic_dataclass(slots=True)
+class ToolCallCounts:
+    """The steps whose output was meant as a tool call, counted once per attempt: all of them (`total`), those
+    that parsed as a call, and those valid against the schema of a tool the step offered."""
+
+    total: int = 0
+    parsed: int = 0
+    valid: int = 0
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def validity(self) -> float | None:
+        """Valid calls over all calls; None when there was no call."""
+        return self.valid / self.total if self.total else None
+
+    @classmethod
+    def of(cls, records: Iterable[StepRecord]) -> ToolCallCounts:
+        calls = [r for r in records if r.tool_call_parsed is not None]
+        return cls(len(calls), sum(1 for r in calls if r.tool_call_parsed), sum(1 for r in calls if r.tool_call_valid))
+
+    def add(self, other: ToolCallCounts) -> None:
+        self.total += other.total
+        self.parsed += other.parsed
+        self.valid += other.valid
+
+
 @dataclass(slots=True)
 class TraceSummary:
     """Totals over the step records of one trace family; in this order, its fields end an output line's `trace`."""
@@ -91,6 +123,8 @@ class TraceSummary:
     traces: int
     tool_calls: dict[str, int]
     tool_errors: int
+    tool_call_counts: ToolCallCounts
+    """Its `validity` ratio is left out of the output line (`as_dict`), which carries the counts."""
     workers: list[str]
     prompt_tokens: int
     cached_tokens: int
@@ -119,6 +153,7 @@ def summarise(records: list[StepRecord]) -> TraceSummary:
         traces=len({r.trace_id for r in records}),
         tool_calls=tools,
         tool_errors=sum(1 for r in records if r.tool_ok is False),
+        tool_call_counts=ToolCallCounts.of(records),
         workers=sorted({r.worker_id for r in records if r.worker_id}),
         prompt_tokens=prompt,
         cached_tokens=cached,

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from typing import Any
 
+from jsonschema import Draft202012Validator
+
 MAX_ARRAY_ITEMS = 4
+FINAL_START = re.compile(r'\s*\{\s*"final"')
+"""How a final answer begins: an output that does not parse but begins so was no tool call."""
 
 
 def _cap_arrays(schema: Any) -> Any:
@@ -105,3 +110,33 @@ def parse_call(text: str, tools: set[str], allow_final: bool, structured: bool =
     if isinstance(call, dict) and call.get("tool") in tools and isinstance(call.get("arguments"), dict):
         return {"tool": call["tool"], "arguments": copy.deepcopy(call["arguments"])}
     return f"step output is not a call of {sorted(tools)}: {text[:120]!r}"
+
+
+def tool_call_validity(
+    text: str, call: dict[str, Any] | str, schemas: dict[str, dict[str, Any]]
+) -> tuple[bool | None, bool | None]:
+    """Whether a step's output meant as a tool call parsed as one, and whether the call was valid.
+
+    `call` is `parse_call`'s reading of `text`; `schemas` holds the arguments' schemas of the tools the step
+    offered. A call parsed when it is `{"tool": NAME, "arguments": {...}}`, and is valid when NAME is one of those
+    tools and the arguments are valid against its schema (constrained decoding should make every call valid, but
+    a truncated output or a schema keyword the grammar does not enforce slips through; the harness runs such a
+    call all the same). `(None, None)`: no tool call was meant, as the output is (or begins as) a final answer
+    or the step offered no tool.
+    """
+    if isinstance(call, dict):
+        if "final" in call:
+            return None, None
+        return True, Draft202012Validator(schemas[call["tool"]]).is_valid(call["arguments"])
+    if not schemas:
+        return None, None
+    try:
+        loaded = json.loads(text, strict=False)
+    except (json.JSONDecodeError, RecursionError):
+        return (None, None) if FINAL_START.match(text) else (False, False)
+    if isinstance(loaded, dict) and "final" in loaded and "tool" not in loaded:
+        return None, None
+    parsed = (
+        isinstance(loaded, dict) and isinstance(loaded.get("tool"), str) and isinstance(loaded.get("arguments"), dict)
+    )
+    return parsed, False

@@ -1,7 +1,8 @@
 """Reports on a job's batches: the `pronk runs` table, each batch's figures and completion-time plot.
 
 The same figures go to three places: the terminal (`pronk runs`), the batch's Prefect run page (a markdown
-artifact) and the job's MLflow experiment (one run per batch), so tasks per dollar can be charted over time.
+artifact) and the job's MLflow experiment (one run per batch), so tasks per dollar, success rate and tool-call
+validity can be charted over time.
 """
 
 from __future__ import annotations
@@ -45,7 +46,14 @@ class RunFigures:
     """`passed` (lines whose check passed) when the batch checked any line, else `completed`."""
     checked: int
     passed: int
+    checks_failed: int
+    unchecked: int
     success_rate: float | None
+    tool_calls: int
+    """Agent steps whose output was meant as a tool call (every attempt)."""
+    tool_calls_valid: int
+    tool_call_validity: float | None
+    """Valid over all tool calls; None when there was none."""
     duration_s: float | None
     model_version: str
     created_at: int
@@ -72,7 +80,12 @@ class RunFigures:
             tasks_counted=batch.tasks_counted,
             checked=batch.checks.checked,
             passed=batch.checks.passed,
+            checks_failed=batch.checks.failed,
+            unchecked=batch.checks.unchecked,
             success_rate=batch.success_rate,
+            tool_calls=batch.tool_calls.total,
+            tool_calls_valid=batch.tool_calls.valid,
+            tool_call_validity=batch.tool_calls.validity,
             duration_s=float(end - start) if end else None,
             model_version=model_version,
             created_at=batch.created_at,
@@ -108,21 +121,25 @@ def recent_runs(settings: Settings, job_ids: list[str], limit: int = 20) -> list
 def runs_table(rows: list[RunFigures]) -> str:
     """`pronk runs`: one line per batch."""
     head = (
-        f"{'batch':<32} {'job':<13} {'status':<10} {'lines':>7} {'failed':>6} {'passed':>9} {'in tok':>9} "
-        f"{'out tok':>8} {'cached':>7} {'cost $':>10} {'tasks/$':>11} {'dur s':>7}  model"
+        f"{'batch':<32} {'job':<13} {'status':<10} {'lines':>7} {'failed':>6} {'passed':>9} {'calls ok':>8} "
+        f"{'in tok':>9} {'out tok':>8} {'cached':>7} {'cost $':>10} {'tasks/$':>11} {'dur s':>7}  model"
     )
     lines = [head]
     for r in rows:
         tpd = f"{r.tasks_per_dollar:,.0f}" if r.tasks_per_dollar is not None else "-"
         tpd += "*" if r.tasks_counted == "passed" else " "
         passed = f"{r.passed}/{r.checked}" if r.checked else "-"
+        calls = f"{r.tool_call_validity:.1%}" if r.tool_call_validity is not None else "-"
         dur = f"{r.duration_s:.0f}" if r.duration_s is not None else "-"
         lines.append(
-            f"{r.batch_id:<32} {r.job_id:<13} {r.status:<10} {r.lines:>7} {r.failed:>6} {passed:>9} "
+            f"{r.batch_id:<32} {r.job_id:<13} {r.status:<10} {r.lines:>7} {r.failed:>6} {passed:>9} {calls:>8} "
             f"{r.input_tokens:>9} {r.output_tokens:>8} {r.cached_pct:>6.1f}% {r.cost_usd:>10.6f} {tpd:>11} {dur:>7}  "
             f"{r.model_version}"
         )
-    lines.append("passed: lines whose check passed / lines checked; tasks/$* counts passed lines, else completed ones.")
+    lines.append(
+        "passed: lines whose check passed / lines checked; calls ok: tool calls valid against the tool's schema; "
+        "tasks/$* counts passed lines, else completed ones."
+    )
     return "\n".join(lines)
 
 
@@ -186,6 +203,13 @@ def batch_markdown(figures: RunFigures, times: list[float], mlflow_url: str | No
             if figures.success_rate is not None
             else "no line checked",
         ),
+        ("checks failed / lines unchecked", f"{figures.checks_failed} / {figures.unchecked}"),
+        (
+            "tool calls valid / made",
+            f"{figures.tool_calls_valid} / {figures.tool_calls} ({figures.tool_call_validity:.0%})"
+            if figures.tool_call_validity is not None
+            else "no tool call",
+        ),
         ("duration (s)", f"{figures.duration_s:.0f}" if figures.duration_s is not None else "—"),
         ("model version", figures.model_version or "—"),
     ]
@@ -206,9 +230,12 @@ def batch_markdown(figures: RunFigures, times: list[float], mlflow_url: str | No
     return "\n".join(lines) + "\n"
 
 
-def log_batch_run(figures: RunFigures, times: list[float], settings: Settings) -> tuple[str, str]:
+def log_batch_run(
+    figures: RunFigures, times: list[float], rows: list[dict[str, object]], settings: Settings
+) -> tuple[str, str]:
     """The batch's figures as a run of the job's MLflow experiment (named by the batch), with its completion-time
-    plot; returns (run id, the run's URL in the MLflow UI)."""
+    plot and its lines' rows of the per-trace table (each with its `check`) as the table `lines.json`; returns
+    (run id, the run's URL in the MLflow UI)."""
     import mlflow
 
     experiment_id = job_experiment(figures.job_id, settings)
@@ -223,5 +250,8 @@ def log_batch_run(figures: RunFigures, times: list[float], settings: Settings) -
             with tempfile.TemporaryDirectory() as tmp:
                 plot = completion_plot(times, Path(tmp) / "completion_times.png", f"batch {figures.batch_id}")
                 mlflow.log_artifact(str(plot))
+        if rows:
+            columns = dict.fromkeys(k for row in rows for k in row)
+            mlflow.log_table({k: [row.get(k) for row in rows] for k in columns}, artifact_file="lines.json")
         run_id = run.info.run_id
     return run_id, f"{settings.mlflow_ui_url}/#/experiments/{experiment_id}/runs/{run_id}"

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from pronk import storage
+from pronk.agents.step_records import ToolCallCounts
 from pronk.protocol.checks import CheckStatus
 from pronk.protocol.lines import OutputLine
 from pronk.settings import Settings, get_settings
@@ -36,6 +37,9 @@ class FinishedLine(BaseModel):
     completion_tokens: int = Field(default=0, ge=0)
     worker_id: str | None = None
     check: CheckStatus = Field(default="unchecked", description="How the check of the line's answer ended.")
+    tool_calls: ToolCallCounts = Field(
+        default_factory=ToolCallCounts, description="The line's steps meant as tool calls, also of a failed line."
+    )
     steps: list[dict[str, Any]] = Field(default_factory=list, description="The line's step records.")
     row: dict[str, Any] = Field(default_factory=dict, description="The line's row of the run's per-trace table.")
 

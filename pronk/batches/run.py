@@ -17,7 +17,7 @@ from pronk import storage
 from pronk.agents.checks import run_check
 from pronk.agents.harness import Harness
 from pronk.agents.outcomes import Completion, RequestOutcome
-from pronk.agents.step_records import StepRecord, record_order, steps_ndjson
+from pronk.agents.step_records import StepRecord, ToolCallCounts, record_order, steps_ndjson
 from pronk.agents.tools.python_exec import PythonTool
 from pronk.batches.files import FileStore
 from pronk.batches.input import BatchInputError, InputLimits, ValidatedInput, validate_input
@@ -59,8 +59,11 @@ def finished_line(
     row = {**(row or {}), "check": checked.status}
     completion = outcome.completion
     output = output_line(outcome)
+    calls = ToolCallCounts.of(steps)
     if completion is None:
-        return FinishedLine(line=outcome.line, output=output, ok=False, check=checked.status, steps=rows, row=row)
+        return FinishedLine(
+            line=outcome.line, output=output, ok=False, check=checked.status, tool_calls=calls, steps=rows, row=row
+        )
     assert output.response is not None
     output.response.body.setdefault("pronk", {})["check"] = checked.model_dump()
     usage = completion.usage
@@ -73,6 +76,7 @@ def finished_line(
         completion_tokens=usage.completion_tokens,
         worker_id=completion.worker_id or None,
         check=checked.status,
+        tool_calls=calls,
         steps=rows,
         row=row,
     )
@@ -144,6 +148,10 @@ class BatchRun:
             if f.ok:
                 usage.add(f.prompt_tokens, f.cached_tokens, f.completion_tokens)
         self.batch.usage = usage
+        calls = ToolCallCounts()
+        for f in done:
+            calls.add(f.tool_calls)
+        self.batch.tool_calls = calls
         self.batch.checks = CheckCounts(
             passed=sum(1 for f in done if f.check == "passed"),
             failed=sum(1 for f in done if f.check == "failed"),
@@ -177,6 +185,7 @@ class BatchRun:
         self.pending.append(line)
         checks = self.batch.checks
         setattr(checks, line.check, getattr(checks, line.check) + 1)
+        self.batch.tool_calls.add(line.tool_calls)
         counts = self.batch.request_counts
         if not line.ok:
             counts.failed += 1
@@ -290,6 +299,10 @@ class BatchRun:
             "checks failed": batch.checks.failed,
             "lines unchecked": batch.checks.unchecked,
             "success rate": batch.success_rate,
+            "tool calls": batch.tool_calls.total,
+            "tool calls parsed": batch.tool_calls.parsed,
+            "tool calls valid": batch.tool_calls.valid,
+            "tool call validity": batch.tool_calls.validity,
         }
         return [{"figure": k, "value": v} for k, v in rows.items()]
 

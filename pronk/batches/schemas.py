@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from pronk.agents.step_records import ToolCallCounts
 from pronk.protocol.bodies import CHAT_COMPLETIONS_URL
 from pronk.protocol.ids import new_id
 
@@ -126,6 +127,12 @@ class Batch(BaseModel):
     tasks_per_dollar: float | None = None
     checks: CheckCounts = Field(default_factory=CheckCounts)
     success_rate: float | None = Field(default=None, description="Passed over checked lines (None: none checked).")
+    tool_calls: ToolCallCounts = Field(
+        default_factory=ToolCallCounts,
+        description="Agent steps whose output was meant as a tool call, every attempt: `total`, `parsed`, `valid` "
+        "(a tool the step offered, arguments valid against its schema) and `validity`, valid over total "
+        "(None: no call).",
+    )
     tasks_counted: Literal["completed", "passed"] = Field(
         default="completed",
         description="What tasks per dollar counts: the lines whose check passed when any line was checked, "

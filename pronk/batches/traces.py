@@ -41,6 +41,7 @@ def trace_row(outcome: RequestOutcome) -> dict[str, object]:
     if isinstance(result, LineFailure):
         return {"custom_id": outcome.custom_id, "state": "error", "finish_reason": result.code, "steps": 0}
     trace = result.summary
+    calls = trace.tool_call_counts if trace else None
     return {
         "custom_id": outcome.custom_id,
         "state": "completed",
@@ -48,6 +49,7 @@ def trace_row(outcome: RequestOutcome) -> dict[str, object]:
         "steps": trace.steps if trace else 1,
         "traces": trace.traces if trace else 1,
         "tool_calls": sum(trace.tool_calls.values()) if trace else 0,
+        "tool_calls_valid": f"{calls.valid}/{calls.total}" if calls and calls.total else "",
         "workers": ",".join(trace.workers if trace else [result.worker_id]),
         "cached_ratio": trace.cached_ratio if trace else None,
     }

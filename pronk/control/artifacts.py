@@ -52,14 +52,16 @@ async def publish_summary(run: BatchRun) -> None:
 
 
 async def publish_batch_report(run: BatchRun, settings: Settings) -> None:
-    """Log the batch's figures to MLflow and put them, with its completion times, on the run page."""
+    """Log the batch's figures and every finished line's row (its check with it) to MLflow, and put the figures,
+    with its completion times, on the run page."""
     records = run.step_records()
     versions = ",".join(sorted({r.model_version for r in records if r.model_version}))
     figures = RunFigures.of(run.batch, versions)
     times = completion_times(records)
+    rows = [f.row for f in sorted(run.finished.values(), key=lambda f: f.line)]
     url = None
     try:
-        _, url = await asyncio.to_thread(log_batch_run, figures, times, settings)
+        _, url = await asyncio.to_thread(log_batch_run, figures, times, rows, settings)
     except Exception as exc:  # noqa: BLE001 - the batch's own results are already written
         logger.warning("batch %s: logging its figures to MLflow failed: %s", run.batch.id, exc)
     await best_effort(

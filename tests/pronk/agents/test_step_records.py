@@ -6,6 +6,7 @@ import polars as pl
 
 from pronk.agents.step_records import (
     StepRecord,
+    ToolCallCounts,
     log_mlflow_traces,
     record_order,
     steps_ndjson,
@@ -76,6 +77,19 @@ def test_summary_counts_steps_attempts_tools_and_cache():
     assert summary.tool_calls == {"sql": 1, "spawn_subagents": 1, "python": 1} and summary.tool_errors == 1
     assert summary.prompt_tokens == 1360 and summary.cached_tokens == 768
     assert summary.cached_ratio == round(768 / 1360, 4) and summary.workers == ["w0"]
+
+
+def test_the_summary_counts_tool_calls_by_validity_every_attempt_included():
+    rows = records()
+    for row, (parsed, valid) in zip(rows, [(True, True), (False, False), (True, True), (True, False)], strict=True):
+        row.tool_call_parsed, row.tool_call_valid = parsed, valid
+    rows.append(StepRecord(trace_id="t", step=2, root_trace_id="t", finish_reason="stop"))  # the final answer
+    counts = summarise(rows).tool_call_counts
+    assert counts == ToolCallCounts(total=4, parsed=3, valid=2) and counts.validity == 0.5
+    assert summarise(rows).as_dict()["tool_call_counts"] == {"total": 4, "parsed": 3, "valid": 2}
+    assert summarise([]).tool_call_counts.validity is None
+    counts.add(ToolCallCounts(total=1, parsed=1, valid=1))
+    assert (counts.total, counts.parsed, counts.valid) == (5, 4, 3)
 
 
 def test_traces_land_in_mlflow_with_agent_llm_and_tool_spans(tmp_path):

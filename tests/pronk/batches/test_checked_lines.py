@@ -95,6 +95,8 @@ def test_the_batch_counts_checks_and_tasks_per_dollar_counts_passed_lines():
     assert checks["right"] == {"status": "passed", "reason": ""}
     assert checks["wrong"]["status"] == "failed" and "expected 'four'" in checks["wrong"]["reason"]
     assert checks["plain"] == {"status": "unchecked", "reason": ""}
+    rows = {f.output.custom_id: f.row["check"] for f in run.finished.values()}  # the per-trace table's column
+    assert rows == {"right": "passed", "wrong": "failed", "no-answer": "failed", "plain": "unchecked"}
 
     # A resumed run counts the same from what was persisted.
     persisted = {f.line: FinishedLine.model_validate_json(f.model_dump_json()) for f in run.finished.values()}

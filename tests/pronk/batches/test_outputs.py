@@ -29,6 +29,7 @@ SUMMARY = [
     "traces",
     "tool_calls",
     "tool_errors",
+    "tool_call_counts",
     "workers",
     "prompt_tokens",
     "cached_tokens",
@@ -135,6 +136,7 @@ def test_chat_agent_and_replay_bodies_have_exactly_the_known_keys(tmp_path):
     assert list(agent["pronk"]) == ["model_version", "worker_id", "trace", "transcript"]
     assert list(agent["pronk"]["trace"]) == ["trace_id", "finish_reason", "duration_s", *SUMMARY]
     assert agent["choices"][0]["message"]["content"] == "done" and agent["pronk"]["trace"]["trace_id"] == "agent"
+    assert agent["pronk"]["trace"]["tool_call_counts"] == {"total": 0, "parsed": 0, "valid": 0}  # answered at once
     assert agent["pronk"]["transcript"] == [
         {"role": "user", "content": "go"},
         {"role": "assistant", "content": '{"final": "done"}'},

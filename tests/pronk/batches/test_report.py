@@ -8,9 +8,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pronk.agents.step_records import steps_ndjson
-from pronk.batches.report import RunFigures, batch_markdown, completion_times, recent_runs, runs_table, text_histogram
-from pronk.batches.schemas import Batch, BatchUsage, InputTokensDetails, RequestCounts
+from pronk.agents.step_records import ToolCallCounts, steps_ndjson
+from pronk.batches.report import (
+    RunFigures,
+    batch_markdown,
+    completion_times,
+    log_batch_run,
+    recent_runs,
+    runs_table,
+    text_histogram,
+)
+from pronk.batches.schemas import Batch, BatchUsage, CheckCounts, InputTokensDetails, RequestCounts
 from pronk.batches.store import BatchStore
 from pronk.settings import Settings
 from tests.pronk.herd.test_profile import records
@@ -64,27 +72,7 @@ def test_completion_times_and_markdown():
     times = completion_times(records())
     assert times == [0.6, 3.1]  # b ends 0.5 + 0.1; a's last step ends at 3.0 + 0.1
     assert len(text_histogram(times, bins=8)) == 8
-    figures = RunFigures(
-        "batch_x",
-        JOB,
-        "completed",
-        2,
-        2,
-        0,
-        870,
-        224,
-        53,
-        25.7,
-        0.0001,
-        20000.0,
-        "passed",
-        2,
-        1,
-        0.5,
-        4.0,
-        "m/1|<x>",
-        0,
-    )
+    figures = figures_of_a_checked_agent_batch()
     text = batch_markdown(figures, times, "http://127.0.0.1:5000/#/x")
     assert (
         "| tasks per dollar (counts passed lines) | 20,000.00 |" in text
@@ -93,6 +81,69 @@ def test_completion_times_and_markdown():
     assert "m/1_x" not in text and "m/1__x_" in text
     assert "p50 3.1 s" in text or "p50 0.6 s" in text
     assert "[MLflow](http://127.0.0.1:5000/#/x)" in text
+    assert "| checks failed / lines unchecked | 1 / 3 |" in text and "| tool calls valid / made | 3 / 4 (75%) |" in text
+    idle = RunFigures.of(Batch(input_file_id="file_x", job_id=JOB, model="pronk-tiny"))
+    assert "| tool calls valid / made | no tool call |" in batch_markdown(idle, [], None)
+
+
+def figures_of_a_checked_agent_batch() -> RunFigures:
+    return RunFigures(
+        batch_id="batch_x",
+        job_id=JOB,
+        status="completed",
+        lines=5,
+        completed=5,
+        failed=0,
+        input_tokens=870,
+        cached_tokens=224,
+        output_tokens=53,
+        cached_pct=25.7,
+        cost_usd=0.0001,
+        tasks_per_dollar=20000.0,
+        tasks_counted="passed",
+        checked=2,
+        passed=1,
+        checks_failed=1,
+        unchecked=3,
+        success_rate=0.5,
+        tool_calls=4,
+        tool_calls_valid=3,
+        tool_call_validity=0.75,
+        duration_s=4.0,
+        model_version="m/1|<x>",
+        created_at=0,
+    )
+
+
+def test_the_figures_carry_checks_and_tool_call_validity_to_the_runs_table_and_mlflow(tmp_path):
+    batch = Batch(
+        input_file_id="file_x",
+        job_id=JOB,
+        model="pronk-tiny",
+        checks=CheckCounts(passed=1, failed=1, unchecked=3),
+        success_rate=0.5,
+        tool_calls=ToolCallCounts(total=4, parsed=4, valid=3),
+    )
+    figures = RunFigures.of(batch)
+    assert (figures.passed, figures.checks_failed, figures.unchecked, figures.success_rate) == (1, 1, 3, 0.5)
+    assert (figures.tool_calls, figures.tool_calls_valid, figures.tool_call_validity) == (4, 3, 0.75)
+    metrics = figures.metrics()
+    assert {"passed", "checks_failed", "unchecked", "success_rate", "tool_calls", "tool_calls_valid"} <= set(metrics)
+    assert metrics["tool_call_validity"] == 0.75
+    assert "calls ok" in runs_table([figures]) and " 75.0% " in runs_table([figures])
+
+    import mlflow
+
+    settings = Settings(data_dir=tmp_path, storage_uri=str(tmp_path / "store"))
+    rows = [
+        {"custom_id": "a", "state": "completed", "tool_calls_valid": "3/4", "check": "passed"},
+        {"custom_id": "b", "state": "error", "check": "failed"},
+    ]
+    run_id, _ = log_batch_run(figures, [], rows, settings)
+    run = mlflow.get_run(run_id)
+    assert run.data.metrics["tool_call_validity"] == 0.75 and run.data.metrics["checks_failed"] == 1
+    table = mlflow.load_table("lines.json", run_ids=[run_id])
+    assert table["check"].tolist() == ["passed", "failed"] and table["custom_id"].tolist() == ["a", "b"]
 
 
 def test_runs_and_profile_commands(tmp_path):

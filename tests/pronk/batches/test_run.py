@@ -137,3 +137,50 @@ def test_a_batch_whose_run_is_gone_ends_failed_with_its_finished_lines(tmp_path)
         (4, "batch_run_failed"),
     ]
     assert end_batch(batch.id, "cancelled", "late", uri, settings).status == "failed"  # terminal stays terminal
+
+
+def calls(request, *validity: tuple[bool, bool]) -> list[StepRecord]:
+    """A line's step attempts whose outputs were meant as tool calls, each (parsed, valid)."""
+    return [
+        StepRecord(
+            trace_id=request.custom_id,
+            step=0,
+            attempt=attempt,
+            root_trace_id=request.custom_id,
+            custom_id=request.custom_id,
+            tool_call_parsed=parsed,
+            tool_call_valid=valid,
+        )
+        for attempt, (parsed, valid) in enumerate(validity)
+    ]
+
+
+def test_the_batch_counts_tool_calls_of_every_line_and_a_resumed_run_counts_them_once(tmp_path):
+    settings, store, batch, job, validated, _ = setup(tmp_path)
+    parts = ResultParts(batch.id, settings)
+    first = BatchRun.resume(batch, job, validated, parts, "flow-1")
+    outcome, steps = done(first.todo[0], tokens=10)
+    first.record(outcome, steps + calls(first.todo[0], (True, True), (True, False)))
+    failed = first.todo[1]  # its call never parsed: the line failed, its attempts still count
+    first.record(failed_outcome(failed, "step_failed", "boom"), calls(failed, (False, False), (False, False)))
+    assert batch.model_dump()["tool_calls"] == {"total": 4, "parsed": 2, "valid": 1, "validity": 0.25}
+    summary = {row["figure"]: row["value"] for row in first.summary_table()}
+    assert (summary["tool calls"], summary["tool calls parsed"], summary["tool calls valid"]) == (4, 2, 1)
+    assert summary["tool call validity"] == 0.25
+    first.flush()
+
+    second = BatchRun.resume(store.load(batch.id), job, validated, parts, "flow-2")
+    assert second.batch.tool_calls == batch.tool_calls
+    for request in second.todo:
+        second.record(*done(request, tokens=1))
+    finish_run(second, store, FileStore(settings))
+    final = store.load(batch.id)
+    assert (final.tool_calls.total, final.tool_calls.valid, final.tool_calls.validity) == (4, 1, 0.25)
+    steps = [json.loads(x) for x in read_lines(final.steps_uri)]
+    assert sum(1 for s in steps if s["tool_call_valid"]) == 1
+
+
+def test_a_batch_without_tool_calls_has_no_validity():
+    batch = Batch(input_file_id="file-x", job_id=JOB, model="pronk-tiny")
+    assert batch.tool_calls.validity is None
+    assert Batch.model_validate_json(batch.model_dump_json()).tool_calls == batch.tool_calls
