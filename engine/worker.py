@@ -14,6 +14,8 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, HTTPException, Request
 
@@ -25,6 +27,32 @@ from engine.vllm_backend import VllmBackend
 from engine.weight_swap import Stager, add_weight_routes
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+DISCONNECT_POLL_S = 0.5
+
+
+async def until_disconnected(http: Request, work: Coroutine[Any, Any, T], poll_s: float = DISCONNECT_POLL_S) -> T:
+    """Await `work` while its caller is still connected; cancel it when the caller goes away.
+
+    A router that gives up on a step (its timeout, a cancelled trace) closes the connection, but an HTTP server
+    does not cancel a handler on that: the engine would go on generating for no one, at full cost, while the
+    router retries the step elsewhere. Cancelling the generation makes vLLM abort the request.
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=poll_s)
+            if done:
+                return task.result()
+            if await http.is_disconnected():
+                raise HTTPException(status_code=499, detail="the caller went away; the step was abandoned")
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -113,9 +141,9 @@ def create_app(
     app.add_middleware(TokenAuth, token=token)
 
     @app.post("/generate")
-    async def generate(request: StepRequest) -> StepResult:
+    async def generate(request: StepRequest, http: Request) -> StepResult:
         try:
-            return await backend.generate(request)
+            return await until_disconnected(http, backend.generate(request))
         except AdmissionTimeout as exc:
             raise HTTPException(status_code=429, detail=str(exc)) from exc
         except (ValueError, BudgetExceeded) as exc:

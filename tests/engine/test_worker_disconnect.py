@@ -1,0 +1,55 @@
+"""A step whose caller gave up is cancelled in the worker, so the engine aborts it instead of generating for no one."""
+
+import asyncio
+import contextlib
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+
+from engine.worker import free_port, until_disconnected
+
+
+def test_a_step_is_cancelled_when_its_caller_disconnects_and_finishes_when_it_stays():
+    events: list[str] = []
+
+    async def work(seconds: float) -> dict:
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            events.append("cancelled")
+            raise
+        events.append("finished")
+        return {"slept": seconds}
+
+    app = FastAPI()
+
+    @app.post("/generate")
+    async def generate(http: Request, seconds: float) -> dict:
+        return await until_disconnected(http, work(seconds), poll_s=0.05)
+
+    async def scenario() -> None:
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        serving = asyncio.create_task(server.serve())
+        while not server.started:
+            await asyncio.sleep(0.02)
+        url = f"http://127.0.0.1:{port}/generate"
+        try:
+            async with httpx.AsyncClient() as client:
+                with pytest.raises(httpx.ReadTimeout):
+                    await client.post(url, params={"seconds": 30}, timeout=0.3)
+                for _ in range(100):
+                    if events:
+                        break
+                    await asyncio.sleep(0.02)
+                assert events == ["cancelled"]
+                answer = await client.post(url, params={"seconds": 0.1}, timeout=5)
+                assert answer.json() == {"slept": 0.1} and events == ["cancelled", "finished"]
+        finally:
+            server.should_exit = True
+            with contextlib.suppress(asyncio.CancelledError):
+                await serving
+
+    asyncio.run(scenario())
