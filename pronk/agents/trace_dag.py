@@ -63,6 +63,10 @@ class DagNode:
     upstream: list[str] = field(default_factory=list)
     figures: dict[str, object] = field(default_factory=dict)
     failed: bool = False
+    started_at: float = 0.0
+    """When it ran, in seconds since the epoch: a step from its first attempt's start to its last attempt's end,
+    its tool call from there for the tool's time (the step records' own convention, as in MLflow's spans)."""
+    ended_at: float = 0.0
 
     @property
     def summary(self) -> str:
@@ -137,6 +141,8 @@ def trace_dag(records: Sequence[StepRecord]) -> list[DagNode]:
         for step, tries in sorted(traces[trace_id], key=lambda s: s[0]):
             last = tries[-1]
             key = f"{trace_id}/{step}"
+            started = tries[0].started_at
+            step_end = max(started, last.started_at + last.engine_time_s)
             tool = last.tool_name
             label = tool or ("error" if last.error else (last.finish_reason or "final"))
             nodes[key] = DagNode(
@@ -148,6 +154,8 @@ def trace_dag(records: Sequence[StepRecord]) -> list[DagNode]:
                 upstream,
                 _step_figures(tries),
                 failed=bool(last.error) and tool is None,
+                started_at=started,
+                ended_at=step_end,
             )
             upstream = [key]
             if tool is None:
@@ -171,6 +179,8 @@ def trace_dag(records: Sequence[StepRecord]) -> list[DagNode]:
                     **({"error": last.error[:300]} if last.error else {}),
                 },
                 failed=last.tool_ok is False,
+                started_at=step_end,
+                ended_at=step_end + last.tool_time_s,
             )
             for kid in kids:
                 draw(kid, [tool_key])

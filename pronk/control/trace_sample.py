@@ -4,9 +4,9 @@ Drawing the sample inside the flow run added 10-14 s to every batch's run (bench
 granularity"). So the flow run, once its results are written, only leaves an order in the store (the
 sampled traces' step records and the per-trace table's rows) and starts `python -m pronk.control.trace_sample
 <batch id>` in a session of its own, which outlives the flow run's process however the batch was started
-(API, CLI, `prefect deployment run`). The drawer logs the sample to MLflow, creates its task runs against
-the finished flow run's id (`pronk.control.trace_dags`), then the per-trace table and the sample's markdown
-(created last: its presence says the drawing is done).
+(API, CLI, `prefect deployment run`). The drawer logs the sample to MLflow, draws its task runs into the
+finished flow run, each at the time its step ran (`pronk.control.trace_dags`), then the per-trace table and the
+sample's markdown (created last: its presence says the drawing is done).
 
 It is for show: it never touches the batch or its files. It deletes the order before it starts, so a
 batch's sample is drawn at most once, and it lives at most `deadline_s(order)`: past it the process ends.
@@ -41,7 +41,7 @@ from pronk.batches.run import BatchRun
 from pronk.batches.traces import TABLE_ROWS, SampledTrace, sample_of, scratch_dir, table_rows, trace_table
 from pronk.control.artifacts import publish_trace_table
 from pronk.control.calls import best_effort
-from pronk.control.trace_dags import MAX_TASK_RUNS, TASK_RUNS_PER_S, draw_trace_dags, log_line
+from pronk.control.trace_dags import MAX_TASK_RUNS, RECORD_WAIT_S, TASK_RUNS_PER_S, draw_trace_dags, log_line
 from pronk.jobs import get_job
 from pronk.settings import PROJECT_ROOT, Settings, get_settings
 from pronk.tracking import experiment_name
@@ -136,9 +136,11 @@ def take_order(batch_id: str, settings: Settings) -> SampleOrder | None:
 
 
 def deadline_s(order: SampleOrder) -> float:
-    """The most the drawer may take: MLflow's budget, the drawing's pace, and a grace for a slow server."""
+    """The most the drawer may take: MLflow's budget, the drawing's pace and its wait for the server to write the
+    nodes, and a grace for a slow server."""
     nodes = sum(len(t.steps) for t in order.traces) * 2  # a step and its tool call, at most
-    return FLOW_END_WAIT_S + MLFLOW_BUDGET_S + min(nodes, MAX_TASK_RUNS) / TASK_RUNS_PER_S + GRACE_S
+    drawing = min(nodes, MAX_TASK_RUNS) / TASK_RUNS_PER_S + RECORD_WAIT_S
+    return FLOW_END_WAIT_S + MLFLOW_BUDGET_S + drawing + GRACE_S
 
 
 async def wait_for_the_flow_run_to_end(client: PrefectClient, order: SampleOrder) -> None:

@@ -1,6 +1,6 @@
 """See a trace, on the real stack: a batch started like `prefect deployment run` (no batch id) is named by its batch,
-its sampled traces are task runs whose `task_inputs` draw each trace's DAG, each opens in MLflow, and the run's page
-shows them in headless Chromium."""
+its sampled traces are task runs whose `task_inputs` draw each trace's DAG, at the times its steps ran, each opens
+in MLflow, and the run's page shows them in headless Chromium."""
 
 from __future__ import annotations
 
@@ -122,6 +122,8 @@ def test_sampled_traces_are_task_runs_whose_inputs_draw_their_dags(dag_run):
         upstream = {names.get(ref.id) for ref in task_run.task_inputs.get("upstream", [])}
         assert upstream == {key_to_name[k] for k in node.upstream}, node.name
         assert task_run.state.message == node.summary and task_run.state.is_failed() == node.failed
+        assert abs(task_run.start_time.timestamp() - node.started_at) < 1e-3  # at the time its step ran
+        assert task_run.expected_start_time == task_run.start_time <= task_run.end_time == task_run.state.timestamp
     fan_outs = {n.trace_id: n for n in expected if n.kind == "tool" and n.figures["children"]}
     assert set(fan_outs) == {"agent-fanout", "replay-fanout"} and fan_outs["replay-fanout"].figures["children"] == 2
     for tool in fan_outs.values():
@@ -129,7 +131,8 @@ def test_sampled_traces_are_task_runs_whose_inputs_draw_their_dags(dag_run):
         assert len(branches) == tool.figures["children"]  # the children's first steps, side by side
     flow_run = view["flow_run"]
     assert flow_run.state.is_completed() and all(t.state.is_final() for t in task_runs)
-    assert all(t.created >= flow_run.end_time for t in drawn.values())  # drawn once the flow run had ended
+    assert all(t.created >= flow_run.end_time for t in drawn.values())  # drawn once the flow run had ended, yet shown
+    assert all(flow_run.start_time <= t.start_time <= t.end_time <= flow_run.end_time for t in drawn.values())  # in it
     parents = {id_: {e["id"] for e in node["parents"]} for id_, node in view["graph"]["nodes"]}
     for node in expected:  # the graph the UI draws: each node under its upstream nodes
         ids = {t.name: str(t.id) for t in drawn.values()}

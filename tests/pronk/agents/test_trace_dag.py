@@ -93,6 +93,23 @@ def test_nodes_carry_the_steps_figures():
     assert by_name["t-42 step 1 tool: spawn_subagents"].figures["children"] == 2
 
 
+def test_nodes_run_when_their_steps_and_tool_calls_ran():
+    rows = [
+        record("t-42", 0, "sql", started_at=100.0, engine_time_s=2.0, tool_time_s=0.25),
+        record("t-42", 1, None, attempt=0, error="unparsable step output", started_at=103.0, engine_time_s=1.0),
+        record("t-42", 1, "python", attempt=1, started_at=104.5, engine_time_s=1.5, tool_time_s=3.0),
+        record("t-42", 2, None, finish_reason="stop", started_at=109.0, engine_time_s=0.5),
+    ]
+    times = {n.name: (n.started_at, n.ended_at) for n in trace_dag(rows)}
+    assert times == {
+        "t-42 step 0: sql": (100.0, 102.0),
+        "t-42 step 0 tool: sql": (102.0, 102.25),
+        "t-42 step 1: python": (103.0, 106.0),  # from its first attempt's start to its last one's end
+        "t-42 step 1 tool: python": (106.0, 109.0),
+        "t-42 step 2: stop": (109.0, 109.5),
+    }
+
+
 def test_a_failed_step_and_a_failed_tool_are_marked():
     rows = [record("t-42", 0, "python"), record("t-42", 1, None, error="TimeoutError: step took too long")]
     rows[0].tool_ok = False

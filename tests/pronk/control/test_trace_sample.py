@@ -1,10 +1,11 @@
-"""The sample's drawer without a server: its order is taken once, it starts detached, and its task runs are created
-final, linked by their ids, and the same ones when drawn again."""
+"""The sample's drawer without a server: its order is taken once, it starts detached, and its task runs are sent
+final at the times their steps ran, linked by their ids, and the same ones when drawn again."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import datetime
 from types import SimpleNamespace
 
 import pytest
@@ -13,8 +14,8 @@ from pronk import storage
 from pronk.agents.step_records import StepRecord
 from pronk.agents.trace_dag import trace_dag
 from pronk.batches.traces import SampledTrace, trace_table
-from pronk.control import trace_sample
-from pronk.control.trace_dags import draw_trace_dags
+from pronk.control import trace_dags, trace_sample
+from pronk.control.trace_dags import draw_trace_dags, node_events
 from pronk.control.trace_sample import SampleOrder, order_uri, take_order
 from pronk.settings import Settings
 
@@ -82,40 +83,82 @@ def test_placing_an_order_starts_a_drawer_in_its_own_session(settings, monkeypat
 
 
 class FakeClient:
-    """Records task-run creations and logs; refuses the nodes named in `refuse`."""
+    """Takes nodes' events and logs like the server (its recorder keeps a task run's latest state, one state per
+    event id); refuses the events of the nodes named in `refuse`."""
 
     def __init__(self, refuse: set[str] = frozenset()):  # type: ignore[assignment]
-        self.task_runs: list[dict] = []
+        self.events: dict[str, dict] = {}
         self.logs: list = []
         self.refuse = refuse
 
-    async def create_task_run(self, task, **kw):
-        if kw["name"] in self.refuse:
-            raise RuntimeError("503")
-        self.task_runs.append(kw)
-        return SimpleNamespace(id=kw["id"])
+    async def request(self, method, path, json):
+        assert method == "POST"
+        if path == "/events":
+            if json[0]["resource"]["prefect.resource.name"] in self.refuse:
+                raise RuntimeError("503")
+            self.events |= {e["id"]: e for e in json}
+            return SimpleNamespace(json=lambda: None)
+        assert path == "/task_runs/count"
+        wanted = set(json["task_runs"]["id"]["any_"])
+        final = {e["resource"]["prefect.resource.id"].removeprefix("prefect.task-run.") for e in self.final_events()}
+        return SimpleNamespace(json=lambda: len(wanted & final))
+
+    def final_events(self) -> list[dict]:
+        return [e for e in self.events.values() if e["payload"]["validated_state"]["type"] in ("COMPLETED", "FAILED")]
 
     async def create_logs(self, logs):
         self.logs += logs
 
 
-def test_nodes_are_created_final_and_linked_by_their_ids_the_same_when_drawn_again():
-    dag = trace_dag([StepRecord(**row) for row in steps("t-1", 3, fail_at=1)])
+def at(stamp: str) -> float:
+    return datetime.fromisoformat(stamp).timestamp()
+
+
+def task_run_id(event: dict) -> str:
+    return event["resource"]["prefect.resource.id"].removeprefix("prefect.task-run.")
+
+
+def test_nodes_are_final_at_the_time_they_ran_and_linked_by_their_ids_the_same_when_drawn_again():
+    records = [StepRecord(**row) for row in steps("t-1", 3, fail_at=1)]
+    for r in records:
+        r.started_at, r.engine_time_s, r.tool_time_s = 1_700_000_000.0 + 10 * r.step, 2.0, 3.0
+    dag = trace_dag(records)
     client = FakeClient()
     assert asyncio.run(draw_trace_dags(client, FLOW_RUN, [dag, dag], rate=1000.0)) == 2 * len(dag)  # type: ignore[arg-type]
-    ids = {(tr["dynamic_key"]): tr["id"] for tr in client.task_runs}
+    assert len(client.events) == 2 * 2 * len(dag)  # Running, then final
+    finals = client.final_events()
+    ids = {e["payload"]["task_run"]["dynamic_key"]: task_run_id(e) for e in finals}
     assert len(set(ids.values())) == 2 * len(dag)  # the same trace twice is two DAGs, not one
-    for tr in client.task_runs:
-        index, key = tr["dynamic_key"].split("/", 1)
+    for event in finals:
+        task_run, state = event["payload"]["task_run"], event["payload"]["validated_state"]
+        index, key = task_run["dynamic_key"].split("/", 1)
         node = next(n for n in dag if n.key == key)
-        assert tr["name"] == node.name and tr["state"].message == node.summary
-        assert tr["state"].is_failed() == node.failed and (tr["state"].is_failed() or tr["state"].is_completed())
-        assert [u.id for u in tr["task_inputs"]["upstream"]] == [ids[f"{index}/{k}"] for k in node.upstream]
-        assert tr["flow_run_id"] == uuid.UUID(FLOW_RUN)
-    assert {log.task_run_id for log in client.logs} == set(ids.values())
+        assert task_run["name"] == node.name and state["message"] == node.summary
+        assert state["type"] == ("FAILED" if node.failed else "COMPLETED")
+        assert [u["id"] for u in task_run["task_inputs"]["upstream"]] == [ids[f"{index}/{k}"] for k in node.upstream]
+        assert event["related"] == [
+            {"prefect.resource.id": f"prefect.flow-run.{FLOW_RUN}", "prefect.resource.role": "flow-run"}
+        ]
+        assert event["resource"]["prefect.orchestration"] == "client"  # what the server's task-run recorder writes
+        assert at(task_run["start_time"]) == at(task_run["expected_start_time"]) == node.started_at
+        assert at(task_run["end_time"]) == at(event["occurred"]) == node.ended_at
+    running = [e for e in client.events.values() if e not in finals]
+    assert sorted(task_run_id(e) for e in running) == sorted(ids.values())
+    for event in running:
+        node = next(n for n in dag if n.key == event["payload"]["task_run"]["dynamic_key"].split("/", 1)[1])
+        assert event["payload"]["validated_state"]["type"] == "RUNNING" and at(event["occurred"]) == node.started_at
+        assert "end_time" not in event["payload"]["task_run"]
+    logged = {log.task_run_id: log.timestamp.timestamp() for log in client.logs}
+    assert logged == {uuid.UUID(ids[f"{i}/{n.key}"]): n.ended_at for i in (0, 1) for n in dag}
     again = FakeClient()
     asyncio.run(draw_trace_dags(again, FLOW_RUN, [dag, dag], rate=1000.0))  # type: ignore[arg-type]
-    assert {tr["dynamic_key"]: tr["id"] for tr in again.task_runs} == ids  # the server keeps the first of each
+    assert again.events == client.events  # the same task runs, states and events: the server keeps one of each
+
+
+def test_a_node_of_no_measured_time_still_ends_after_it_starts():
+    (step,) = trace_dag([StepRecord(trace_id="t", step=0, root_trace_id="t", started_at=1_700_000_000.0)])
+    running, final = node_events(FLOW_RUN, 0, step)
+    assert running.occurred < final.occurred  # the recorder keeps a task run's later state only
 
 
 def test_a_refused_node_is_left_out_and_the_rest_drawn():
@@ -123,6 +166,14 @@ def test_a_refused_node_is_left_out_and_the_rest_drawn():
     client = FakeClient(refuse={dag[1].name})
     assert asyncio.run(draw_trace_dags(client, FLOW_RUN, [dag], rate=1000.0)) == len(dag) - 1  # type: ignore[arg-type]
     assert len(client.logs) == len(dag) - 1
+
+
+def test_nodes_the_server_has_not_written_in_time_are_not_counted(monkeypatch):
+    dag = trace_dag([StepRecord(**row) for row in steps("t-1", 2)])
+    client = FakeClient()
+    client.final_events = lambda: []  # type: ignore[method-assign]
+    monkeypatch.setattr(trace_dags, "RECORD_WAIT_S", 0.0)
+    assert asyncio.run(draw_trace_dags(client, FLOW_RUN, [dag], rate=1000.0)) == 0  # type: ignore[arg-type]
 
 
 def test_the_table_links_each_sampled_row_to_its_mlflow_trace():
@@ -135,4 +186,4 @@ def test_the_table_links_each_sampled_row_to_its_mlflow_trace():
 def test_the_drawer_lives_a_bounded_time():
     small, big = order(), order()
     big.traces = [SampledTrace(line=i + 1, custom_id=f"t-{i}", ok=True, steps=steps(f"t-{i}", 200)) for i in range(9)]
-    assert trace_sample.deadline_s(small) < trace_sample.deadline_s(big) <= 30 + 60 + 600 / 40 + 30
+    assert trace_sample.deadline_s(small) < trace_sample.deadline_s(big) <= 30 + 60 + 600 / 40 + 15 + 30
