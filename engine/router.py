@@ -6,6 +6,9 @@ health probe (its host's link went down) is abandoned and re-sent, not left wait
 With an admission strategy (`engine.admission`), it also asks the worker to admit each step by its KV
 budget, places new traces by room and keeps started ones on the worker that holds their prefix. Callers
 tell it when a trace ends (`finish`), so the worker drops the trace's pin and admission at once.
+
+A router given `only` sends steps to those workers of the job alone: Leap's canary measures one version's
+workers beside another's this way while the job's other routers keep serving from all of them.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Collection
 
 from engine.admission import KvBudgetAdmission, NoAdmission, make_admission
 from engine.client import NotAdmitted, WorkerClient, WorkerUnavailable
@@ -46,9 +50,11 @@ class Router:
         max_families: int = 100_000,
         liveness_interval_s: float = 3.0,
         probe_timeout_s: float = 10.0,
+        only: Collection[str] | None = None,
     ):
         self.job_id = job_id
         self.registry = registry
+        self.only = None if only is None else frozenset(only)
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
         if client is None and token is None:
             raise ValueError("a Router needs the workers' token (or a client that carries it)")
@@ -74,14 +80,16 @@ class Router:
         self._pending: dict[str, int] = defaultdict(int)
 
     def workers(self) -> list[WorkerEntry]:
-        """Live workers, re-read from the registry at most every `refresh_interval_s`.
+        """Live workers (of `only`, when given), re-read from the registry at most every `refresh_interval_s`.
 
         A worker that failed a step is skipped until it announces itself again after the failure.
         """
         now = time.time()
         if now - self._read_at >= self.refresh_interval_s:
             try:
-                self._workers = self.registry.live(self.job_id, now)
+                self._workers = [
+                    w for w in self.registry.live(self.job_id, now) if self.only is None or w.worker_id in self.only
+                ]
             except RegistryUnavailable as exc:
                 # The last read stands until its heartbeats are too old: a registry briefly out of reach
                 # stops no step, one gone for longer leaves no worker (and steps fail as engine_unavailable).

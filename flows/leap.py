@@ -1,9 +1,10 @@
 """The Leap flow: swap a job's running fleet to an MLflow model version in place, in seconds, with no redeploy.
 
-A recipe over `pronk.models.leap`: check the target against the fleet, stage it on every worker, swap
-every worker at a step boundary, roll back what switched if the fleet cannot all switch, and move the
-job's alias only when the whole fleet serves the new version. The record is published as a table
-artifact whatever happened.
+A recipe over `pronk.models.leap`: check the target against the fleet, switch one worker first and hold the rest
+back unless its success rate on the job's labelled set holds (`pronk.models.canary`, when the job has one), stage
+the target on every worker, swap every worker at a step boundary, roll back what switched if the fleet cannot all
+switch, and move the job's alias only when the whole fleet serves the new version. The record is published as a
+table artifact whatever happened.
 """
 
 from __future__ import annotations
@@ -13,12 +14,17 @@ import asyncio
 from prefect import flow, get_run_logger, runtime
 from prefect.artifacts import acreate_table_artifact
 
+from pronk.batches.labelled import SuccessTally
+from pronk.batches.traces import scratch_dir
+from pronk.jobs import get_job
+from pronk.models import canary as canaries
 from pronk.models import leap as leaps
 from pronk.models.leap import LeapFailed, LeapRecord, LeapRefused
+from pronk.protocol.lines import ValidRequest
 from pronk.settings import get_settings
 from pronk.stack.prefect_env import show_pronk_logs
 from pronk.worker_token import worker_token
-from tasks.leap import reload_weights, stage_weights
+from tasks.leap import measure_labelled, reload_weights, stage_weights
 
 __all__ = ["LeapFailed", "LeapRefused", "leap"]
 
@@ -27,30 +33,51 @@ async def _publish(record: LeapRecord) -> None:
     await acreate_table_artifact(
         table=record.table(),
         key=f"leap-{record.job_id}",
-        description=f"Leap {record.id} of {record.job_id} to {record.to_version}: {record.status}. {record.message}",
+        description=f"Leap {record.id} of {record.job_id} to {record.to_version}: {record.status}. {record.message}"
+        + (f"\n\n{record.canary_summary()}" if record.canary else ""),
     )
 
 
 @flow(name="leap", log_prints=False)
-async def leap(job_id: str, version: int | None = None, alias: str | None = None, leap_id: str | None = None) -> dict:
-    """Swap a job's running workers to version N (or the version alias A names) of its model; its alias follows."""
+async def leap(
+    job_id: str,
+    version: int | None = None,
+    alias: str | None = None,
+    leap_id: str | None = None,
+    canary: bool = True,
+) -> dict:
+    """Swap a job's running workers to version N (or the version alias A names) of its model; its alias follows.
+
+    With a labelled set (and `canary`), one worker switches first and the rest follow only if its success rate holds.
+    """
     show_pronk_logs()
     logger = get_run_logger()
     settings = get_settings()
     flow_run_id = str(runtime.flow_run.id) if runtime.flow_run.id else None
     try:
         record = await asyncio.to_thread(leaps.begin, job_id, version, alias, settings, leap_id, flow_run_id)
+        job = await asyncio.to_thread(get_job, record.job_id)
+        lines = await asyncio.to_thread(canaries.labelled_set, job, record, canary, settings)
     except LeapRefused as exc:
         if exc.record is not None:
             await _publish(exc.record)
         raise
     run = leaps.LeapRun(record, leaps.LeapStore(settings), worker_token(settings))
+
+    async def measure(labelled: list[ValidRequest], worker_ids: list[str]) -> SuccessTally:
+        return await measure_labelled(job, labelled, worker_ids, settings, scratch_dir(settings, record.id))
+
     try:
-        failed = await leaps.switch(run, stage_weights, reload_weights)
+        failed: list[str] = []
+        if lines is not None:
+            failed = await canaries.trial(run, job, lines, stage_weights, reload_weights, measure)
+            logger.info("leap %s: %s", record.id, record.canary_summary())
+        if not failed:
+            failed = await leaps.switch(run, stage_weights, reload_weights)
         await leaps.conclude(run, failed, reload_weights, settings)
         logger.info("leap %s: %s in %.3fs", record.id, record.message, record.switch_seconds or 0.0)
         return record.model_dump(mode="json")
-    except LeapFailed:
+    except (LeapRefused, LeapFailed):
         logger.error("leap %s: %s", record.id, record.message)
         raise
     finally:

@@ -1,15 +1,23 @@
-"""Prefect tasks of a Leap: stage new weights on one worker, swap one worker to a staged version.
+"""Prefect tasks of a Leap: stage new weights on one worker, swap one worker to a staged version, run the job's
+labelled set on chosen workers (the canary's measure).
 
-Each is retried up to 3 attempts in all, except when the worker refused the checkpoint itself:
-another attempt cannot make it fit.
+Stage and swap are retried up to 3 attempts in all, except when the worker refused the checkpoint itself:
+another attempt cannot make it fit. The labelled run is not retried: a line that fails counts as failed.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from pronk.batches.labelled import SuccessTally
+from pronk.jobs import JobConfig
+from pronk.models import canary
 from pronk.models.leap import LeapRun, WeightsRefused
+from pronk.protocol.lines import ValidRequest
+from pronk.settings import Settings
 
 ATTEMPTS = 3
 
@@ -34,3 +42,11 @@ async def stage_weights(run: LeapRun, worker_id: str, model_uri: str) -> None:
 async def reload_weights(run: LeapRun, worker_id: str, version: str) -> None:
     """Swap one worker to a staged version at a step boundary (drain, reload, reset prefix cache, resume)."""
     await run.reload(worker_id, version)
+
+
+@task(cache_policy=NO_CACHE, task_run_name="labelled-set-on-{worker_ids}")
+async def measure_labelled(
+    job: JobConfig, lines: list[ValidRequest], worker_ids: list[str], settings: Settings, scratch: Path
+) -> SuccessTally:
+    """Run the job's labelled set on these workers only and tally its checks."""
+    return await canary.measure(job, lines, worker_ids, settings, scratch)

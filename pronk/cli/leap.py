@@ -67,8 +67,19 @@ def leap_run(
     ] = None,
     version: Annotated[int | None, typer.Option("--version", min=1, help="Model version to serve.")] = None,
     alias: Annotated[str | None, typer.Option("--alias", help="Serve the version this alias names.")] = None,
+    canary: Annotated[
+        bool,
+        typer.Option(
+            "--canary/--no-canary",
+            help="With the job's labelled set, switch one worker first and the rest only if its success rate holds.",
+        ),
+    ] = True,
 ) -> None:
-    """Swap the job's running workers to a model version (`--version N` or `--alias A`); prints the Leap record."""
+    """Swap the job's running workers to a model version (`--version N` or `--alias A`); prints the Leap record.
+
+    A job with a labelled set (`quality.labelled_set`) switches one worker first, runs the set on it beside the
+    others, and refuses a version that passes fewer checks beyond noise; `--no-canary` skips that check.
+    """
     if ctx.invoked_subcommand is not None:
         return
     from pronk.stack.prefect_env import configure_prefect
@@ -80,7 +91,7 @@ def leap_run(
 
     job_id = get_job(job or settings.default_job).job_id
     try:
-        record = asyncio.run(leap(job_id=job_id, version=version, alias=alias))
+        record = asyncio.run(leap(job_id=job_id, version=version, alias=alias, canary=canary))
     except (LeapRefused, LeapFailed) as exc:
         fail(str(exc))
     typer.echo(f"{record['message']} (switch {record['switch_seconds'] or 0:.3f}s)", err=True)
@@ -110,6 +121,8 @@ def leap_status(
     typer.echo(
         f"latest Leap {record.id}: {record.from_version} → {record.to_version} {record.status}: {record.message}"
     )
+    if record.canary:
+        typer.echo(f"  {record.canary_summary()}")
     for row in record.table():
         typer.echo("  " + "  ".join(f"{k}={v}" for k, v in row.items() if v not in (None, "")))
 

@@ -4,13 +4,14 @@ Every worker first stages the new weights (downloads and validates them while st
 ones); then all of them swap at a step boundary (drain in-flight generations, reload in place, reset
 the prefix cache, resume). A worker that fails is retried by the caller's step; if the fleet cannot all
 switch, the workers that did switch go back, and the job's alias moves only when the whole fleet serves
-the new version.
+the new version. A job with a labelled set first switches one worker alone, its canary (`pronk.models.canary`),
+and the rest follow only if the canary's success rate holds.
 
 The record (`LeapRecord`, kept under the store like batch records) is what `pronk leap status`,
 `GET /v1/weights/status` and the flow's artifacts show: the target version, each worker's state
-(`ready → uploading → reloading → ready`, or `failed`), its attempts and pause/resume times, and how
-the Leap ended. The Leap flow is the recipe over `begin`, `switch`, `roll_back` and `conclude`, with
-the worker calls (`LeapRun.stage`, `LeapRun.reload`) wrapped as retried Prefect tasks.
+(`ready → uploading → reloading → ready`, or `failed`), its attempts and pause/resume times, the
+canary's tallies, and how the Leap ended. The Leap flow is the recipe over `begin`, `switch`, `roll_back`
+and `conclude`, with the worker calls (`LeapRun.stage`, `LeapRun.reload`) wrapped as retried Prefect tasks.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pydantic import BaseModel, Field
 from engine.auth import auth_headers
 from engine.registry import Registry
 from pronk import storage
+from pronk.batches.labelled import SuccessTally
 from pronk.errors import PronkError
 from pronk.jobs import get_job
 from pronk.models.checkpoints import CheckpointMismatch
@@ -34,7 +36,7 @@ from pronk.models.versions import check_version_fits, resolve_version
 from pronk.protocol.ids import new_id
 from pronk.settings import Settings, get_settings
 
-LeapStatus = Literal["queued", "staging", "reloading", "completed", "rolled_back", "failed", "refused"]
+LeapStatus = Literal["queued", "canary", "staging", "reloading", "completed", "rolled_back", "failed", "refused"]
 WorkerLeapState = Literal["ready", "uploading", "reloading", "failed", "rolled_back"]
 
 
@@ -50,6 +52,21 @@ class WorkerLeap(BaseModel):
     paused_at: float | None = Field(default=None, description="Unix time its in-flight generations had drained.")
     resumed_at: float | None = Field(default=None, description="Unix time it served the new weights.")
     error: str | None = None
+
+
+class CanaryRecord(BaseModel):
+    """The labelled set's tallies on the canary (the target version) and on the baseline (the version served)."""
+
+    worker_id: str = Field(description="The worker switched first and measured on the target version.")
+    labelled_set: str
+    lines: int
+    baseline_workers: list[str] = Field(
+        description="Workers measured on the version served: the others, or the canary itself before it switched."
+    )
+    baseline: SuccessTally | None = None
+    candidate: SuccessTally | None = None
+    worse: bool | None = Field(default=None, description="Whether the canary passed fewer checks beyond noise.")
+    reason: str = ""
 
 
 class LeapRecord(BaseModel):
@@ -69,6 +86,7 @@ class LeapRecord(BaseModel):
     )
     alias_moved: bool = False
     workers: dict[str, WorkerLeap] = Field(default_factory=dict)
+    canary: CanaryRecord | None = Field(default=None, description="None: the Leap switched the fleet at once.")
     created_at: float = Field(default_factory=time.time)
     finished_at: float | None = None
     switch_seconds: float | None = Field(
@@ -78,10 +96,25 @@ class LeapRecord(BaseModel):
 
     def finish(self, status: LeapStatus, message: str) -> None:
         self.status, self.message, self.finished_at = status, message, time.time()
-        paused = [w.paused_at for w in self.workers.values() if w.paused_at]
-        resumed = [w.resumed_at for w in self.workers.values() if w.resumed_at]
+        # The canary switched before its labelled run: the fleet's switch is timed on the workers that followed.
+        fleet = [w for w in self.workers.values() if not self.canary or w.worker_id != self.canary.worker_id]
+        paused = [w.paused_at for w in fleet or self.workers.values() if w.paused_at]
+        resumed = [w.resumed_at for w in fleet or self.workers.values() if w.resumed_at]
         if status == "completed" and paused and resumed:
             self.switch_seconds = max(resumed) - min(paused)
+
+    def canary_summary(self) -> str:
+        """The canary's tallies in one line, for the CLI and the artifact ("" when the Leap ran no canary)."""
+        canary = self.canary
+        if canary is None:
+            return ""
+        if canary.baseline is None or canary.candidate is None:
+            return f"canary {canary.worker_id}: the {canary.lines} lines of {canary.labelled_set} did not finish"
+        return (
+            f"canary {canary.worker_id} on {self.to_version}: {canary.candidate.describe()}; "
+            f"{self.from_version} on {', '.join(canary.baseline_workers)}: {canary.baseline.describe()}; "
+            f"{'refused' if canary.worse else 'held'}"
+        )
 
     def table(self) -> list[dict[str, object]]:
         """Rows for a Prefect table artifact and the CLI."""
@@ -128,7 +161,8 @@ class LeapStore:
 
 
 class LeapRefused(PronkError, ValueError):
-    """The Leap did not start: no such version, no live worker, or a checkpoint that does not fit. Nothing changed.
+    """The Leap was refused: no such version, no live worker, a checkpoint that does not fit, an unreadable labelled
+    set, or a canary whose success rate fell (it went back). Nothing changed.
 
     `record` is the saved `refused` record when the refusal came after the fleet was read, else None.
     """
@@ -279,11 +313,12 @@ def begin(
 
 
 async def switch(run: LeapRun, stage: StageStep, reload: ReloadStep) -> list[str]:
-    """Stage on every worker, then swap every worker; return the workers that could not switch.
+    """Stage on every worker not yet on the target (the canary is), then swap them; return those that could not switch.
 
     None switched when staging failed somewhere (the record stays `staging`).
     """
-    record, workers = run.record, list(run.original)
+    record = run.record
+    workers = [w for w in run.original if record.workers[w].version != record.to_version]
     record.status = "staging"
     await run.save()
     uri = models_uri(record.to_version)
@@ -317,7 +352,7 @@ async def conclude(run: LeapRun, failed: list[str], reload: ReloadStep, settings
     if failed:
         errors = "; ".join(f"{w}: {record.workers[w].error}" for w in failed)
         message = f"{len(failed)} of {len(run.original)} workers could not switch to {record.to_version} ({errors}); "
-        if record.status == "staging":
+        if all(entry.version == run.original[w] for w, entry in record.workers.items()):
             message += f"no worker switched, the fleet still serves {record.from_version}"
             record.finish("failed", message)
         else:

@@ -121,6 +121,24 @@ def test_step_is_resent_when_its_worker_dies(registry):
     assert result.worker_id == "w1" and result.request_id == "r0"
 
 
+def test_a_router_given_only_some_workers_never_sends_a_step_elsewhere(registry):
+    announce(registry, "w0")
+    announce(registry, "w1", waiting=8)
+    client = StandInClient()
+    router = Router(JOB, registry, "least_loaded", client=client, only={"w1"})
+
+    async def run():
+        await asyncio.gather(*(router.generate(step(i)) for i in range(4)))
+
+    asyncio.run(run())
+    assert client.calls == ["http://w1"] * 4
+    dead_end = Router(
+        JOB, registry, client=StandInClient(), only={"w9"}, wait_for_worker_s=0.2, refresh_interval_s=0.05
+    )
+    with pytest.raises(NoWorkerAvailable):
+        asyncio.run(dead_end.generate(step()))
+
+
 def test_no_live_worker_is_a_clear_error(registry):
     announce(registry, "w0", heartbeat_at=time.time() - 60)
     router = Router(JOB, registry, client=StandInClient(), wait_for_worker_s=0.2, refresh_interval_s=0.05)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 import uvicorn
 from fastapi import FastAPI, HTTPException
 from safetensors.torch import load_file, save_file
@@ -354,6 +355,7 @@ def test_weights_over_http_refuse_a_wrong_shape_and_leap_through_the_deployment(
         (job,) = api.get("/weights/status", params={"job_id": JOB}).json()["data"]
         if job["latest_leap"]["id"] == leap["leap_id"] and job["latest_leap"]["status"] not in (
             "queued",
+            "canary",
             "staging",
             "reloading",
         ):
@@ -363,3 +365,65 @@ def test_weights_over_http_refuse_a_wrong_shape_and_leap_through_the_deployment(
     assert {w["model_version"] for w in job["workers"]} == {f"{MODEL}/{v2}"}
     assert {w["leap_state"] for w in job["workers"]} == {"ready"}
     restore_v1(stack, v1)
+
+
+def answers_anything(path, lines: int = 16) -> Path:
+    """A labelled set whose check passes on any answer that is not empty (greedy, so each line answers the same way
+    on the same weights)."""
+    rows = [
+        {
+            "custom_id": f"q{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": MODEL,
+                "temperature": 0,
+                "max_tokens": 8,
+                "messages": [{"role": "user", "content": f"canary {i}: say anything"}],
+            },
+            "check": {"type": "regex", "pattern": r"[\s\S]"},
+        }
+        for i in range(lines)
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    return path
+
+
+def speechless_checkpoint(settings, v1: int, path):
+    """v1 with its output layer zeroed, worse by construction: every logit is 0, so greedy decoding takes the lowest
+    token id, `<|pad|>`, a special token the detokenizer drops, and every answer is empty."""
+    shutil.copytree(resolve_model(f"models:/{MODEL}/{v1}", settings).path, path)
+    tensors = load_file(path / "model.safetensors")
+    tensors["lm_head.weight"] = torch.zeros_like(tensors["lm_head.weight"])
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    return path
+
+
+def test_the_canary_refuses_a_worse_version_and_lets_an_equal_one_through(stack, on_v1, tmp_path, monkeypatch):
+    import flows.leap
+    from flows.leap import LeapRefused
+
+    v1, _ = on_v1
+    job = get_job(JOB)
+    quality = job.quality.model_copy(update={"labelled_set": str(answers_anything(tmp_path / "labelled.jsonl"))})
+    monkeypatch.setattr(flows.leap, "get_job", lambda job_id: job.model_copy(update={"quality": quality}))
+    worse = register_model_dir(speechless_checkpoint(stack, v1, tmp_path / "worse"), MODEL, settings=stack)
+    same = register_model_dir(resolve_model(f"models:/{MODEL}/{v1}", stack).path, MODEL, settings=stack)
+    try:
+        with pytest.raises(LeapRefused, match=rf"canary refused: {MODEL}/{worse} on {JOB}-w0: 0/16 passed \(0%\)"):
+            run_leap(version=worse)
+        record = LeapStore(stack).latest(JOB)
+        assert record.status == "refused" and "the fleet stays on" in record.message, record.message
+        assert record.canary.worse and record.canary.baseline_workers == [f"{JOB}-w1"]
+        assert record.workers[f"{JOB}-w0"].state == "rolled_back"
+        assert alias_version(MODEL, "live", stack) == v1
+        for worker in fleet(stack):
+            assert asyncio.run(greedy(worker.url, PROBES[0])).model_version == f"{MODEL}/{v1}"
+
+        passed = run_leap(version=same)
+        assert passed["status"] == "completed" and passed["canary"]["worse"] is False, passed["message"]
+        assert {w.stats.model_version for w in fleet(stack)} == {f"{MODEL}/{same}"}
+        assert run_leap(version=v1, canary=False)["canary"] is None
+    finally:
+        monkeypatch.undo()
+        restore_v1(stack, v1)

@@ -1,0 +1,123 @@
+"""Leap's canary: switch one worker to the new version first, run the job's labelled set on it and, at the same time,
+on the workers still serving the current version, and let the rest of the fleet follow only if the success rate holds.
+
+A job without `quality.labelled_set`, with `quality.canary: false`, or a Leap started with `--no-canary` switches the
+fleet at once. Both sides are judged by `pronk.batches.labelled.compare_success`, the rule the Herd's tuner uses too.
+A canary that answers worse goes back to the version it served, the job's alias stays, and the Leap ends `refused`
+with both success rates in its message. The canary serves the job's other traffic while it is measured, as a canary
+does: the labelled set's own lines go only to the workers measured (`Router(only=…)`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from engine.registry import Registry
+from engine.router import Router
+from pronk.agents.harness import Harness
+from pronk.agents.step_records import StepRecorder
+from pronk.batches.labelled import LabelledSetError, SuccessTally, compare_success, labelled_lines, run_labelled
+from pronk.jobs import JobConfig
+from pronk.models.leap import (
+    CanaryRecord,
+    LeapFailed,
+    LeapRecord,
+    LeapRefused,
+    LeapRun,
+    LeapStore,
+    ReloadStep,
+    StageStep,
+    roll_back,
+)
+from pronk.models.registry import models_uri
+from pronk.protocol.lines import ValidRequest
+from pronk.settings import Settings
+from pronk.worker_token import worker_token
+
+Measure = Callable[[list[ValidRequest], list[str]], Awaitable[SuccessTally]]
+"""Run labelled lines on these workers only and tally their checks (`measure`, or the flow's task around it)."""
+
+
+def labelled_set(job: JobConfig, record: LeapRecord, requested: bool, settings: Settings) -> list[ValidRequest] | None:
+    """The lines the Leap's canary runs, or None when it runs no canary (no labelled set, the job's `quality.canary`
+    off, or the caller skipped it). A set that cannot be read refuses the Leap (saved) before any worker is touched."""
+    if not (requested and job.quality.canary and job.quality.labelled_set):
+        return None
+    try:
+        return labelled_lines(job, settings)
+    except LabelledSetError as exc:
+        message = f"{exc}; the fleet stays on {record.from_version}; `pronk leap --no-canary` skips the canary"
+        record.finish("refused", message)
+        LeapStore(settings).save(record)
+        raise LeapRefused(message, record) from exc
+
+
+async def measure(
+    job: JobConfig, lines: list[ValidRequest], worker_ids: list[str], settings: Settings, scratch: Path
+) -> SuccessTally:
+    """Run `lines` through the harness on `worker_ids` alone and tally their checks."""
+    router = Router(
+        job.job_id,
+        Registry.from_settings(settings),
+        policy=job.scheduling.routing,
+        admission=job.scheduling.admission,
+        token=worker_token(settings),
+        only=worker_ids,
+    )
+    try:
+        return await run_labelled(lines, Harness(router, job, StepRecorder(), scratch))
+    finally:
+        await router.aclose()
+
+
+async def trial(
+    run: LeapRun, job: JobConfig, lines: list[ValidRequest], stage: StageStep, reload: ReloadStep, measure: Measure
+) -> list[str]:
+    """Switch the canary (the first worker by id) and measure it beside the others; return the workers that could
+    not switch (the canary, or none), for `pronk.models.leap.conclude`.
+
+    The baseline runs on the other workers, still on the current version, while the canary runs; a job with one
+    worker measures the baseline on it before it switches. A worse canary goes back, and the Leap ends `refused`
+    (`LeapRefused`), or `failed` (`LeapFailed`) if the canary cannot go back.
+    """
+    record = run.record
+    canary, *others = sorted(run.original)
+    record.status = "canary"
+    record.canary = CanaryRecord(
+        worker_id=canary,
+        labelled_set=str(job.quality.labelled_set),
+        lines=len(lines),
+        baseline_workers=others or [canary],
+    )
+    await run.save()
+    before = None if others else await measure(lines, [canary])
+    try:
+        await stage(run, canary, models_uri(record.to_version))
+        await reload(run, canary, record.to_version)
+    except Exception:  # noqa: BLE001 - the worker's entry holds the error; conclude rolls back and says so
+        return [canary]
+    if before is None:
+        baseline, candidate = await asyncio.gather(measure(lines, others), measure(lines, [canary]))
+    else:
+        baseline, candidate = before, await measure(lines, [canary])
+    verdict = compare_success(baseline, candidate)
+    record.canary.baseline, record.canary.candidate = baseline, candidate
+    record.canary.worse, record.canary.reason = verdict.worse, verdict.reason
+    await run.save()
+    if not verdict.worse:
+        return []
+    message = (
+        f"canary refused: {record.to_version} on {canary}: {candidate.describe()}, against {record.from_version}: "
+        f"{baseline.describe()} (beyond noise); "
+    )
+    if await roll_back(run, reload):
+        message += f"{canary} could not go back to {run.original[canary]}: {record.workers[canary].error}"
+        record.finish("failed", message)
+        await run.save()
+        raise LeapFailed(message)
+    message += f"the fleet stays on {record.from_version}; `pronk leap --no-canary` skips the check"
+    record.finish("refused", message)
+    await run.save()
+    raise LeapRefused(message, record)
