@@ -30,6 +30,8 @@ def herd_trial(label: str, run: Callable[[], Trial]) -> Trial:
     """One configuration replayed on temporary workers; its figures are the task run's log line."""
     trial = run()
     figures = asdict(trial.measurement) if trial.measurement else {"error": trial.error}
+    if trial.quality is not None:
+        figures["labelled_set"] = trial.quality.describe()
     get_run_logger().info("trial %s %s: %s", label, trial.params or "current configuration", figures)
     return trial
 

@@ -83,10 +83,11 @@ def herd_tune(
     except (NoStepRecords, ValueError) as exc:
         fail(str(exc))
     summary = result.summary()
-    for row in summary["table"]:
+    for row, trial in zip(summary["table"], result.trials, strict=True):
+        labelled = f"labelled set {trial.quality.describe()}  " if trial.quality is not None else ""
         typer.echo(
             f"{row['trial']:<22} {row['tasks_per_dollar']:>12,.1f} tasks/$  p50 {row['p50_s']}  p90 {row['p90_s']}  "
-            f"cached {row['cached_ratio']}  {row['error'] or json.dumps(row['params'])}",
+            f"cached {row['cached_ratio']}  {labelled}{row['error'] or json.dumps(row['params'])}",
             err=True,
         )
     if result.verdict is not None:

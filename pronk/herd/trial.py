@@ -1,4 +1,5 @@
-"""One Herd trial: a candidate configuration's temporary workers, and a replay sample measured on them.
+"""One Herd trial: a candidate configuration's temporary workers, a replay sample measured on them and, for the
+guard's quality check, the job's labelled set run on them through the harness.
 
 Trials never touch the job's own workers: each fleet is a job of its own (the candidate configuration under a
 fresh `job-…` id, its file in a folder of its own that only its workers read through `PRONK_JOBS_DIR`), so it
@@ -24,9 +25,13 @@ import yaml
 
 from engine.registry import Registry
 from engine.router import Router
+from pronk.agents.harness import Harness
 from pronk.agents.replay import TraceRecord, run_shape
+from pronk.agents.step_records import StepRecorder
 from pronk.agents.tool_gaps import ToolGaps
+from pronk.batches.labelled import SuccessTally, run_labelled
 from pronk.jobs import JobConfig
+from pronk.protocol.lines import ValidRequest
 from pronk.protocol.shapes import TraceShape
 from pronk.settings import Settings
 from pronk.stack.fleet import wait_for_workers
@@ -115,20 +120,39 @@ def _quantile(ordered: list[float], q: float) -> float:
     )
 
 
+def trial_router(job: JobConfig, settings: Settings) -> Router:
+    """A router to the live workers of `job` (a trial fleet's id) with its scheduling settings; a step waits for
+    admission at most the harness's step timeout."""
+    return Router(
+        job.job_id,
+        Registry.from_settings(settings),
+        policy=job.scheduling.routing,
+        admission=job.scheduling.admission,
+        admission_timeout_s=job.harness.step_timeout_s,
+        token=worker_token(settings),
+    )
+
+
+async def run_labelled_set(job: JobConfig, lines: list[ValidRequest], settings: Settings) -> SuccessTally:
+    """The job's labelled set run through the harness on the live workers of `job` (a trial fleet's id), with
+    `job`'s harness, scheduling and default settings: the checked success rate of that configuration. Its tools
+    write under a scratch folder removed after."""
+    router = trial_router(job, settings)
+    scratch = settings.data_dir / "herd" / "scratch" / job.job_id
+    try:
+        return await run_labelled(lines, Harness(router, job, StepRecorder(), scratch))
+    finally:
+        await router.aclose()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 async def replay_sample(
     job: JobConfig, shapes: list[TraceShape], settings: Settings, time_scale: float, timeout_s: float
 ) -> Measurement:
     """Replay `shapes` on the live workers of `job` with its scheduling settings; at most `max_concurrency`
     traces at once. Traces still running at `timeout_s` count as failed."""
     scheduling = job.scheduling
-    router = Router(
-        job.job_id,
-        Registry.from_settings(settings),
-        policy=scheduling.routing,
-        admission=scheduling.admission,
-        admission_timeout_s=job.harness.step_timeout_s,
-        token=worker_token(settings),
-    )
+    router = trial_router(job, settings)
     gaps = ToolGaps(scheduling.kv_pin_ttl_s) if scheduling.kv_pin_ttl == "auto" else None
     slots = asyncio.Semaphore(scheduling.max_concurrency)
 

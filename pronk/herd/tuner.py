@@ -11,6 +11,12 @@ cores). The current configuration is replayed `repeats` times first (the guard's
 sampler proposes candidates until the next trial would not fit in the budget; the best one is replayed once more
 when there is time. Every trial is a child MLflow run of the tuning run (params; tasks per dollar, p50/p90 trace
 time, cached ratio).
+
+When the job has a labelled set (`quality.labelled_set`), the first replay of the current configuration and the
+winner's second replay also run the set on their fleet, and the guard refuses a winner that answers worse. Only
+those two trials run it: the search ranks on tasks per dollar alone, and the set costs a few lines' time twice per
+tuning rather than once per candidate. A winner refused on quality ends the tuning with no change, as one refused
+on tasks per dollar does.
 """
 
 from __future__ import annotations
@@ -25,11 +31,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
+from pronk.batches.labelled import SuccessTally, labelled_lines
 from pronk.herd.guard import Verdict, judge
 from pronk.herd.profile import job_step_uris, profile_steps, scan_steps
 from pronk.herd.shapes import relabel, sample_shapes, shapes_from_steps
-from pronk.herd.trial import Measurement, TrialFleet, replay_sample, restart_key
+from pronk.herd.trial import Measurement, TrialFleet, replay_sample, restart_key, run_labelled_set
 from pronk.jobs import JobConfig, with_changes
+from pronk.protocol.lines import ValidRequest
 from pronk.protocol.shapes import TraceShape
 from pronk.settings import Settings
 
@@ -114,6 +122,8 @@ class Trial:
     error: str | None = None
     seconds: float = 0.0
     mlflow_run_id: str | None = None
+    quality: SuccessTally | None = None
+    """The labelled set's tally on this trial's fleet, for the trials that run it."""
 
     @property
     def value(self) -> float:
@@ -146,6 +156,9 @@ class TuneResult:
                     "p50_s": t.measurement.p50_s if t.measurement else None,
                     "p90_s": t.measurement.p90_s if t.measurement else None,
                     "cached_ratio": t.measurement.cached_ratio if t.measurement else None,
+                    "labelled": (
+                        {**asdict(t.quality), "success_rate": t.quality.success_rate} if t.quality is not None else None
+                    ),
                     "error": t.error,
                     "params": t.params,
                 }
@@ -158,14 +171,14 @@ class TuneResult:
         lines = [f"# Herd tuning of {self.job_id}", "", f"MLflow run `{self.mlflow_run_id}`, {self.seconds:.0f} s."]
         if self.verdict is not None:
             lines += ["", f"**Guard: {'accepted' if self.verdict.accept else 'refused'}**: {self.verdict.reason}."]
-        lines += [
-            "",
-            "| trial | tasks per dollar | p50 s | p90 s | cached | settings |",
-            "| --- | --- | --- | --- | --- | --- |",
-        ]
+        labelled = any(t.quality is not None for t in self.trials)
+        columns = ["trial", "tasks per dollar", "p50 s", "p90 s", "cached", *(["labelled set"] if labelled else [])]
+        lines += ["", "| " + " | ".join([*columns, "settings"]) + " |", "|" + " --- |" * (len(columns) + 1)]
         for t in self.trials:
             m = t.measurement
             figures = f"{t.value:,.1f} | {m.p50_s} | {m.p90_s} | {m.cached_ratio}" if m else f"— | — | — | {t.error}"
+            if labelled:
+                figures += f" | {t.quality.describe() if t.quality is not None else '—'}"
             settings = ", ".join(f"{k}={v}" for k, v in t.params.items()) or "current"
             lines.append(f"| {t.label} | {figures} | {settings} |")
         return "\n".join(lines) + "\n"
@@ -206,6 +219,9 @@ class Tuner:
         self.deadline = time.monotonic() + config.budget_minutes * 60.0
         self.fleet = TrialFleet(settings)
         self.replay_seconds: list[float] = []
+        self.labelled: list[ValidRequest] | None = None
+        """The job's labelled set, read when the tuning starts (None: the job has none)."""
+        self.labelled_seconds: list[float] = []
         self.parent_run_id: str | None = None
 
     def remaining(self) -> float:
@@ -222,6 +238,8 @@ class Tuner:
 
         started = time.monotonic()
         cfg, job = self.config, self.job
+        if job.quality.labelled_set is not None:  # an unreadable or invalid set fails here, before any trial
+            self.labelled = labelled_lines(job, self.settings)
         if traffic is None:
             frame = scan_steps(job_step_uris(job.job_id, self.settings, cfg.runs), self.settings)
             profile: dict[str, Any] = profile_steps(frame).summary()
@@ -245,6 +263,7 @@ class Tuner:
                     "knobs": ",".join(cfg.knobs),
                     "time_scale": cfg.time_scale,
                     "seed": cfg.seed,
+                    "labelled_set": job.quality.labelled_set or "none",
                 }
             )
             mlflow.log_metrics(flat_metrics(profile, "profile."))
@@ -254,7 +273,7 @@ class Tuner:
             for r in range(cfg.repeats):
                 if r and not self._fits(job):
                     break
-                current.append(self._trial(len(result.trials), f"current #{r + 1}", {}, shapes))
+                current.append(self._trial(len(result.trials), f"current #{r + 1}", {}, shapes, labelled=r == 0))
                 result.trials.append(current[-1])
             while self._fits(None, trials=2):  # room for the candidate and, should it win, its repeat
                 optuna_trial = study.ask()
@@ -270,7 +289,9 @@ class Tuner:
                 best = max(candidates, key=lambda t: t.value)
                 repeats = [best]
                 if self._fits(with_changes(job, best.changes)):
-                    repeats.append(self._trial(len(result.trials), f"{best.label} again", best.params, shapes))
+                    repeats.append(
+                        self._trial(len(result.trials), f"{best.label} again", best.params, shapes, labelled=True)
+                    )
                     result.trials.append(repeats[-1])
                 result.winner = best
                 result.verdict = judge(
@@ -278,6 +299,7 @@ class Tuner:
                     [t.value for t in repeats],
                     sum(t.measurement.failed for t in repeats if t.measurement),
                     cfg.min_noise,
+                    (current[0].quality, repeats[-1].quality) if self.labelled is not None else None,
                 )
                 mlflow.log_dict(best.changes, "winner_changes.json")
                 mlflow.set_tags(
@@ -291,6 +313,12 @@ class Tuner:
                         "noise": result.verdict.noise,
                     }
                 )
+                if result.verdict.quality is not None:
+                    rates = {
+                        "current_success_rate": result.verdict.quality.current.success_rate,
+                        "winner_success_rate": result.verdict.quality.candidate.success_rate,
+                    }
+                    mlflow.log_metrics({name: rate for name, rate in rates.items() if rate is not None})
             result.seconds = time.monotonic() - started
             mlflow.log_metric("trials", len(result.trials))
             mlflow.log_dict(result.summary(), "tune.json")
@@ -309,8 +337,9 @@ class Tuner:
         return fit_to_cores(params, self.job, cores)
 
     def _fits(self, candidate: JobConfig | None, trials: int = 1) -> bool:
-        """Whether `trials` more trials (of `candidate`; None: not yet known) fit the budget."""
-        replay = max(self.replay_seconds, default=0.0) * 1.2 * trials
+        """Whether `trials` more trials (of `candidate`; None: not yet known) fit the budget, with room kept for
+        the winner's run of the labelled set."""
+        replay = max(self.replay_seconds, default=0.0) * 1.2 * trials + max(self.labelled_seconds, default=0.0) * 1.2
         live_only = set(self.config.knobs) <= set(LIVE_KNOBS)  # then every candidate runs on the current fleet
         needs_start = self.fleet.key is None or (
             self.fleet.key != restart_key(candidate) if candidate is not None else not live_only
@@ -318,7 +347,9 @@ class Tuner:
         start = max(self.fleet.starts, default=0.0) * 1.2 if needs_start else 0.0
         return self.remaining() > replay + start
 
-    def _trial(self, number: int, label: str, params: dict[str, Any], shapes) -> Trial:
+    def _trial(self, number: int, label: str, params: dict[str, Any], shapes, labelled: bool = False) -> Trial:
+        """Replay `shapes` on the configuration `params` make; with `labelled` (and a labelled set), then run the
+        set on the same fleet."""
         changes = changes_of(params)
 
         def run() -> Trial:
@@ -351,6 +382,13 @@ class Tuner:
                     mlflow.log_metrics(trial.measurement.metrics())
                     if trial.measurement.errors:
                         mlflow.log_dict({"errors": trial.measurement.errors}, "errors.json")
+                    if labelled and self.labelled is not None:
+                        set_began = time.monotonic()
+                        trial.quality = run_coroutine(run_labelled_set(trial_job, self.labelled, self.settings))
+                        self.labelled_seconds.append(time.monotonic() - set_began)
+                        mlflow.log_metrics({f"labelled_{k}": float(v) for k, v in asdict(trial.quality).items()})
+                        if trial.quality.success_rate is not None:
+                            mlflow.log_metric("success_rate", trial.quality.success_rate)
                 except Exception as exc:  # noqa: BLE001 - a configuration that cannot run is a failed trial
                     logger.warning("herd trial %s failed: %s", label, exc)
                     trial.error = f"{type(exc).__name__}: {exc}"[:500]

@@ -1,5 +1,6 @@
-"""Herd on the shared stack: a tuning within its budget on temporary workers, and a rolling restart of the job's
-workers while a batch runs (every line completes)."""
+"""Herd on the shared stack: a tuning within its budget on temporary workers, the quality guard refusing a
+configuration made worse on purpose, and a rolling restart of the job's workers while a batch runs (every line
+completes)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,12 @@ import mlflow
 import pytest
 
 from engine.registry import Registry
+from pronk.batches.labelled import SuccessTally, labelled_lines
 from pronk.batches.store import BatchStore
+from pronk.herd.guard import judge
 from pronk.herd.profile import scan_steps
-from pronk.jobs import get_job
+from pronk.herd.trial import restart_key, run_labelled_set
+from pronk.jobs import get_job, with_changes
 from pronk.settings import PROJECT_ROOT
 from pronk.stack.embedded import read_state
 from pronk.stack.processes import alive
@@ -103,6 +107,40 @@ def test_herd_tunes_within_budget_on_temporary_workers_with_a_task_run_per_trial
     names = asyncio.run(task_run_names())
     assert set(labels) <= set(names)
     assert any(name.startswith("herd-profile") for name in names)
+
+
+def test_a_configuration_whose_lines_cannot_complete_is_refused_on_the_labelled_set(stack, tmp_path):
+    """Made worse on purpose, on real workers. The set's check passes any answer (the tiny model's are random); the
+    worse configuration asks for a default answer longer than any worker's KV budget holds and admits by KV budget,
+    so every line is refused as too long. Neither setting needs new workers, so both run on the job's own (the
+    tuner runs the same `run_labelled_set` on its trial fleet; starting one here took 2-3 minutes on a loaded
+    machine, and the tuning test above starts one already)."""
+    path = tmp_path / "labelled.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "custom_id": f"any-{i}",
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": {"model": "any", "messages": [{"role": "user", "content": f"Say something {i}."}]},
+                    "check": {"type": "regex", "pattern": ""},
+                }
+            )
+            + "\n"
+            for i in range(3)
+        )
+    )
+    job = with_changes(get_job(JOB), {"quality": {"labelled_set": str(path)}})
+    worse = with_changes(job, {"default_max_tokens": 10_000_000, "scheduling": {"admission": "kv_budget"}})
+    assert restart_key(worse) == restart_key(job)
+    lines = labelled_lines(job, stack)
+    current = asyncio.run(run_labelled_set(job, lines, stack))
+    answered_worse = asyncio.run(run_labelled_set(worse, lines, stack))
+    assert (current, answered_worse) == (SuccessTally(passed=3), SuccessTally(failed=3))
+    verdict = judge([100.0, 100.0], [200.0, 200.0], success=(current, answered_worse))
+    assert not verdict.accept
+    assert verdict.reason.endswith("success rate fell beyond noise: 0/3 passed (0%) against 3/3 passed (100%)")
 
 
 def test_rolling_restart_with_a_batch_running(stack, tmp_path):
