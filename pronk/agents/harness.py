@@ -197,8 +197,8 @@ class Harness:
         while state.steps < limits.max_steps:
             choice = first_choice if state.steps == 0 else ("required" if first_choice == "required" else "auto")
             last_step = state.steps == limits.max_steps - 1
-            if last_step and family.answer_schema is not None:
-                choice = "answer"  # a structured answer is due: the last step may not call a tool
+            if last_step and first_choice != "required":
+                choice = "answer"  # the last step answers: a call it made could never run
             record, call = await self._step(family, state, choice, pin=not last_step)
             state.steps += 1
             if "final" in call:

@@ -43,6 +43,25 @@ SANDBOX_UID = 65534
 SCRATCH = "/scratch"
 CELL = "/cell.py"
 SEED = "/seed.tar"
+CELL_RUNNER = f"""
+def run_cell():
+    import ast, sys
+    del globals()["run_cell"]
+    with open({CELL!r}) as cell:
+        tree = ast.parse(cell.read(), {CELL!r})
+    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    scope = sys.modules["__main__"].__dict__
+    scope["__file__"] = {CELL!r}
+    exec(compile(tree, {CELL!r}, "exec"), scope)
+    if last is not None:
+        value = eval(compile(ast.Expression(last.value), {CELL!r}, "eval"), scope)
+        if value is not None:
+            print(repr(value))
+run_cell()
+"""
+"""Runs the cell as a notebook does: a last line that is an expression shows its value (`12 * 34` answers 408);
+models write calculator-style cells far more often than ones that print. The cell runs in `__main__`, as a script
+would; the runner keeps its own state in a function's locals, so a cell that clears its globals cannot break it."""
 LAUNCHER = f"""
 import os, signal, subprocess, sys, tarfile
 with tarfile.open({SEED!r}) as seed:
@@ -50,7 +69,7 @@ with tarfile.open({SEED!r}) as seed:
 def first_to_go():
     with open("/proc/self/oom_score_adj", "w") as adj:
         adj.write("1000")
-status = subprocess.run([sys.executable, "-I", {CELL!r}], preexec_fn=first_to_go).returncode
+status = subprocess.run([sys.executable, "-I", "-c", {CELL_RUNNER!r}], preexec_fn=first_to_go).returncode
 try:
     with os.fdopen(int(sys.argv[1]), "wb") as pipe, tarfile.open(fileobj=pipe, mode="w|") as dump:
         for name in sorted(os.listdir({SCRATCH!r})):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from engine.protocol import StepRequest, StepResult
 from pronk.agents.harness import Harness
 from pronk.agents.step_records import StepRecorder, ToolCallCounts, summarise
@@ -101,3 +103,27 @@ def test_the_harness_records_each_attempt_and_the_trace_sums_them(tmp_path):
     assert (counts.total, counts.parsed, counts.valid, counts.validity) == (4, 3, 1, 0.25)
     assert outcome.completion is not None and outcome.completion.summary == summarise(records)
     assert outcome.completion.summary.tool_call_counts == counts
+
+
+@pytest.mark.parametrize(("choice", "last_may_call"), [("auto", False), ("required", True)])
+def test_the_last_step_must_answer_unless_every_step_must_call_a_tool(tmp_path, choice, last_may_call):
+    job = get_job("tiny-cpu")
+    tools = [{"type": "function", "function": {"name": "sql", "parameters": SQL}}]
+    body = {"model": "pronk-tiny", "messages": [{"role": "user", "content": "go"}], "tools": tools}
+    raw = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": body}
+    raw["body"] |= {"tool_choice": choice, "harness": {"max_steps": 2}}
+    (request,) = validate_input(json.dumps(raw).encode(), job).requests
+    call = '{"tool": "sql", "arguments": {"query": "SELECT 1"}}'
+    router = ScriptedRouter([call, call if last_may_call else '{"final": "done"}'])
+    schemas: list[dict] = []
+    generate = router.generate
+
+    async def recording(step: StepRequest) -> StepResult:
+        schemas.append(step.sampling.json_schema or {})
+        return await generate(step)
+
+    router.generate = recording  # type: ignore[method-assign]
+    outcome = asyncio.run(Harness(router, job, StepRecorder(), tmp_path).run_line(request))  # type: ignore[arg-type]
+    assert ("tool" in json.dumps(schemas[1])) is last_may_call
+    assert outcome.completion is not None
+    assert outcome.completion.finish_reason == ("max_steps" if last_may_call else "stop")

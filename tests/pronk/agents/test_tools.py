@@ -32,6 +32,15 @@ def test_python_runs_code_and_returns_what_it_prints(tools, tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("code", "shown"),
+    [("12 * 34", "408"), ("x = 2\nx ** 10", "1024"), ("'a' + 'b'", "'ab'"), ("x = 1", ""), ("print('hi')", "hi")],
+)
+def test_python_shows_the_value_of_a_last_expression_as_a_notebook_does(tools, tmp_path, code, shown):
+    outcome = call(tools["python"], {"code": code}, tmp_path)
+    assert outcome.ok and outcome.text.strip() == (shown or "(no output)")
+
+
+@pytest.mark.parametrize(
     ("code", "expected"),
     [
         ("while True:\n    pass", "CPU time limit of 1s exceeded"),
