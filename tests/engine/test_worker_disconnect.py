@@ -13,12 +13,14 @@ from engine.worker import free_port, until_disconnected
 
 def test_a_step_is_cancelled_when_its_caller_disconnects_and_finishes_when_it_stays():
     events: list[str] = []
+    cancelled = asyncio.Event()
 
     async def work(seconds: float) -> dict:
         try:
             await asyncio.sleep(seconds)
         except asyncio.CancelledError:
             events.append("cancelled")
+            cancelled.set()
             raise
         events.append("finished")
         return {"slept": seconds}
@@ -33,17 +35,16 @@ def test_a_step_is_cancelled_when_its_caller_disconnects_and_finishes_when_it_st
         port = free_port()
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
         serving = asyncio.create_task(server.serve())
-        while not server.started:
+        for _ in range(500):
+            if server.started:
+                break
             await asyncio.sleep(0.02)
         url = f"http://127.0.0.1:{port}/generate"
         try:
             async with httpx.AsyncClient() as client:
                 with pytest.raises(httpx.ReadTimeout):
                     await client.post(url, params={"seconds": 30}, timeout=0.3)
-                for _ in range(100):
-                    if events:
-                        break
-                    await asyncio.sleep(0.02)
+                await asyncio.wait_for(cancelled.wait(), timeout=5)
                 assert events == ["cancelled"]
                 answer = await client.post(url, params={"seconds": 0.1}, timeout=5)
                 assert answer.json() == {"slept": 0.1} and events == ["cancelled", "finished"]
