@@ -67,14 +67,16 @@ async def enrich_table(spec: str, limit: int | None = None, batch_id: str | None
             except Exception:  # the API's reconcile loop ends it later; keep the first error
                 logger.exception("enrichment %s: ending batch %s failed", enrichment.name, batch_id)
             raise
-        outcome = read_answers(enrichment, batch, plan.todo, settings)
+        outcome = read_answers(enrichment, batch, plan, settings)
     record, table = enrich_run.finish(enrichment, plan, outcome, batch, begun, settings)
     logger.info(
-        "enrichment %s run %s: %d asked, %d failed, %d steps, cost %.6f USD; version %s",
+        "enrichment %s run %s: %d asked, %d failed, %d of %d labelled passed, %d steps, cost %.6f USD; version %s",
         enrichment.name,
         record.run_id,
         len(plan.todo),
         record.failed,
+        record.passed,
+        record.checked,
         record.steps,
         record.cost_usd,
         record.version_uri,

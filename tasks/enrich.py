@@ -24,6 +24,6 @@ def plan_rows(spec: EnrichSpec, results: str, settings: Settings, limit: int | N
 
 
 @task(cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
-def read_answers(spec: EnrichSpec, batch: dict, indices: list[int], settings: Settings) -> BatchAnswers:
+def read_answers(spec: EnrichSpec, batch: dict, plan: Plan, settings: Settings) -> BatchAnswers:
     """Each asked row's answer from the batch's output and error files: typed values, or nulls and the reason."""
-    return batch_answers(spec, batch, indices, settings)
+    return batch_answers(spec, batch, plan, settings)

@@ -65,7 +65,7 @@ def _print_head(name: str, spec: str, rows: int = 10) -> None:
     if table is None:
         typer.echo(f"enrichment {name} has no enriched table yet", err=True)
         return
-    columns = [*enrichment.key, *enrichment.outputs, "_error"]
+    columns = [c for c in (*enrichment.key, *enrichment.outputs, "_check", "_error") if c in table.columns]
     with pl.Config(tbl_rows=rows, tbl_cols=len(columns), fmt_str_lengths=40, tbl_width_chars=160):
         typer.echo(table.select(columns).head(rows), err=True)
 

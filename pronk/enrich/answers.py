@@ -16,6 +16,7 @@ import polars as pl
 from jsonschema import Draft202012Validator
 
 from pronk.enrich.spec import EnrichSpec
+from pronk.protocol.checks import CheckStatus
 
 MAX_ANSWER_CHARS = 200_000
 INT64 = (-(2**63), 2**63 - 1)
@@ -42,6 +43,8 @@ def output_schema(spec: EnrichSpec) -> dict[str, pl.DataType]:
 class Answer:
     values: dict[str, Any]
     error: str | None = None
+    check: CheckStatus = "unchecked"
+    """How the answer checked against the row's labels (`unchecked`: the row has none)."""
 
 
 class AnswerParser:

@@ -15,6 +15,11 @@ HISTORY = "history.jsonl"
 class EnrichRun(BaseModel):
     """What one run of an enrichment did and cost."""
 
+    @property
+    def success_rate(self) -> float | None:
+        """Passed over checked rows of the labelled sample; None when this run asked none of them."""
+        return self.passed / self.checked if self.checked else None
+
     run_id: str
     spec: str
     started_at: str
@@ -29,6 +34,8 @@ class EnrichRun(BaseModel):
     steps: int = Field(description="Engine steps this run ran (0 when nothing changed).")
     cost_usd: float = Field(description="Processing cost of the run's batch (worker-seconds x price).")
     tasks_per_dollar: float | None = Field(description="Rows enriched without error per dollar.")
+    checked: int = Field(default=0, description="Rows of the labelled sample asked now: each answer was checked.")
+    passed: int = Field(default=0, description="Checked rows whose answer had every expected value.")
     model_version: str | None = None
     batch_id: str | None = None
     version_uri: str
@@ -59,14 +66,16 @@ class History:
 def summary_markdown(run: EnrichRun) -> str:
     """A run's figures, as its Prefect run page shows them."""
     tpd = f"{run.tasks_per_dollar:,.0f}" if run.tasks_per_dollar is not None else "n/a"
+    checks = f"{run.passed}/{run.checked} ({run.success_rate:.0%})" if run.success_rate is not None else "-"
     return "\n".join(
         [
             f"# Enrichment `{run.spec}`, run `{run.run_id}`",
             "",
-            "| rows | new | changed | retried | skipped | failed | pending | engine steps | cost (USD) | tasks/$ |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            "| rows | new | changed | retried | skipped | failed | pending | labelled passed | engine steps "
+            "| cost (USD) | tasks/$ |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
             f"| {run.rows} | {run.new} | {run.changed} | {run.retried} | {run.skipped} | {run.failed} | {run.pending} "
-            f"| {run.steps} | {run.cost_usd:.6f} | {tpd} |",
+            f"| {checks} | {run.steps} | {run.cost_usd:.6f} | {tpd} |",
             "",
             f"Model version `{run.model_version or 'n/a'}`, batch `{run.batch_id or 'none'}`, "
             f"version `{run.version_uri}`.",

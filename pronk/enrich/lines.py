@@ -39,8 +39,17 @@ def _text(value: Any) -> str:
     return text[:MAX_VALUE_CHARS]
 
 
-def agent_line(custom_id: str, spec: EnrichSpec, job: JobConfig, row: dict[str, Any], system: str) -> dict[str, Any]:
-    """One batch line: an agent task with the spec's tools and `max_steps`, or a plain chat when it has no tools."""
+def agent_line(
+    custom_id: str,
+    spec: EnrichSpec,
+    job: JobConfig,
+    row: dict[str, Any],
+    system: str,
+    expected: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One batch line: an agent task with the spec's tools and `max_steps`, or a plain chat when it has no tools.
+
+    A labelled row (`expected`: some output columns' right values) carries a check that its answer has them."""
     body: dict[str, Any] = {
         "model": job.served_model_name,
         "messages": [{"role": "system", "content": system}, {"role": "user", "content": render(spec, row)}],
@@ -57,14 +66,18 @@ def agent_line(custom_id: str, spec: EnrichSpec, job: JobConfig, row: dict[str, 
         body["tools"] = [{"type": "function", "function": {"name": name}} for name in spec.tools]
         body["tool_choice"] = "auto"
         body["harness"] = {"max_steps": spec.max_steps}
-    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
+    line: dict[str, Any] = {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
+    if expected:
+        line["check"] = {"type": "json", "fields": expected}
+    return line
 
 
-def input_file(spec: EnrichSpec, job: JobConfig, rows: list[tuple[str, dict[str, Any]]]) -> bytes:
+def input_file(spec: EnrichSpec, job: JobConfig, rows: list[tuple[str, dict[str, Any], dict | None]]) -> bytes:
+    """The batch input: one line per `(custom id, row, expected values or None)`."""
     system = system_message(spec)
     return b"".join(
-        json.dumps(agent_line(cid, spec, job, row, system), ensure_ascii=False, default=str).encode() + b"\n"
-        for cid, row in rows
+        json.dumps(agent_line(cid, spec, job, row, system, expected), ensure_ascii=False, default=str).encode() + b"\n"
+        for cid, row, expected in rows
     )
 
 

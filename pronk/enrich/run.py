@@ -18,7 +18,7 @@ from pronk.enrich.answers import Answer, AnswerParser
 from pronk.enrich.history import EnrichRun, History
 from pronk.enrich.lines import check_job, input_file
 from pronk.enrich.spec import EnrichSpec, EnrichSpecError, load_spec
-from pronk.enrich.table import Plan, merge, write_version
+from pronk.enrich.table import Plan, merge, read_labels, write_version
 from pronk.jobs import JobConfig, get_job
 from pronk.protocol.ids import new_id
 from pronk.settings import Settings
@@ -51,9 +51,12 @@ def custom_id(index: int) -> str:
 
 
 def write_lines(spec: EnrichSpec, job: JobConfig, todo: pl.DataFrame, indices: list[int], uri: str, settings) -> None:
-    """The rows to ask as a batch input file, one agent line per row, named by the row's index."""
-    rows = todo.to_dicts()
-    storage.write_bytes(uri, input_file(spec, job, [(custom_id(i), r) for i, r in zip(indices, rows)]), settings)
+    """The rows to ask as a batch input file, one agent line per row, named by the row's index; a row of the
+    labelled sample carries a check of its expected values."""
+    labels = read_labels(spec, settings)
+    keys = todo.select(spec.key).rows()
+    rows = [(custom_id(i), row, labels.get(key)) for i, row, key in zip(indices, todo.to_dicts(), keys, strict=True)]
+    storage.write_bytes(uri, input_file(spec, job, rows), settings)
 
 
 @dataclass(slots=True)
@@ -61,12 +64,23 @@ class BatchAnswers:
     answers: dict[int, Answer]
     steps: int
     model_version: str | None
+    labelled: int = 0
+    """Asked rows of the labelled sample: each is a check, passed only by an answer with the expected values."""
 
 
-def batch_answers(spec: EnrichSpec, batch: dict, indices: list[int], settings: Settings) -> BatchAnswers:
-    """Each asked row's answer from the batch's output and error files: typed values, or nulls and the reason."""
+def labelled_rows(spec: EnrichSpec, plan: Plan, settings: Settings) -> set[int]:
+    """The indices of the rows asked now that the labelled sample covers."""
+    labels = read_labels(spec, settings)
+    keys = plan.rows.select(spec.key).rows()
+    return {i for i in plan.todo if keys[i] in labels}
+
+
+def batch_answers(spec: EnrichSpec, batch: dict, plan: Plan, settings: Settings) -> BatchAnswers:
+    """Each asked row's answer from the batch's output and error files: typed values, or nulls and the reason, and
+    how it checked against the row's labels (a labelled row whose line failed failed its check)."""
+    labelled = labelled_rows(spec, plan, settings)
     parser = AnswerParser(spec)
-    wanted = {custom_id(i): i for i in indices}
+    wanted = {custom_id(i): i for i in plan.todo}
     answers: dict[int, Answer] = {}
     versions: list[str] = []
     for uri in (batch.get("output_uri"), batch.get("error_uri")):
@@ -79,15 +93,18 @@ def batch_answers(spec: EnrichSpec, batch: dict, indices: list[int], settings: S
                 continue
             if line.get("error"):
                 answers[index] = parser.failed(f"{line['error']['code']}: {line['error']['message']}")
+                answers[index].check = "failed" if index in labelled else "unchecked"
                 continue
             body = line["response"]["body"]
-            versions.append(body.get("pronk", {}).get("model_version") or "")
+            pronk_fields = body.get("pronk", {})
+            versions.append(pronk_fields.get("model_version") or "")
             answers[index] = parser.parse(body["choices"][0]["message"]["content"])
+            answers[index].check = pronk_fields.get("check", {}).get("status", "unchecked")
     steps = 0
     if batch.get("steps_uri") and storage.exists(batch["steps_uri"], settings):
         steps = pl.read_ndjson(storage.read_bytes(batch["steps_uri"], settings)).height
     model_version = max(set(versions), key=versions.count) if any(versions) else None
-    return BatchAnswers(answers, steps, model_version)
+    return BatchAnswers(answers, steps, model_version, len(labelled))
 
 
 @dataclass(slots=True)
@@ -113,6 +130,7 @@ def finish(
     failed = sum(1 for a in outcome.answers.values() if a.error is not None) + len(plan.todo) - len(outcome.answers)
     cost = float(batch.get("processing_cost") or 0.0)
     filled = len(plan.todo) - failed
+    passed = sum(1 for a in outcome.answers.values() if a.check == "passed")
     record = EnrichRun(
         run_id=begun.run_id,
         spec=spec.name,
@@ -128,6 +146,8 @@ def finish(
         steps=outcome.steps,
         cost_usd=cost,
         tasks_per_dollar=filled / cost if cost > 0 else None,
+        checked=outcome.labelled,
+        passed=passed,
         model_version=outcome.model_version,
         batch_id=batch.get("id"),
         version_uri=version,

@@ -19,8 +19,9 @@ from pronk.errors import PronkError
 from pronk.settings import PROJECT_ROOT
 
 TableFormat = Literal["parquet", "csv", "ndjson"]
-RESERVED_COLUMNS = ("_error", "_fingerprint", "_enriched_at", "_run")
-"""Columns pronk adds to every enriched table: a row's error, its inputs' fingerprint, when and by which run."""
+RESERVED_COLUMNS = ("_error", "_check", "_fingerprint", "_enriched_at", "_run")
+"""Columns pronk adds to every enriched table: a row's error, how its labelled answer checked (`passed`, `failed`,
+`unchecked`), its inputs' fingerprint, when and by which run."""
 
 # Output types pronk can express as a JSON schema (structured outputs) and as a polars column.
 SCALAR_TYPES: dict[str, dict[str, Any]] = {
@@ -136,6 +137,12 @@ class EnrichSpec(BaseModel):
     seed: int | None = Field(
         default=None, ge=0, le=2**31 - 1, description="Sampling seed of every row (reproducible answers)."
     )
+    labels: str | None = Field(
+        default=None,
+        description="A labelled sample: a table (path relative to the project root, or s3://; format from the "
+        "suffix) of the key column(s) and the expected values of some output columns. Each labelled row's answer "
+        "is checked against them; the run reports the sample's success rate.",
+    )
     results: str | None = Field(
         default=None, description="Folder (or s3:// prefix) of the enriched table's versions and run history."
     )
@@ -178,14 +185,7 @@ class EnrichSpec(BaseModel):
 
     @property
     def table_format(self) -> TableFormat:
-        if self.format is not None:
-            return self.format
-        suffix = self.table.rsplit(".", 1)[-1].lower()
-        if suffix in ("parquet", "csv", "ndjson"):
-            return suffix  # type: ignore[return-value]
-        if suffix == "jsonl":
-            return "ndjson"
-        raise EnrichSpecError(f"table {self.table!r}: cannot tell its format from the suffix; set `format`")
+        return self.format or format_of(self.table)
 
     @property
     def template_columns(self) -> list[str]:
@@ -201,7 +201,25 @@ class EnrichSpec(BaseModel):
         }
 
     def table_uri(self) -> str:
-        return self.table if "://" in self.table or Path(self.table).is_absolute() else str(PROJECT_ROOT / self.table)
+        return project_uri(self.table)
+
+    def labels_uri(self) -> str | None:
+        return None if self.labels is None else project_uri(self.labels)
+
+
+def project_uri(path: str) -> str:
+    """A spec's table path: a URI or absolute path as given, else relative to the project root."""
+    return path if "://" in path or Path(path).is_absolute() else str(PROJECT_ROOT / path)
+
+
+def format_of(path: str) -> TableFormat:
+    """A table's format from its suffix (`.jsonl` is ndjson)."""
+    suffix = path.rsplit(".", 1)[-1].lower()
+    if suffix in ("parquet", "csv", "ndjson"):
+        return suffix  # type: ignore[return-value]
+    if suffix == "jsonl":
+        return "ndjson"
+    raise EnrichSpecError(f"table {path!r}: cannot tell its format from the suffix; set `format`")
 
 
 def template_fields(template: str) -> list[str]:

@@ -23,7 +23,7 @@ import polars as pl
 from pronk import storage
 from pronk.enrich.answers import Answer, output_schema
 from pronk.enrich.fingerprint import row_fingerprint, spec_fingerprint
-from pronk.enrich.spec import RESERVED_COLUMNS, EnrichSpec, EnrichSpecError
+from pronk.enrich.spec import RESERVED_COLUMNS, EnrichSpec, EnrichSpecError, TableFormat, format_of
 from pronk.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -37,8 +37,10 @@ def results_uri(spec: EnrichSpec, settings: Settings) -> str:
 
 def scan(spec: EnrichSpec, settings: Settings) -> pl.LazyFrame:
     """The table as a lazy frame: local files are scanned in place, S3 objects fetched through `pronk.storage`."""
-    uri = spec.table_uri()
-    fmt = spec.table_format
+    return scan_uri(spec.table_uri(), spec.table_format, settings)
+
+
+def scan_uri(uri: str, fmt: TableFormat, settings: Settings) -> pl.LazyFrame:
     source: Any = uri
     if "://" in uri and not uri.startswith("file://"):
         source = io.BytesIO(storage.read_bytes(uri, settings))
@@ -85,6 +87,33 @@ def read_rows(spec: EnrichSpec, settings: Settings) -> pl.DataFrame:
         keys = duplicated.select(spec.key).unique(maintain_order=True).head(5).rows()
         raise EnrichSpecError(f"table {uri}: duplicate keys {spec.key}: {keys} appear more than once")
     return rows
+
+
+Labels = dict[tuple, dict[str, Any]]
+"""A labelled sample: a row's key → the expected values of some of its output columns."""
+
+
+def read_labels(spec: EnrichSpec, settings: Settings) -> Labels:
+    """The spec's labelled sample (empty without `labels`); `EnrichSpecError` names what does not fit the spec."""
+    uri = spec.labels_uri()
+    if uri is None:
+        return {}
+    try:
+        frame = scan_uri(uri, format_of(uri), settings).collect()
+    except Exception as exc:  # polars and fsspec raise many kinds; all mean the same here
+        raise EnrichSpecError(f"labels {uri}: cannot read them: {exc}") from exc
+    missing = [c for c in spec.key if c not in frame.columns]
+    unknown = [c for c in frame.columns if c not in spec.key and c not in spec.outputs]
+    if missing or unknown:
+        raise EnrichSpecError(
+            f"labels {uri}: a labels table has the key {spec.key} and output columns {list(spec.outputs)} only"
+            f" (missing {missing}, unknown {unknown})"
+        )
+    labelled = [c for c in frame.columns if c in spec.outputs]
+    return {
+        key: {name: value for name, value in values.items() if value is not None}
+        for key, values in zip(frame.select(spec.key).rows(), frame.select(labelled).to_dicts(), strict=True)
+    }
 
 
 @dataclass(slots=True)
@@ -153,18 +182,23 @@ def merge(spec: EnrichSpec, plan: Plan, answers: dict[int, Answer], run_id: str,
     for index, key in enumerate(plan.rows.select(spec.key).rows()):
         if index in answers:
             answer = answers[index]
-            record = {**answer.values, "_error": answer.error, "_enriched_at": at, "_run": run_id}
+            record = {**answer.values, "_error": answer.error, "_check": answer.check}
+            record.update(_enriched_at=at, _run=run_id)
             record["_fingerprint"] = plan.rows["_fingerprint"][index]
         elif index in asked:  # asked but no answer came back: retried next run
             record = {name: None for name in spec.outputs}
             record.update(
-                _error="no answer", _fingerprint=plan.rows["_fingerprint"][index], _enriched_at=at, _run=run_id
+                _error="no answer",
+                _check=None,
+                _fingerprint=plan.rows["_fingerprint"][index],
+                _enriched_at=at,
+                _run=run_id,
             )
         elif key in kept:
             record = kept[key]
         else:
             record = {name: None for name in spec.outputs}
-            record.update(_error=None, _fingerprint=None, _enriched_at=None, _run=None)
+            record.update(_error=None, _check=None, _fingerprint=None, _enriched_at=None, _run=None)
         records.append(record)
     schema: dict[str, pl.DataType] = {**dtypes, **{name: pl.String() for name in RESERVED_COLUMNS}}
     added = pl.DataFrame(records, schema=schema, orient="row") if records else pl.DataFrame(schema=schema)

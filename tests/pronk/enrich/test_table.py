@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import polars as pl
 import pytest
@@ -11,8 +12,9 @@ from pronk import storage
 from pronk.enrich.answers import AnswerParser
 from pronk.enrich.history import EnrichRun, History
 from pronk.enrich.lines import agent_line, check_job, system_message
-from pronk.enrich.spec import EnrichSpec
-from pronk.enrich.table import CURRENT, merge, plan, read_current, write_version
+from pronk.enrich.run import batch_answers, write_lines
+from pronk.enrich.spec import EnrichSpec, EnrichSpecError
+from pronk.enrich.table import CURRENT, merge, plan, read_current, read_labels, write_version
 from pronk.jobs import get_job
 from pronk.settings import Settings
 
@@ -147,3 +149,46 @@ def test_agent_lines_carry_tools_steps_and_the_answer_schema():
     too_much = SPEC.model_copy(update={"tools": ["browser"], "max_steps": 99})
     problems = check_job(too_much, job)
     assert "['browser']" in problems[0] and "max_steps 99" in problems[1]
+
+
+def test_a_labelled_row_asks_with_a_check_of_its_expected_values_and_its_answer_records_how_it_checked(tmp_path):
+    (tmp_path / "labels.csv").write_text("id,sector,staff\n1,a,12\n2,b,\n")
+    spec = SPEC.model_copy(update={"labels": str(tmp_path / "labels.csv")})
+    settings = Settings(data_dir=tmp_path)
+    assert read_labels(spec, settings) == {(1,): {"sector": "a", "staff": 12}, (2,): {"sector": "b"}}
+    table = rows("Acme", "Borealis", "Cobalt")
+    todo = plan(spec, table, None)
+    lines_uri = str(tmp_path / "lines.jsonl")
+    write_lines(spec, get_job("tiny-cpu"), table, todo.todo, lines_uri, settings)
+    lines = [json.loads(raw) for raw in (tmp_path / "lines.jsonl").read_text().splitlines()]
+    assert [line.get("check") for line in lines] == [
+        {"type": "json", "fields": {"sector": "a", "staff": 12}},
+        {"type": "json", "fields": {"sector": "b"}},
+        None,
+    ]
+
+    def output(custom_id: str, status: str) -> dict:
+        message = {"content": GOOD}
+        body = {"choices": [{"message": message}], "pronk": {"model_version": "1", "check": {"status": status}}}
+        return {"custom_id": custom_id, "response": {"body": body}}
+
+    outputs = [output("row-0", "passed"), output("row-2", "unchecked")]
+    (tmp_path / "out.jsonl").write_text("".join(json.dumps(line) + "\n" for line in outputs))
+    failed_line = {"custom_id": "row-1", "error": {"code": "engine_error", "message": "worker lost"}}
+    (tmp_path / "err.jsonl").write_text(json.dumps(failed_line) + "\n")
+    batch = {"output_uri": str(tmp_path / "out.jsonl"), "error_uri": str(tmp_path / "err.jsonl")}
+    outcome = batch_answers(spec, batch, todo, settings)
+    assert {i: a.check for i, a in outcome.answers.items()} == {0: "passed", 1: "failed", 2: "unchecked"}
+    assert outcome.labelled == 2
+    enriched = merge(spec, todo, outcome.answers, "run-1", "now")
+    assert enriched["_check"].to_list() == ["passed", "failed", "unchecked"]
+
+
+@pytest.mark.parametrize(
+    ("header", "why"), [("sector\na\n", "missing ['id']"), ("id,colour\n1,red\n", "unknown ['colour']")]
+)
+def test_labels_that_do_not_fit_the_spec_are_refused_naming_the_columns(tmp_path, header, why):
+    (tmp_path / "labels.csv").write_text(header)
+    spec = SPEC.model_copy(update={"labels": str(tmp_path / "labels.csv")})
+    with pytest.raises(EnrichSpecError, match=re.escape(why)):
+        read_labels(spec, Settings(data_dir=tmp_path))
