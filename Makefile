@@ -10,9 +10,11 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml scripts/install.sh
 	scripts/install.sh
 
+# The default job is SmolLM2-135M-Instruct on CPU: each batch prints its answers and how each one checked.
 demo: install
 	$(BIN)/pronk stack up
-	$(BIN)/pronk batch run data/sample_batch.jsonl --job tiny-cpu --out out/sample
+	$(BIN)/pronk batch run data/sample_batch.jsonl --out out/sample --answers 8
+	$(BIN)/pronk batch run data/agent_batch.jsonl --out out/agents --answers 9
 	$(BIN)/pronk enrich run companies
 
 # The whole suite (CI's .ci/run calls this): lint; then the type check beside the unit tests (one core each);

@@ -25,7 +25,11 @@ class Settings(BaseSettings):
         default=PROJECT_ROOT / "deployments" / "jobs",
         description="Folder of job files (`<name>.yaml`).",
     )
-    default_job: str = Field(default="job-c0ffee01", description="Job the CLI and stack use when none is named.")
+    default_job: str = Field(
+        default="job-5a011201",
+        description="Job the CLI and stack use when none is named: smollm2-cpu, a real instruct model on CPU (the "
+        "test suite sets tiny-cpu, job-c0ffee01).",
+    )
     prefect_port: int = Field(default=4200, ge=1, le=65535, description="Port of the embedded Prefect server.")
     mlflow_port: int = Field(default=5000, ge=1, le=65535, description="Port of the embedded MLflow UI server.")
     mlflow_tracking_uri: str | None = Field(

@@ -28,6 +28,7 @@ os.environ.update(
         "PRONK_API_AUTH": "true",
         "PRONK_WEIGHTS_ROOT": tempfile.gettempdir(),  # checkpoints the tests upload over HTTP live in tmp dirs
         "PRONK_RECONCILE_INTERVAL_S": "3",
+        "PRONK_DEFAULT_JOB": "job-c0ffee01",  # the tiny random model: fast, and no test asserts what a model writes
     }
 )
 for key in [k for k in os.environ if k.startswith("PREFECT_")]:

@@ -234,6 +234,9 @@ def batch_run(
     out: Annotated[str, typer.Option("--out", help="Folder (or s3:// prefix) for the output and error files.")],
     job: JobOption = None,
     chunk_size: Annotated[int, typer.Option(min=1, help="Requests per Prefect task run.")] = 64,
+    answers: Annotated[
+        int, typer.Option(min=0, help="Print the first N lines' answers and how each checked (on stderr).")
+    ] = 0,
 ) -> None:
     """Run a batch to completion; print the final batch object as one JSON line last on stdout."""
     from pronk.stack.prefect_env import configure_prefect
@@ -260,10 +263,23 @@ def batch_run(
         new_id("batch"),
         job_config.name,
         dict(input_uri=input_uri, job_id=job_config.job_id, output_dir=out_uri, chunk_size=chunk_size),
+        answers,
     )
 
 
-def _run_locally(batch_id: str, label: str, parameters: dict) -> None:
+def _print_answers(batch, count: int) -> None:
+    """The first `count` lines of the batch (output and error files, in input order): id, check, answer."""
+    from pronk import storage
+    from pronk.cli.terminal import answers_table
+
+    lines = []
+    for uri in (batch.output_uri, batch.error_uri):
+        if uri and storage.exists(uri):
+            lines += [json.loads(raw) for raw in storage.read_bytes(uri).splitlines() if raw.strip()]
+    typer.echo(answers_table(lines, count), err=True)
+
+
+def _run_locally(batch_id: str, label: str, parameters: dict, answers: int = 0) -> None:
     """Run the batch flow here with a progress bar; print the final batch object last; exit 0 if it completed."""
     import asyncio
 
@@ -282,6 +298,8 @@ def _run_locally(batch_id: str, label: str, parameters: dict) -> None:
         f"output {batch.output_uri}, errors {batch.error_uri}",
         err=True,
     )
+    if answers:
+        _print_answers(batch, answers)
     typer.echo(json.dumps(batch.model_dump(mode="json")))
     raise typer.Exit(0 if batch.status == "completed" else 1)
 

@@ -51,3 +51,26 @@ def batch_progress(batch_id: str, label: str) -> Iterator[None]:
     finally:
         stop.set()
         watcher.join()
+
+
+ANSWER_CHARS = 100
+
+
+def answers_table(lines: list[dict], count: int) -> str:
+    """Output and error lines as `custom_id  check  answer` rows, by custom id: the first `count` of them, each
+    answer on one line and cut to ANSWER_CHARS (an error line shows its error)."""
+    rows = []
+    for line in sorted(lines, key=lambda line: str(line.get("custom_id")))[:count]:
+        error = line.get("error")
+        if error:
+            check, text = "failed", f"error {error.get('code')}: {error.get('message')}"
+        else:
+            body = line["response"]["body"]
+            check = body.get("pronk", {}).get("check", {}).get("status", "unchecked")
+            text = body["choices"][0]["message"]["content"] or ""
+        text = " ".join(str(text).split())
+        rows.append(
+            (str(line.get("custom_id")), check, text[:ANSWER_CHARS] + ("…" if len(text) > ANSWER_CHARS else ""))
+        )
+    width = max((len(row[0]) for row in rows), default=9)
+    return "\n".join(f"{cid:<{width}}  {check:<9}  {text}" for cid, check, text in rows)

@@ -15,11 +15,12 @@ import pytest
 from pronk.batches.store import BatchStore
 from pronk.settings import PROJECT_ROOT
 from pronk.worker_token import worker_token
+from tests.conftest import DATA
 from tests.flows.deployment_runs import run_batch_deployment
 
 pytestmark = pytest.mark.e2e
 JOB = "job-c0ffee01"
-AGENT_BATCH = PROJECT_ROOT / "data" / "agent_batch.jsonl"
+AGENT_BATCH = DATA / "agent_batch.jsonl"
 
 
 def read_jsonl(uri: str) -> list[dict]:

@@ -19,7 +19,6 @@ import pytest
 from engine.auth import auth_headers
 from pronk.batches.store import BatchStore
 from pronk.jobs import get_job
-from pronk.settings import PROJECT_ROOT
 from pronk.stack.state import worker_name
 from pronk.worker_token import worker_token
 from tests.conftest import DATA
@@ -60,7 +59,7 @@ def test_mixed_file_gives_exactly_one_line_per_input_line(stack, tmp_path):
 
 
 def test_batch_record_follows_the_status_lifecycle_and_accounts_usage_and_cost(stack, tmp_path):
-    batch = run(PROJECT_ROOT / "data" / "sample_batch.jsonl", tmp_path, metadata={"team": "enrichment"})
+    batch = run(DATA / "sample_batch.jsonl", tmp_path, metadata={"team": "enrichment"})
     stored = BatchStore().load(batch["id"]).model_dump()
     assert stored["status"] == "completed"
     assert stored["created_at"] <= stored["in_progress_at"] <= stored["finalizing_at"] <= stored["completed_at"]

@@ -26,6 +26,7 @@ def small_table() -> pl.DataFrame:
 def write_spec(folder: Path, table: str, results: str | None, **overrides) -> Path:
     spec = yaml.safe_load((PROJECT_ROOT / "deployments" / "enrichments" / "companies.yaml").read_text())
     spec.update({"table": table, "tools": ["search"], "max_steps": 2, "max_tokens": 64, "schedule": None})
+    spec.update({"job": "tiny-cpu"})
     spec.update({"filter": None, **overrides})
     if results is not None:
         spec["results"] = results
@@ -58,6 +59,8 @@ def test_first_run_fills_the_columns_with_typed_values(first_run):
     assert (run["rows"], run["new"], run["skipped"]) == (ROWS, ROWS, 0)
     assert run["steps"] >= ROWS and run["cost_usd"] > 0 and run["model_version"].startswith("pronk-tiny/")
     assert table.height == ROWS and table["company_id"].to_list() == list(range(1, ROWS + 1))
+    # The shipped labels cover companies 1, 2, 3 and 5 of the first six: each of those answers was checked.
+    assert run["checked"] == 4 and table.filter(pl.col("_check").is_in(["passed", "failed"])).height == 4
     assert table.schema["confidence"] == pl.Float64 and table.schema["sector"] == pl.String
     # How many rows the random model answers is its choice; every row is either answered or carries its error.
     answered = table.filter(pl.col("_error").is_null())

@@ -18,7 +18,7 @@ from flows.batch import batch_id_of_flow_run
 from pronk.agents.step_records import StepRecord
 from pronk.agents.trace_dag import trace_dag
 from pronk.batches.store import BatchStore
-from pronk.settings import PROJECT_ROOT
+from tests.conftest import DATA
 from tests.flows.deployment_runs import run_batch_deployment
 
 pytestmark = pytest.mark.e2e
@@ -50,7 +50,7 @@ def replay_fan_out() -> dict:
 def dag_run(stack, tmp_path_factory):
     """Four lines (two fan out) through the run-batch deployment with `trace_sample=3` and no batch id."""
     work = tmp_path_factory.mktemp("dags")
-    by_id = {line["custom_id"]: line for line in read_jsonl(str(PROJECT_ROOT / "data" / "agent_batch.jsonl"))}
+    by_id = {line["custom_id"]: line for line in read_jsonl(str(DATA / "agent_batch.jsonl"))}
     by_id["replay-fanout"] = replay_fan_out()
     (work / "input.jsonl").write_text("".join(json.dumps(by_id[cid]) + "\n" for cid in LINES))
     started = run_batch_deployment(input_uri=work / "input.jsonl", job_id=JOB, output_dir=work / "out", trace_sample=3)

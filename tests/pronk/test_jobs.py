@@ -4,6 +4,7 @@ import pytest
 import yaml
 
 from pronk.jobs import JobFileError, get_job, load_job_file, load_jobs
+from pronk.settings import Settings
 
 GOOD = """
 job_id: job-0123abcd
@@ -36,7 +37,10 @@ def test_a_host_tier_adds_its_memory_to_the_worker_hour_price(tmp_path):
     assert load_job_file(write(tmp_path, "tiered", tiered)).worker_hour_price == pytest.approx(0.1 + 8 * 0.004)
 
 
-def test_shipped_default_job_is_valid():
+def test_shipped_jobs_of_the_demo_and_the_suite_are_valid():
+    assert Settings.model_fields["default_job"].default == get_job("smollm2-cpu").job_id
+    demo = get_job("smollm2-cpu")
+    assert demo.model_source and demo.quality.labelled_set and demo.engine.dtype == "float32"
     job = get_job("tiny-cpu")
     assert job.job_id == "job-c0ffee01"
     assert job.workers == 2

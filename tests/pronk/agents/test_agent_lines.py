@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from jsonschema import Draft202012Validator
@@ -15,6 +16,7 @@ from pronk.batches.input import validate_input
 from pronk.jobs import get_job
 from pronk.protocol.error_codes import ErrorCode
 from pronk.settings import PROJECT_ROOT
+from tests.conftest import DATA
 
 
 @pytest.fixture
@@ -32,10 +34,21 @@ def tool(name: str, parameters=None) -> dict:
     return {"type": "function", "function": function}
 
 
-def test_shipped_agent_and_replay_batches_validate(job):
-    for name in ("agent_batch.jsonl", "replay_batch.jsonl"):
-        validated = validate_input((PROJECT_ROOT / "data" / name).read_bytes(), job)
-        assert validated.errors == [] and len(validated.requests) == validated.total
+@pytest.mark.parametrize(
+    ("path", "job_name"),
+    [
+        (PROJECT_ROOT / "data" / "sample_batch.jsonl", "smollm2-cpu"),
+        (PROJECT_ROOT / "data" / "agent_batch.jsonl", "smollm2-cpu"),
+        (PROJECT_ROOT / "data" / "labelled" / "agent.jsonl", "smollm2-cpu"),
+        (PROJECT_ROOT / "data" / "replay_batch.jsonl", "tiny-cpu"),
+        (DATA / "agent_batch.jsonl", "tiny-cpu"),
+        (DATA / "sample_batch.jsonl", "tiny-cpu"),
+    ],
+    ids=lambda value: value.name if isinstance(value, Path) else value,
+)
+def test_shipped_batches_validate_for_their_job(path, job_name):
+    validated = validate_input(path.read_bytes(), get_job(job_name))
+    assert validated.errors == [] and len(validated.requests) == validated.total
 
 
 @pytest.mark.parametrize(

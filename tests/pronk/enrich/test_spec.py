@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from pronk.enrich.spec import EnrichSpecError, load_spec, template_fields
-from pronk.enrich.table import read_rows
+from pronk.enrich.table import read_labels, read_rows
 from pronk.settings import Settings
 
 GOOD = {
@@ -43,8 +43,9 @@ def folder(tmp_path: Path) -> Path:
 def test_the_shipped_spec_loads_and_its_table_fits_it():
     spec = load_spec("companies")
     assert spec.name == "companies" and spec.key == ["company_id"] and spec.schedule.cron == "0 2 * * *"
-    assert spec.template_columns == ["name", "domain", "founded", "description"]
+    assert spec.template_columns == ["name", "domain", "founded", "country", "industry", "description"]
     assert read_rows(spec, Settings()).height == 24
+    assert len(read_labels(spec, Settings())) == 10
 
 
 def test_a_good_spec_gives_the_answer_schema(folder):
