@@ -30,18 +30,27 @@ def enrich_run(
     settings = get_settings()
     configure_prefect(settings)
     from flows.enrich import enrich_table
+    from pronk.enrich.open_run import EnrichRunning, read_open_run, this_process
     from pronk.enrich.spec import EnrichSpecError, load_spec
+    from pronk.enrich.table import results_uri
     from pronk.protocol.ids import new_id
 
     try:
-        name = load_spec(spec).name
+        enrichment = load_spec(spec)
     except EnrichSpecError as exc:
         fail(str(exc))
+    name, results = enrichment.name, results_uri(enrichment, settings)
     batch_id = new_id("batch")
-    with batch_progress(batch_id, name):
+
+    def asking() -> str:
+        """The batch this process asks: a run taking over a crashed one's runs on under that run's batch."""
+        marker = read_open_run(results, settings)
+        return marker.batch_id if marker is not None and (marker.host, marker.pid) == this_process()[:2] else batch_id
+
+    with batch_progress(asking, name):
         try:
             run = asyncio.run(enrich_table(spec=spec, limit=limit, batch_id=batch_id))
-        except EnrichSpecError as exc:
+        except (EnrichSpecError, EnrichRunning) as exc:
             fail(f"enrichment {name} refused, nothing written: {exc}")
     typer.echo(
         f"enrichment {name}: {run['rows']} rows; {run['new']} new, {run['changed']} changed, {run['retried']} retried,"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NoReturn
 
 import typer
@@ -17,8 +17,9 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(1)
 
 
-def _draw_progress(batch_id: str, label: str, stop: threading.Event) -> None:
-    """Draw a progress bar on stderr from the batch record's request counts until `stop` is set."""
+def _draw_progress(batch_id: str | Callable[[], str], label: str, stop: threading.Event) -> None:
+    """Draw a progress bar on stderr from the batch record's request counts until `stop` is set (`batch_id`: the
+    batch, or a function naming it at each redraw)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from pronk.batches.store import BatchStore
@@ -28,7 +29,7 @@ def _draw_progress(batch_id: str, label: str, stop: threading.Event) -> None:
         task = bar.add_task("batch", total=None)
         while not stop.wait(0.5):
             try:
-                batch = store.load(batch_id)
+                batch = store.load(batch_id if isinstance(batch_id, str) else batch_id())
             except (OSError, ValueError):
                 continue
             counts = batch.request_counts
@@ -38,7 +39,7 @@ def _draw_progress(batch_id: str, label: str, stop: threading.Event) -> None:
 
 
 @contextlib.contextmanager
-def batch_progress(batch_id: str, label: str) -> Iterator[None]:
+def batch_progress(batch_id: str | Callable[[], str], label: str) -> Iterator[None]:
     """A progress bar for the batch while the block runs, when stderr is a terminal."""
     if not sys.stderr.isatty():
         yield

@@ -50,13 +50,17 @@ def custom_id(index: int) -> str:
     return f"row-{index}"
 
 
-def write_lines(spec: EnrichSpec, job: JobConfig, todo: pl.DataFrame, indices: list[int], uri: str, settings) -> None:
+def lines_file(spec: EnrichSpec, job: JobConfig, todo: pl.DataFrame, indices: list[int], settings) -> bytes:
     """The rows to ask as a batch input file, one agent line per row, named by the row's index; a row of the
-    labelled sample carries a check of its expected values."""
+    labelled sample carries a check of its expected values. The same rows make the same bytes."""
     labels = read_labels(spec, settings)
     keys = todo.select(spec.key).rows()
     rows = [(custom_id(i), row, labels.get(key)) for i, row, key in zip(indices, todo.to_dicts(), keys, strict=True)]
-    storage.write_bytes(uri, input_file(spec, job, rows), settings)
+    return input_file(spec, job, rows)
+
+
+def write_lines(spec: EnrichSpec, job: JobConfig, todo: pl.DataFrame, indices: list[int], uri: str, settings) -> None:
+    storage.write_bytes(uri, lines_file(spec, job, todo, indices, settings), settings)
 
 
 @dataclass(slots=True)

@@ -1,0 +1,41 @@
+"""A flow run's state, read and ended: for runs whose process died without a hook (SIGKILL, OOM, a lost machine).
+
+Such a flow run stays RUNNING in Prefect for good when no Prefect worker watched its process (`pronk enrich run`
+runs the flow in its own process). The next run of the same work reads its state and marks it `Crashed`. Both calls
+are bounded and best effort (`best_effort`): a Prefect server that is away costs the mark, never the run.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from pronk.control.calls import best_effort
+
+
+async def _state_type(flow_run_id: str) -> str | None:
+    from prefect import get_client
+
+    async with get_client() as client:
+        flow_run = await client.read_flow_run(uuid.UUID(flow_run_id))
+    return flow_run.state_type.value if flow_run.state_type else None
+
+
+async def flow_run_state(flow_run_id: str) -> str | None:
+    """The flow run's state type (`RUNNING`, `CRASHED`, …), or None when Prefect does not answer or know it."""
+    return await best_effort(f"reading flow run {flow_run_id}", _state_type(flow_run_id))
+
+
+async def _set_crashed(flow_run_id: str, message: str) -> bool:
+    from prefect import get_client
+    from prefect.client.schemas.responses import SetStateStatus
+    from prefect.states import Crashed
+
+    async with get_client() as client:
+        result: Any = await client.set_flow_run_state(uuid.UUID(flow_run_id), Crashed(message=message), force=True)
+    return result.status == SetStateStatus.ACCEPT
+
+
+async def mark_crashed(flow_run_id: str, message: str) -> bool:
+    """Set the flow run `Crashed` with the message; False when Prefect refused or did not answer."""
+    return bool(await best_effort(f"marking flow run {flow_run_id} crashed", _set_crashed(flow_run_id, message)))
