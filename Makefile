@@ -25,7 +25,7 @@ test: install lint
 	$(BIN)/python -m pytest -m "not e2e"; units=$$?; \
 	wait $$typing; typed=$$?; cat $(VENV)/mypy.log; \
 	[ $$units -eq 0 ] && [ $$typed -eq 0 ]
-	$(BIN)/python -m pytest -m "e2e and not bench_smoke"
+	$(BIN)/python -m pytest -m "e2e and not bench_smoke" --durations=25
 
 # The tests that need no server (seconds).
 unit: install

@@ -65,7 +65,7 @@ def postgres_stack():
         }
     )
     try:
-        up = pronk(env, "stack", "up", "--postgres", "--no-mlflow-ui", "--no-api")
+        up = pronk(env, "stack", "up", "--postgres", "--job", "tiny-cpu", "--no-mlflow-ui", "--no-api")
         assert up.returncode == 0, up.stdout + up.stderr
         yield env, server, data_dir
     finally:
