@@ -268,7 +268,7 @@ def batch_run(
 
 
 def _print_answers(batch, count: int) -> None:
-    """The first `count` lines of the batch (output and error files, in input order): id, check, answer."""
+    """The first `count` lines of the batch (output and error files, by custom id): id, check, answer."""
     from pronk import storage
     from pronk.cli.terminal import answers_table
 
