@@ -14,7 +14,7 @@ import asyncio
 from prefect import flow, get_run_logger, runtime
 from prefect.artifacts import acreate_table_artifact
 
-from pronk.batches.labelled import SuccessTally
+from pronk.batches.schemas import CheckCounts
 from pronk.batches.traces import scratch_dir
 from pronk.jobs import get_job
 from pronk.models import canary as canaries
@@ -64,7 +64,7 @@ async def leap(
         raise
     run = leaps.LeapRun(record, leaps.LeapStore(settings), worker_token(settings))
 
-    async def measure(labelled: list[ValidRequest], worker_ids: list[str]) -> SuccessTally:
+    async def measure(labelled: list[ValidRequest], worker_ids: list[str]) -> CheckCounts:
         return await measure_labelled(job, labelled, worker_ids, settings, scratch_dir(settings, record.id))
 
     try:

@@ -12,7 +12,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from pronk.batches.labelled import SuccessTally
+from pronk.batches.schemas import CheckCounts
 from pronk.jobs import JobConfig
 from pronk.models import canary
 from pronk.models.leap import LeapRun, WeightsRefused
@@ -47,6 +47,6 @@ async def reload_weights(run: LeapRun, worker_id: str, version: str) -> None:
 @task(cache_policy=NO_CACHE, task_run_name="labelled-set-on-{worker_ids}")
 async def measure_labelled(
     job: JobConfig, lines: list[ValidRequest], worker_ids: list[str], settings: Settings, scratch: Path
-) -> SuccessTally:
+) -> CheckCounts:
     """Run the job's labelled set on these workers only and tally its checks."""
     return await canary.measure(job, lines, worker_ids, settings, scratch)

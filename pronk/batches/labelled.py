@@ -20,6 +20,7 @@ from pronk.agents.outcomes import Completion
 from pronk.agents.tools import project_path
 from pronk.agents.tools.python_exec import PythonTool
 from pronk.batches.input import validate_input
+from pronk.batches.schemas import CheckCounts
 from pronk.errors import PronkError
 from pronk.jobs import JobConfig
 from pronk.protocol.checks import PythonCheck
@@ -35,35 +36,14 @@ class LabelledSetError(PronkError, ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class SuccessTally:
-    """Lines of a labelled run by how their check ended (a line that failed to run counts as failed)."""
-
-    passed: int = 0
-    failed: int = 0
-    unchecked: int = 0
-
-    @property
-    def checked(self) -> int:
-        return self.passed + self.failed
-
-    @property
-    def success_rate(self) -> float | None:
-        return self.passed / self.checked if self.checked else None
-
-    def describe(self) -> str:
-        rate = self.success_rate
-        return f"{self.passed}/{self.checked} passed" + (f" ({rate:.0%})" if rate is not None else "")
-
-
-@dataclass(frozen=True, slots=True)
 class QualityVerdict:
     worse: bool
     reason: str
-    current: SuccessTally
-    candidate: SuccessTally
+    current: CheckCounts
+    candidate: CheckCounts
 
 
-def compare_success(current: SuccessTally, candidate: SuccessTally, z: float = ONE_SIDED_Z) -> QualityVerdict:
+def compare_success(current: CheckCounts, candidate: CheckCounts, z: float = ONE_SIDED_Z) -> QualityVerdict:
     """Whether `candidate` passes fewer checks than `current` beyond noise: a one-sided two-proportion z-test.
 
     A small labelled set is noisy (20 lines at 60% move by ±11 points run to run), so a drop counts only when it is
@@ -117,7 +97,7 @@ def labelled_lines(job: JobConfig, settings: Settings | None = None) -> list[Val
     return validated.requests
 
 
-async def run_labelled(lines: list[ValidRequest], harness: Harness) -> SuccessTally:
+async def run_labelled(lines: list[ValidRequest], harness: Harness) -> CheckCounts:
     """Run every line through `harness` (whose router picks the workers measured) and tally the checks."""
     predicates = any(isinstance(r.check, PythonCheck) for r in lines)
     python = PythonTool(harness.job.tools.python) if predicates else None
@@ -131,6 +111,6 @@ async def run_labelled(lines: list[ValidRequest], harness: Harness) -> SuccessTa
         return (await run_check(request.check, answer, python)).status
 
     statuses = await asyncio.gather(*(one(r) for r in lines))
-    return SuccessTally(
+    return CheckCounts(
         passed=statuses.count("passed"), failed=statuses.count("failed"), unchecked=statuses.count("unchecked")
     )

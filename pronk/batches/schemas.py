@@ -39,6 +39,10 @@ class CheckCounts(BaseModel):
         """Passed over checked lines; None when no line was checked."""
         return self.passed / self.checked if self.checked else None
 
+    def describe(self) -> str:
+        rate = self.success_rate
+        return f"{self.passed}/{self.checked} passed" + (f" ({rate:.0%})" if rate is not None else "")
+
 
 class InputTokensDetails(BaseModel):
     cached_tokens: int = 0

@@ -16,7 +16,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from pronk.batches.labelled import QualityVerdict, SuccessTally, compare_success
+from pronk.batches.labelled import QualityVerdict, compare_success
+from pronk.batches.schemas import CheckCounts
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +49,7 @@ def judge(
     winner: list[float],
     winner_failed: int = 0,
     min_noise: float = 0.05,
-    success: tuple[SuccessTally | None, SuccessTally | None] | None = None,
+    success: tuple[CheckCounts | None, CheckCounts | None] | None = None,
 ) -> Verdict:
     """Whether the winner (its tasks per dollar, each measurement) beats the current configuration (its repeats).
 

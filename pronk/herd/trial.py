@@ -29,7 +29,8 @@ from pronk.agents.harness import Harness
 from pronk.agents.replay import TraceRecord, run_shape
 from pronk.agents.step_records import StepRecorder
 from pronk.agents.tool_gaps import ToolGaps
-from pronk.batches.labelled import SuccessTally, run_labelled
+from pronk.batches.labelled import run_labelled
+from pronk.batches.schemas import CheckCounts
 from pronk.jobs import JobConfig
 from pronk.protocol.lines import ValidRequest
 from pronk.protocol.shapes import TraceShape
@@ -133,7 +134,7 @@ def trial_router(job: JobConfig, settings: Settings) -> Router:
     )
 
 
-async def run_labelled_set(job: JobConfig, lines: list[ValidRequest], settings: Settings) -> SuccessTally:
+async def run_labelled_set(job: JobConfig, lines: list[ValidRequest], settings: Settings) -> CheckCounts:
     """The job's labelled set run through the harness on the live workers of `job` (a trial fleet's id), with
     `job`'s harness, scheduling and default settings: the checked success rate of that configuration. Its tools
     write under a scratch folder removed after."""

@@ -31,7 +31,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
-from pronk.batches.labelled import SuccessTally, labelled_lines
+from pydantic import BaseModel
+
+from pronk.batches.labelled import labelled_lines
+from pronk.batches.schemas import CheckCounts
 from pronk.herd.guard import Verdict, judge
 from pronk.herd.profile import job_step_uris, profile_steps, scan_steps
 from pronk.herd.shapes import relabel, sample_shapes, shapes_from_steps
@@ -122,7 +125,7 @@ class Trial:
     error: str | None = None
     seconds: float = 0.0
     mlflow_run_id: str | None = None
-    quality: SuccessTally | None = None
+    quality: CheckCounts | None = None
     """The labelled set's tally on this trial's fleet, for the trials that run it."""
 
     @property
@@ -148,7 +151,7 @@ class TuneResult:
             "trials": len(self.trials),
             "seconds": round(self.seconds, 1),
             "winner": {"label": self.winner.label, "changes": self.winner.changes} if self.winner else None,
-            "verdict": asdict(self.verdict) if self.verdict else None,
+            "verdict": asdict(self.verdict, dict_factory=_plain) if self.verdict else None,
             "table": [
                 {
                     "trial": t.label,
@@ -157,7 +160,9 @@ class TuneResult:
                     "p90_s": t.measurement.p90_s if t.measurement else None,
                     "cached_ratio": t.measurement.cached_ratio if t.measurement else None,
                     "labelled": (
-                        {**asdict(t.quality), "success_rate": t.quality.success_rate} if t.quality is not None else None
+                        {**t.quality.model_dump(), "success_rate": t.quality.success_rate}
+                        if t.quality is not None
+                        else None
                     ),
                     "error": t.error,
                     "params": t.params,
@@ -182,6 +187,11 @@ class TuneResult:
             settings = ", ".join(f"{k}={v}" for k, v in t.params.items()) or "current"
             lines.append(f"| {t.label} | {figures} | {settings} |")
         return "\n".join(lines) + "\n"
+
+
+def _plain(items: list[tuple[str, Any]]) -> dict[str, Any]:
+    """`asdict`'s dict factory for dataclasses holding pydantic models (the verdict's check counts): JSON-ready."""
+    return {key: value.model_dump() if isinstance(value, BaseModel) else value for key, value in items}
 
 
 def run_coroutine(coroutine: Coroutine[Any, Any, T]) -> T:
@@ -386,7 +396,7 @@ class Tuner:
                         set_began = time.monotonic()
                         trial.quality = run_coroutine(run_labelled_set(trial_job, self.labelled, self.settings))
                         self.labelled_seconds.append(time.monotonic() - set_began)
-                        mlflow.log_metrics({f"labelled_{k}": float(v) for k, v in asdict(trial.quality).items()})
+                        mlflow.log_metrics({f"labelled_{k}": float(v) for k, v in trial.quality.model_dump().items()})
                         if trial.quality.success_rate is not None:
                             mlflow.log_metric("success_rate", trial.quality.success_rate)
                 except Exception as exc:  # noqa: BLE001 - a configuration that cannot run is a failed trial

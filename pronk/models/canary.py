@@ -18,7 +18,8 @@ from engine.registry import Registry
 from engine.router import Router
 from pronk.agents.harness import Harness
 from pronk.agents.step_records import StepRecorder
-from pronk.batches.labelled import LabelledSetError, SuccessTally, compare_success, labelled_lines, run_labelled
+from pronk.batches.labelled import LabelledSetError, compare_success, labelled_lines, run_labelled
+from pronk.batches.schemas import CheckCounts
 from pronk.jobs import JobConfig
 from pronk.models.leap import (
     CanaryRecord,
@@ -36,7 +37,7 @@ from pronk.protocol.lines import ValidRequest
 from pronk.settings import Settings
 from pronk.worker_token import worker_token
 
-Measure = Callable[[list[ValidRequest], list[str]], Awaitable[SuccessTally]]
+Measure = Callable[[list[ValidRequest], list[str]], Awaitable[CheckCounts]]
 """Run labelled lines on these workers only and tally their checks (`measure`, or the flow's task around it)."""
 
 
@@ -56,7 +57,7 @@ def labelled_set(job: JobConfig, record: LeapRecord, requested: bool, settings: 
 
 async def measure(
     job: JobConfig, lines: list[ValidRequest], worker_ids: list[str], settings: Settings, scratch: Path
-) -> SuccessTally:
+) -> CheckCounts:
     """Run `lines` through the harness on `worker_ids` alone and tally their checks."""
     router = Router(
         job.job_id,

@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field
 from engine.auth import auth_headers
 from engine.registry import Registry
 from pronk import storage
-from pronk.batches.labelled import SuccessTally
+from pronk.batches.schemas import CheckCounts
 from pronk.errors import PronkError
 from pronk.jobs import get_job
 from pronk.models.checkpoints import CheckpointMismatch
@@ -63,8 +63,8 @@ class CanaryRecord(BaseModel):
     baseline_workers: list[str] = Field(
         description="Workers measured on the version served: the others, or the canary itself before it switched."
     )
-    baseline: SuccessTally | None = None
-    candidate: SuccessTally | None = None
+    baseline: CheckCounts | None = None
+    candidate: CheckCounts | None = None
     worse: bool | None = Field(default=None, description="Whether the canary passed fewer checks beyond noise.")
     reason: str = ""
 

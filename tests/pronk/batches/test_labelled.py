@@ -4,13 +4,8 @@ import json
 import pytest
 
 from pronk.agents.outcomes import Completion, LineFailure, RequestOutcome, Usage
-from pronk.batches.labelled import (
-    LabelledSetError,
-    SuccessTally,
-    compare_success,
-    labelled_lines,
-    run_labelled,
-)
+from pronk.batches.labelled import LabelledSetError, compare_success, labelled_lines, run_labelled
+from pronk.batches.schemas import CheckCounts
 from pronk.jobs import get_job
 
 
@@ -100,20 +95,20 @@ def test_a_labelled_run_tallies_checks_and_counts_a_line_that_failed_to_run_as_f
     )
     harness = _Harness(job, {"right": "It is 4.", "wrong": "It is 5.", "lost": None})
     tally = asyncio.run(run_labelled(labelled_lines(job), harness))
-    assert tally == SuccessTally(passed=1, failed=2)
+    assert tally == CheckCounts(passed=1, failed=2)
     assert sorted(harness.recorder.taken) == ["lost", "right", "wrong"]
 
 
 @pytest.mark.parametrize(
     ("current", "candidate", "worse"),
     [
-        (SuccessTally(passed=12, failed=8), SuccessTally(passed=10, failed=10), False),  # 60% → 50%: noise at n=20
-        (SuccessTally(passed=16, failed=4), SuccessTally(passed=4, failed=16), True),
-        (SuccessTally(passed=20), SuccessTally(passed=0, failed=20), True),
-        (SuccessTally(passed=5, failed=15), SuccessTally(passed=15, failed=5), False),  # better is never worse
-        (SuccessTally(failed=20), SuccessTally(failed=20), False),
-        (SuccessTally(unchecked=20), SuccessTally(failed=20), False),  # nothing checked on one side
-        (SuccessTally(passed=600, failed=400), SuccessTally(passed=540, failed=460), True),  # 6 points at n=1000
+        (CheckCounts(passed=12, failed=8), CheckCounts(passed=10, failed=10), False),  # 60% → 50%: noise at n=20
+        (CheckCounts(passed=16, failed=4), CheckCounts(passed=4, failed=16), True),
+        (CheckCounts(passed=20), CheckCounts(passed=0, failed=20), True),
+        (CheckCounts(passed=5, failed=15), CheckCounts(passed=15, failed=5), False),  # better is never worse
+        (CheckCounts(failed=20), CheckCounts(failed=20), False),
+        (CheckCounts(unchecked=20), CheckCounts(failed=20), False),  # nothing checked on one side
+        (CheckCounts(passed=600, failed=400), CheckCounts(passed=540, failed=460), True),  # 6 points at n=1000
     ],
 )
 def test_a_candidate_is_worse_only_when_its_success_rate_falls_beyond_noise(current, candidate, worse):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pronk.batches.labelled import SuccessTally
+from pronk.batches.schemas import CheckCounts
 from pronk.herd.guard import judge, relative_spread
 
 
@@ -47,7 +47,9 @@ def test_one_measurement_of_either_is_not_enough():
 
 
 def test_a_winner_cheaper_per_task_but_worse_on_the_labelled_set_is_refused_naming_both_rates():
-    verdict = judge([100.0, 100.0], [200.0, 200.0], success=(SuccessTally(passed=16, failed=4), SuccessTally(4, 16)))
+    verdict = judge(
+        [100.0, 100.0], [200.0, 200.0], success=(CheckCounts(passed=16, failed=4), CheckCounts(passed=4, failed=16))
+    )
     assert not verdict.accept and verdict.gain == pytest.approx(2.0)
     assert verdict.quality is not None and verdict.quality.worse
     assert "answers worse" in verdict.reason
@@ -55,14 +57,14 @@ def test_a_winner_cheaper_per_task_but_worse_on_the_labelled_set_is_refused_nami
 
 
 def test_a_winner_within_noise_on_the_labelled_set_is_accepted():
-    verdict = judge([100.0, 100.0], [200.0, 200.0], success=(SuccessTally(passed=20), SuccessTally(18, 2)))
+    verdict = judge([100.0, 100.0], [200.0, 200.0], success=(CheckCounts(passed=20), CheckCounts(passed=18, failed=2)))
     assert verdict.accept and verdict.quality is not None and not verdict.quality.worse
     assert "holds within noise: 18/20 passed (90%) against 20/20 passed (100%)" in verdict.reason
 
 
 def test_a_success_rate_not_measured_refuses_the_winner():
-    verdict = judge([100.0, 100.0], [200.0, 200.0], success=(SuccessTally(passed=20), None))
+    verdict = judge([100.0, 100.0], [200.0, 200.0], success=(CheckCounts(passed=20), None))
     assert not verdict.accept and "winner's success rate on the labelled set was not measured" in verdict.reason
-    verdict = judge([100.0, 100.0], [200.0, 200.0], success=(None, SuccessTally(passed=20)))
+    verdict = judge([100.0, 100.0], [200.0, 200.0], success=(None, CheckCounts(passed=20)))
     assert not verdict.accept and "current configuration's success rate" in verdict.reason
     assert judge([100.0, 100.0], [200.0, 200.0]).quality is None  # no labelled set: tasks per dollar alone

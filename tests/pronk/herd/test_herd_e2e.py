@@ -14,7 +14,8 @@ import mlflow
 import pytest
 
 from engine.registry import Registry
-from pronk.batches.labelled import SuccessTally, labelled_lines
+from pronk.batches.labelled import labelled_lines
+from pronk.batches.schemas import CheckCounts
 from pronk.batches.store import BatchStore
 from pronk.herd.guard import judge
 from pronk.herd.profile import scan_steps
@@ -137,7 +138,7 @@ def test_a_configuration_whose_lines_cannot_complete_is_refused_on_the_labelled_
     lines = labelled_lines(job, stack)
     current = asyncio.run(run_labelled_set(job, lines, stack))
     answered_worse = asyncio.run(run_labelled_set(worse, lines, stack))
-    assert (current, answered_worse) == (SuccessTally(passed=3), SuccessTally(failed=3))
+    assert (current, answered_worse) == (CheckCounts(passed=3), CheckCounts(failed=3))
     verdict = judge([100.0, 100.0], [200.0, 200.0], success=(current, answered_worse))
     assert not verdict.accept
     assert verdict.reason.endswith("success rate fell beyond noise: 0/3 passed (0%) against 3/3 passed (100%)")

@@ -13,7 +13,8 @@ from dataclasses import replace
 import mlflow
 import pytest
 
-from pronk.batches.labelled import LabelledSetError, SuccessTally
+from pronk.batches.labelled import LabelledSetError
+from pronk.batches.schemas import CheckCounts
 from pronk.herd import tuner
 from pronk.herd.trial import Measurement, restart_key
 from pronk.jobs import JobConfig, QualityConfig, get_job
@@ -68,15 +69,15 @@ def settings(tmp_path_factory) -> Settings:
     return Settings(data_dir=tmp_path_factory.mktemp("herd-quality"))
 
 
-def tune(monkeypatch, settings, tmp_path, candidate_tally: SuccessTally | None) -> tuple[tuner.TuneResult, list]:
+def tune(monkeypatch, settings, tmp_path, candidate_tally: CheckCounts | None) -> tuple[tuner.TuneResult, list]:
     """One tuning of tiny-cpu's `max_concurrency`; with `candidate_tally`, the job has a labelled set on which the
     current configuration passes 20 of 20 lines and every candidate gives `candidate_tally`."""
     labelled_runs: list[JobConfig] = []
 
-    async def stand_in_labelled(job, lines, settings) -> SuccessTally:
+    async def stand_in_labelled(job, lines, settings) -> CheckCounts:
         labelled_runs.append(job)
         assert candidate_tally is not None
-        return SuccessTally(passed=20) if is_current(job) else candidate_tally
+        return CheckCounts(passed=20) if is_current(job) else candidate_tally
 
     monkeypatch.setattr(tuner, "TrialFleet", StandInFleet)
     monkeypatch.setattr(tuner, "replay_sample", stand_in_replay)
@@ -98,7 +99,7 @@ def tune(monkeypatch, settings, tmp_path, candidate_tally: SuccessTally | None) 
 
 
 def test_a_winner_cheaper_per_task_but_worse_on_the_labelled_set_is_refused(monkeypatch, settings, tmp_path):
-    result, labelled_runs = tune(monkeypatch, settings, tmp_path, SuccessTally(passed=4, failed=16))
+    result, labelled_runs = tune(monkeypatch, settings, tmp_path, CheckCounts(passed=4, failed=16))
     assert result.winner is not None and result.verdict is not None
     assert result.verdict.gain == pytest.approx(2.0) and not result.verdict.accept
     assert "answers worse" in result.verdict.reason
@@ -118,7 +119,7 @@ def test_a_winner_cheaper_per_task_but_worse_on_the_labelled_set_is_refused(monk
 
 
 def test_a_winner_within_noise_on_the_labelled_set_is_accepted(monkeypatch, settings, tmp_path):
-    result, labelled_runs = tune(monkeypatch, settings, tmp_path, SuccessTally(passed=18, failed=2))
+    result, labelled_runs = tune(monkeypatch, settings, tmp_path, CheckCounts(passed=18, failed=2))
     assert result.verdict is not None and result.verdict.accept, result.verdict
     assert "18/20 passed (90%) against 20/20 passed (100%)" in result.verdict.reason
     assert len(labelled_runs) == 2

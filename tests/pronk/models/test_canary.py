@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from pronk.batches.labelled import SuccessTally, labelled_lines
+from pronk.batches.labelled import labelled_lines
+from pronk.batches.schemas import CheckCounts
 from pronk.jobs import get_job
 from pronk.models import canary
 from pronk.models.leap import LeapFailed, LeapRecord, LeapRefused, LeapRun, LeapStore, WorkerLeap, conclude, switch
@@ -73,12 +74,12 @@ class Fleet:
         worker.version, worker.paused_at, worker.resumed_at = version, 1.0, 1.5
 
     def measure_on(self, run: LeapRun):
-        async def measure(lines, worker_ids: list[str]) -> SuccessTally:
+        async def measure(lines, worker_ids: list[str]) -> CheckCounts:
             (version,) = {run.record.workers[w].version for w in worker_ids}
             self.calls.append(("measure", tuple(worker_ids), version))
             await asyncio.sleep(0)
             passed = self.rates[version]
-            return SuccessTally(passed=passed, failed=20 - passed)
+            return CheckCounts(passed=passed, failed=20 - passed)
 
         return measure
 
@@ -99,11 +100,11 @@ def test_a_canary_that_holds_lets_the_rest_of_the_fleet_switch(settings, tmp_pat
     assert fleet.calls[:2] == [("stage", "w0"), ("reload", "w0", NEW)]
     assert set(fleet.calls[2:4]) == {("measure", ("w1", "w2"), OLD), ("measure", ("w0",), NEW)}
     assert sorted(fleet.calls[4:]) == [("reload", "w1", NEW), ("reload", "w2", NEW), ("stage", "w1"), ("stage", "w2")]
-    assert record.canary.worse is False and record.canary.candidate == SuccessTally(passed=15, failed=5)
+    assert record.canary.worse is False and record.canary.candidate == CheckCounts(passed=15, failed=5)
     assert record.canary.baseline_workers == ["w1", "w2"] and record.canary.lines == 4
     assert "canary w0 on pronk-tiny/2: 15/20 passed (75%)" in record.canary_summary()
     saved = LeapStore(settings).latest("job-c0ffee01")
-    assert saved.canary.baseline == SuccessTally(passed=16, failed=4)
+    assert saved.canary.baseline == CheckCounts(passed=16, failed=4)
 
 
 def test_a_worse_canary_goes_back_and_the_leap_is_refused_naming_both_rates(settings, tmp_path):
@@ -119,7 +120,7 @@ def test_a_worse_canary_goes_back_and_the_leap_is_refused_naming_both_rates(sett
     assert ("stage", "w1") not in fleet.calls
     record = LeapStore(settings).latest("job-c0ffee01")
     assert record.status == "refused" and record.message == message and not record.alias_moved
-    assert record.canary.worse is True and record.canary.candidate == SuccessTally(passed=3, failed=17)
+    assert record.canary.worse is True and record.canary.candidate == CheckCounts(passed=3, failed=17)
     assert {w.worker_id: (w.version, w.state) for w in record.workers.values()} == {
         "w0": (OLD, "rolled_back"),
         "w1": (OLD, "ready"),
