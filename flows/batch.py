@@ -14,9 +14,7 @@ from typing import Annotated, Literal
 from prefect import flow, get_run_logger, runtime
 from pydantic import Field
 
-from engine.registry import Registry
-from engine.router import Router
-from pronk.agents.harness import Harness
+from pronk.agents.harness import Harness, job_router
 from pronk.agents.step_records import StepRecorder
 from pronk.batches.files import FileStore
 from pronk.batches.input import BatchInputError
@@ -33,7 +31,6 @@ from pronk.errors import PronkError
 from pronk.jobs import MAX_TRACE_SAMPLE, get_job
 from pronk.settings import get_settings
 from pronk.stack.prefect_env import show_pronk_logs
-from pronk.worker_token import worker_token
 from tasks.chunks import run_chunk
 from tasks.files import read_input_file, validate_lines
 
@@ -129,13 +126,7 @@ async def run_batch(
         job.job_id,
     )
 
-    router = Router(
-        job.job_id,
-        Registry.from_settings(settings),
-        policy=job.scheduling.routing,
-        admission=job.scheduling.admission,
-        token=worker_token(settings),
-    )
+    router = job_router(job, settings)
     harness = Harness(router, job, StepRecorder(), scratch_dir(settings, batch.id))
     run.check_stop(store)
     try:

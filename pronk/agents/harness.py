@@ -21,6 +21,7 @@ from typing import Any
 
 from engine.client import ContextTooLong, StepRejected
 from engine.protocol import ChatMessage, SamplingSpec, StepRequest, StepResult
+from engine.registry import Registry
 from engine.router import NoWorkerAvailable, Router
 from pronk import paths
 from pronk.agents.completions import engine_error_code, failed_outcome, run_request
@@ -36,8 +37,24 @@ from pronk.protocol.bodies import ChatCompletionBody, NamedToolChoice, ReplayBod
 from pronk.protocol.error_codes import ErrorCode
 from pronk.protocol.ids import new_id
 from pronk.protocol.lines import ValidRequest
+from pronk.settings import Settings
+from pronk.worker_token import worker_token
 
 TOOL_RESULT_CHARS = 1200
+
+
+def job_router(job: JobConfig, settings: Settings, only: list[str] | None = None, **options: Any) -> Router:
+    """A router to the live workers of `job` (or only those of `only`) with the job's routing and admission;
+    `options` are the Router's own (an admission timeout, say)."""
+    return Router(
+        job.job_id,
+        Registry.from_settings(settings),
+        policy=job.scheduling.routing,
+        admission=job.scheduling.admission,
+        token=worker_token(settings),
+        only=only,
+        **options,
+    )
 
 
 class TraceFailed(PronkError):

@@ -25,7 +25,7 @@ import yaml
 
 from engine.registry import Registry
 from engine.router import Router
-from pronk.agents.harness import Harness
+from pronk.agents.harness import Harness, job_router
 from pronk.agents.replay import TraceRecord, run_shape
 from pronk.agents.step_records import StepRecorder
 from pronk.agents.tool_gaps import ToolGaps
@@ -38,7 +38,6 @@ from pronk.settings import Settings
 from pronk.stack.fleet import wait_for_workers
 from pronk.stack.processes import spawn, stop
 from pronk.stack.state import worker_name
-from pronk.worker_token import worker_token
 
 logger = logging.getLogger(__name__)
 
@@ -124,14 +123,7 @@ def _quantile(ordered: list[float], q: float) -> float:
 def trial_router(job: JobConfig, settings: Settings) -> Router:
     """A router to the live workers of `job` (a trial fleet's id) with its scheduling settings; a step waits for
     admission at most the harness's step timeout."""
-    return Router(
-        job.job_id,
-        Registry.from_settings(settings),
-        policy=job.scheduling.routing,
-        admission=job.scheduling.admission,
-        admission_timeout_s=job.harness.step_timeout_s,
-        token=worker_token(settings),
-    )
+    return job_router(job, settings, admission_timeout_s=job.harness.step_timeout_s)
 
 
 async def run_labelled_set(job: JobConfig, lines: list[ValidRequest], settings: Settings) -> CheckCounts:

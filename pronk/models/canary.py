@@ -14,9 +14,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from engine.registry import Registry
-from engine.router import Router
-from pronk.agents.harness import Harness
+from pronk.agents.harness import Harness, job_router
 from pronk.agents.step_records import StepRecorder
 from pronk.batches.labelled import LabelledSetError, compare_success, labelled_lines, run_labelled
 from pronk.batches.schemas import CheckCounts
@@ -35,7 +33,6 @@ from pronk.models.leap import (
 from pronk.models.registry import models_uri
 from pronk.protocol.lines import ValidRequest
 from pronk.settings import Settings
-from pronk.worker_token import worker_token
 
 Measure = Callable[[list[ValidRequest], list[str]], Awaitable[CheckCounts]]
 """Run labelled lines on these workers only and tally their checks (`measure`, or the flow's task around it)."""
@@ -59,14 +56,7 @@ async def measure(
     job: JobConfig, lines: list[ValidRequest], worker_ids: list[str], settings: Settings, scratch: Path
 ) -> CheckCounts:
     """Run `lines` through the harness on `worker_ids` alone and tally their checks."""
-    router = Router(
-        job.job_id,
-        Registry.from_settings(settings),
-        policy=job.scheduling.routing,
-        admission=job.scheduling.admission,
-        token=worker_token(settings),
-        only=worker_ids,
-    )
+    router = job_router(job, settings, only=worker_ids)
     try:
         return await run_labelled(lines, Harness(router, job, StepRecorder(), scratch))
     finally:
