@@ -91,6 +91,17 @@ def pin_to_cores(cores: list[int]) -> None:
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in cores)
 
 
+def run_model_in_engine_process() -> None:
+    """On CPU, run the model inside vLLM's EngineCore process rather than in a third process of its own.
+
+    `AsyncLLM` always keeps EngineCore in its own process; vLLM's CPU platform then adds a multiprocess executor, one
+    more spawned process that imports vLLM again, unless `VLLM_ENABLE_V1_MULTIPROCESSING` is off, and then it keeps
+    the single-process executor that GPU engines of one device use. On 2 cores here that takes a tiny worker's start
+    from ~54 s to ~40 s and 32 decodes of 64 tokens from 2.7-3.3 s to 2.3 s (one IPC hop fewer per step).
+    """
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+
+
 def create_app(
     backend: VllmBackend, registry: Registry, url: str, heartbeat_interval_s: float, stager: Stager, *, token: str
 ) -> FastAPI:

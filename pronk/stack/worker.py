@@ -21,6 +21,7 @@ from engine.worker import (
     compact_json_outputs,
     cores_for,
     pin_to_cores,
+    run_model_in_engine_process,
     serve,
 )
 from pronk.jobs import JobConfig, get_job
@@ -71,6 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     url = advertise_url(args.host, sock.getsockname()[1], args.advertise)
     if job.device == "cpu":
         pin_to_cores(cores_for(args.index, job.cpu_cores_per_worker))
+        run_model_in_engine_process()
     model = resolve_model(job.model, settings)
     backend = VllmBackend(
         model_path=str(model.path),
