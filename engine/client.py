@@ -1,12 +1,16 @@
-"""HTTP client of the engine workers; every request carries the workers' shared token (`engine.auth`)."""
+"""HTTP client of the engine workers; every request carries the workers' shared token (`engine.auth`), and an
+`https://` worker is verified against the callers' CA bundle or the system's trust store (`engine.tls`)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import httpx
 
 from engine.auth import auth_headers
 from engine.errors import EngineError
 from engine.protocol import StepRequest, StepResult, WorkerStats
+from engine.tls import verify_context
 
 
 class StepRejected(EngineError):
@@ -26,11 +30,13 @@ class WorkerUnavailable(EngineError):
 
 
 class WorkerClient:
-    def __init__(self, token: str, timeout_s: float = 600.0):
+    def __init__(self, token: str, timeout_s: float = 600.0, ca_file: str | Path | None = None):
+        """`ca_file`: the CA bundle `https://` workers' certificates are verified against (unset: the system's)."""
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(timeout_s, connect=5.0),
             limits=httpx.Limits(max_connections=1024),
             headers=auth_headers(token),
+            verify=verify_context(ca_file),
         )
 
     async def generate(self, url: str, request: StepRequest) -> StepResult:

@@ -4,6 +4,7 @@ Started by `python -m pronk.stack.worker --job JOB [--index N] [--host ADDR --ad
 start`), which resolves the job and its model and calls `serve`. It binds 127.0.0.1 unless told otherwise,
 announces itself in the registry (under the URL other hosts reach it by) with a heartbeat carrying its load,
 and withdraws on SIGTERM. Every request but a bare `GET /health` must carry the shared token (`engine.auth`).
+Given a TLS context (`engine.tls.server_context`) it serves HTTPS on its socket and announces an `https://` URL.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import contextlib
 import logging
 import os
 import socket
+import ssl
 import time
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import FastAPI, HTTPException, Request
 
@@ -25,6 +27,9 @@ from engine.protocol import ReleaseRequest, StepRequest, StepResult, WorkerStats
 from engine.registry import Registry, RegistryUnavailable, WorkerEntry
 from engine.vllm_backend import VllmBackend
 from engine.weight_swap import Stager, add_weight_routes
+
+if TYPE_CHECKING:
+    import uvicorn
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -197,24 +202,39 @@ def serve(
     heartbeat_interval_s: float,
     *,
     token: str,
+    tls: ssl.SSLContext | None = None,
 ) -> None:
-    """Serve `backend` on the bound `sock` until SIGTERM, announced to the registry as `url`.
+    """Serve `backend` on the bound `sock` until SIGTERM, announced to the registry as `url`; over HTTPS with `tls`.
 
     The caller (pronk's worker entry point) bound the socket (`bind_socket`), derived `url` from it
-    (`advertise_url`) and built the backend from a job, all before this call.
+    (`advertise_url`), loaded its certificate (`engine.tls.server_context`) and built the backend from a job, all
+    before this call.
     """
+    app = create_app(backend, registry, url, heartbeat_interval_s, stager, token=token)
+    http_server(app, tls).run(sockets=[sock])
+
+
+def http_server(app: FastAPI, tls: ssl.SSLContext | None = None) -> uvicorn.Server:
+    """uvicorn serving `app`: over TLS with the context `tls` when given (uvicorn's `ssl_context_factory` hands it
+    the context as it is, so a pre-bound socket serves HTTPS), else plain HTTP."""
     import uvicorn
 
-    app = create_app(backend, registry, url, heartbeat_interval_s, stager, token=token)
-    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    factory = None if tls is None else (lambda config, default: tls)
+    return uvicorn.Server(uvicorn.Config(app, log_level="warning", ssl_context_factory=factory))
 
 
-def advertise_url(host: str, port: int, advertise: str | None) -> str:
-    """The URL a worker announces: `advertise` when given (trailing slash dropped), else `http://host:port`."""
+def advertise_url(host: str, port: int, advertise: str | None, https: bool = False) -> str:
+    """The URL a worker announces: `advertise` when given (trailing slash dropped), else `http(s)://host:port`.
+
+    A worker serving TLS (`https`) announces an `https://` URL: a plain one would send its callers nowhere.
+    """
+    scheme = "https" if https else "http"
     if advertise:
         if not advertise.startswith(("http://", "https://")):
             raise ValueError(f"--advertise must be an http(s) URL, got {advertise!r}")
+        if https and not advertise.startswith("https://"):
+            raise ValueError(f"a worker serving TLS must advertise an https:// URL, got {advertise!r}")
         return advertise.rstrip("/")
     if host in ("0.0.0.0", "::", ""):
         raise ValueError(f"a worker bound to {host or 'every interface'!r} needs --advertise (the URL others call)")
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"

@@ -62,7 +62,7 @@ async def leap(
         if exc.record is not None:
             await _publish(exc.record)
         raise
-    run = leaps.LeapRun(record, leaps.LeapStore(settings), worker_token(settings))
+    run = leaps.LeapRun(record, leaps.LeapStore(settings), worker_token(settings), ca_file=settings.worker_tls_ca)
 
     async def measure(labelled: list[ValidRequest], worker_ids: list[str]) -> CheckCounts:
         return await measure_labelled(job, labelled, worker_ids, settings, scratch_dir(settings, record.id))

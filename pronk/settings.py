@@ -6,7 +6,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -39,6 +39,19 @@ class Settings(BaseSettings):
         default=None,
         description="Token every request to an engine worker carries; unset: the stack's `data_dir/worker-token`. "
         "Set the same one on every host of a cluster.",
+    )
+    worker_tls_cert: Path | None = Field(
+        default=None,
+        description="PEM certificate (chain) an engine worker serves HTTPS with, set with `worker_tls_key`; its "
+        "subjectAltName must hold the host name or address of the URL the worker advertises. Unset: plain HTTP.",
+    )
+    worker_tls_key: Path | None = Field(
+        default=None, description="PEM private key of `worker_tls_cert`, readable by the worker's user only."
+    )
+    worker_tls_ca: Path | None = Field(
+        default=None,
+        description="PEM CA bundle routers, Leaps and every other caller verify `https://` workers against; unset: "
+        "the system's trust store.",
     )
     worker_base_port: int = Field(default=8100, ge=1, le=65535, description="First port engine workers listen on.")
     heartbeat_interval_s: float = Field(
@@ -145,6 +158,12 @@ class Settings(BaseSettings):
         if value is not None and not value.startswith(("postgresql://", "postgres://")):
             raise ValueError("registry_url must be a postgresql:// URL (or unset for the file registry)")
         return value
+
+    @model_validator(mode="after")
+    def _worker_tls_pair(self) -> Settings:
+        if (self.worker_tls_cert is None) != (self.worker_tls_key is None):
+            raise ValueError("worker_tls_cert and worker_tls_key go together: set both (HTTPS workers) or neither")
+        return self
 
     @property
     def tracking_uri(self) -> str:

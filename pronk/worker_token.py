@@ -4,6 +4,9 @@ On one machine nobody needs to set anything: the first process that asks (`pronk
 a flow run) makes `<data_dir>/worker-token` with a random token, readable by its owner only (0600),
 and every other process on that data dir reads it. Across hosts, set the same `PRONK_WORKER_TOKEN`
 everywhere (a Kubernetes Secret, say): the file is then never read or made.
+
+`worker_client` is how pronk's processes call workers: with the token, verifying `https://` workers against
+`PRONK_WORKER_TLS_CA` (else the system's trust store).
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
+from typing import Any
 
+from engine.client import WorkerClient
 from pronk.errors import PronkError
 from pronk.settings import Settings
 
@@ -40,6 +45,12 @@ def worker_token(settings: Settings) -> str:
     if not token:
         raise WorkerTokenError(f"{path} is empty; delete it and a new token is made")
     return token
+
+
+def worker_client(settings: Settings, **options: Any) -> WorkerClient:
+    """A client of the engine workers carrying the token and trusting the CA bundle the settings name;
+    `options` are the client's own (a timeout, say)."""
+    return WorkerClient(worker_token(settings), ca_file=settings.worker_tls_ca, **options)
 
 
 def _make(path: Path) -> None:

@@ -133,9 +133,9 @@ async def _stream(job_id: str, settings, requests: int, leap_version: int | None
     from engine.registry import Registry
     from engine.router import Router
     from flows.leap import leap
-    from pronk.worker_token import worker_token
+    from pronk.worker_token import worker_client
 
-    router = Router(job_id, Registry.from_settings(settings), token=worker_token(settings))
+    router = Router(job_id, Registry.from_settings(settings), client=worker_client(settings))
     slots = asyncio.Semaphore(32)
     done: list[tuple[float, int]] = []
     started = time.monotonic()

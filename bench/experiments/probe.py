@@ -80,11 +80,10 @@ def load_figures(samples: list[list[Load]]) -> dict[str, list[float] | list[int]
 
 async def sampled(job: JobConfig, settings: Settings, round_, interval_s: float):
     """Await `round_` while sampling every live worker of the job; (its result, the samples)."""
-    from engine.client import WorkerClient
     from engine.registry import Registry
-    from pronk.worker_token import worker_token
+    from pronk.worker_token import worker_client
 
-    client = WorkerClient(worker_token(settings))
+    client = worker_client(settings)
     workers = Registry.from_settings(settings).live(job.job_id)
     samples: list[list[Load]] = []
     done = asyncio.Event()
@@ -109,11 +108,10 @@ TIER_FIGURES = ("lookup_tokens", "hit_tokens", "loaded_tokens", "stores", "store
 
 async def tier_totals(job: JobConfig, settings: Settings) -> dict[str, float] | None:
     """The job's live workers' KV host tier counts so far, summed; None where the job has no tier."""
-    from engine.client import WorkerClient
     from engine.registry import Registry
-    from pronk.worker_token import worker_token
+    from pronk.worker_token import worker_client
 
-    client = WorkerClient(worker_token(settings))
+    client = worker_client(settings)
     try:
         tiers = [(await client.stats(w.url)).host_tier for w in Registry.from_settings(settings).live(job.job_id)]
     finally:

@@ -69,12 +69,12 @@ class OneOrder:
 def pronk_router(job: JobConfig, settings: Settings, admission: str | None = None):
     from engine.registry import Registry
     from engine.router import Router
-    from pronk.worker_token import worker_token
+    from pronk.worker_token import worker_client
 
     return Router(
         job.job_id,
         Registry.from_settings(settings),
-        token=worker_token(settings),
+        client=worker_client(settings),
         policy=job.scheduling.routing,
         admission=admission or job.scheduling.admission,
         admission_timeout_s=job.harness.step_timeout_s,
@@ -118,11 +118,10 @@ async def server_preemptions(urls: list[str]) -> int:
 
 async def worker_preemptions(job: JobConfig, settings: Settings) -> int:
     """Preemptions so far on the job's live pronk workers, from their /stats."""
-    from engine.client import WorkerClient
     from engine.registry import Registry
-    from pronk.worker_token import worker_token
+    from pronk.worker_token import worker_client
 
-    client = WorkerClient(worker_token(settings))
+    client = worker_client(settings)
     try:
         stats = [await client.stats(w.url) for w in Registry.from_settings(settings).live(job.job_id)]
     finally:

@@ -38,7 +38,7 @@ from pronk.protocol.error_codes import ErrorCode
 from pronk.protocol.ids import new_id
 from pronk.protocol.lines import ValidRequest
 from pronk.settings import Settings
-from pronk.worker_token import worker_token
+from pronk.worker_token import worker_client
 
 TOOL_RESULT_CHARS = 1200
 
@@ -51,7 +51,7 @@ def job_router(job: JobConfig, settings: Settings, only: list[str] | None = None
         Registry.from_settings(settings),
         policy=job.scheduling.routing,
         admission=job.scheduling.admission,
-        token=worker_token(settings),
+        client=worker_client(settings),
         only=only,
         **options,
     )

@@ -165,7 +165,11 @@ def worker_start(
         str, typer.Option(help="Address to bind: 127.0.0.1, this host's address, or 0.0.0.0.")
     ] = "127.0.0.1",
     advertise: Annotated[
-        str | None, typer.Option(help="URL routers on other hosts reach this worker by (default http://HOST:PORT).")
+        str | None,
+        typer.Option(
+            help="URL routers on other hosts reach this worker by (default http://HOST:PORT; https:// when "
+            "PRONK_WORKER_TLS_CERT is set)."
+        ),
     ] = None,
 ) -> None:
     """Run one engine worker in the foreground until SIGTERM (every caller needs the worker token)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Literal
 
 import httpx
@@ -26,6 +27,7 @@ from pydantic import BaseModel, Field
 
 from engine.auth import auth_headers
 from engine.registry import Registry
+from engine.tls import verify_context
 from pronk import storage
 from pronk.batches.schemas import CheckCounts
 from pronk.errors import PronkError
@@ -210,11 +212,21 @@ class LeapRun:
     errors as they happen.
     """
 
-    def __init__(self, record: LeapRecord, store: LeapStore, token: str, timeout_s: float = 300.0):
+    def __init__(
+        self,
+        record: LeapRecord,
+        store: LeapStore,
+        token: str,
+        timeout_s: float = 300.0,
+        ca_file: Path | None = None,
+    ):
+        """`token` and `ca_file` as every caller of the workers has them (`pronk.worker_token.worker_client`)."""
         self.record = record
         self.store = store
         self.original = {w.worker_id: w.version for w in record.workers.values()}
-        self.http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0), headers=auth_headers(token))
+        self.http = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout_s, connect=5.0), headers=auth_headers(token), verify=verify_context(ca_file)
+        )
         self._saving = asyncio.Lock()
 
     async def save(self) -> None:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import httpx
 
+from engine.tls import verify_context
+
 _PROC = Path("/proc")
 
 
@@ -140,12 +142,18 @@ def stop_groups(pids: Iterable[int], timeout_s: float = 20.0, kill_timeout_s: fl
     return results
 
 
-def wait_healthy(url: str, what: str, pid: int, log: Path, timeout_s: float = 120.0) -> None:
-    """Wait until `url` answers 200; fail at once if process `pid` exits, or after `timeout_s`."""
+def wait_healthy(
+    url: str, what: str, pid: int, log: Path, timeout_s: float = 120.0, ca_file: Path | None = None
+) -> None:
+    """Wait until `url` answers 200; fail at once if process `pid` exits, or after `timeout_s`.
+
+    An `https://` URL is verified against the CA bundle `ca_file` (an HTTPS worker's), else the system's trust store.
+    """
+    verify = verify_context(ca_file)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            if httpx.get(url, timeout=2.0).status_code == 200:
+            if httpx.get(url, timeout=2.0, verify=verify).status_code == 200:
                 return
         except httpx.HTTPError:
             pass

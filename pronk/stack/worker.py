@@ -2,7 +2,7 @@
 
 Run as `python -m pronk.stack.worker --job JOB [--index N] [--host ADDR] [--advertise URL]` (or `pronk worker
 start`). `engine/` knows nothing of jobs, settings or MLflow: everything it needs from them (the shared
-worker token included) is resolved here and passed in.
+worker token and the TLS certificate included) is resolved here and passed in.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 from engine.kv_retention import pin_settings, scheduler_class
 from engine.registry import Registry
+from engine.tls import TlsFileError, server_context
 from engine.vllm_backend import VllmBackend
 from engine.weight_swap import IncompatibleWeights, StagedWeights
 from engine.worker import (
@@ -61,15 +62,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--index", type=int, default=0, help="this worker's index within the job")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: every interface)")
     parser.add_argument("--port", type=int, default=0, help="port to bind (0 picks a free one)")
-    parser.add_argument("--advertise", default=None, help="URL routers reach this worker by (default http://HOST:PORT)")
+    parser.add_argument(
+        "--advertise",
+        default=None,
+        help="URL routers reach this worker by (default http://HOST:PORT, https:// with PRONK_WORKER_TLS_CERT)",
+    )
     args = parser.parse_args(argv)
 
     settings = get_settings()
     token = worker_token(settings)
     job = get_job(args.job)
     sock = bind_socket(args.host, args.port)
-    # A taken port or a bad --host/--advertise fails here, before vLLM loads.
-    url = advertise_url(args.host, sock.getsockname()[1], args.advertise)
+    # A taken port, a bad --host/--advertise or an unreadable certificate fails here, before vLLM loads.
+    cert, key = settings.worker_tls_cert, settings.worker_tls_key
+    try:
+        tls = server_context(cert, key) if cert is not None and key is not None else None
+    except TlsFileError as exc:
+        raise SystemExit(f"engine worker not started: {exc}") from exc
+    url = advertise_url(args.host, sock.getsockname()[1], args.advertise, https=tls is not None)
     if job.device == "cpu":
         pin_to_cores(cores_for(args.index, job.cpu_cores_per_worker))
         run_model_in_engine_process()
@@ -98,6 +108,7 @@ def main(argv: list[str] | None = None) -> None:
         url,
         settings.heartbeat_interval_s,
         token=token,
+        tls=tls,
     )
 
 

@@ -1,11 +1,14 @@
-"""The workers' shared token: a setting across hosts, else a 0600 file under the data dir made once."""
+"""The workers' shared token: a setting across hosts, else a 0600 file under the data dir made once; and the TLS
+settings every caller of the workers reads."""
 
 import os
 
 import pytest
+from pydantic import ValidationError
 
+from engine.tls import TlsFileError
 from pronk.settings import Settings
-from pronk.worker_token import WorkerTokenError, token_path, worker_token
+from pronk.worker_token import WorkerTokenError, token_path, worker_client, worker_token
 
 
 def test_the_first_caller_makes_a_private_token_file_that_everyone_after_reads(tmp_path):
@@ -37,3 +40,24 @@ def test_a_token_file_others_can_read_or_an_empty_one_is_refused(tmp_path):
     os.chmod(path, 0o600)
     with pytest.raises(WorkerTokenError, match="empty"):
         worker_token(settings)
+
+
+def test_a_worker_certificate_and_its_key_go_together(tmp_path, monkeypatch):
+    monkeypatch.setenv("PRONK_WORKER_TLS_CERT", str(tmp_path / "worker.crt"))
+    with pytest.raises(ValidationError, match="worker_tls_cert and worker_tls_key go together"):
+        Settings(data_dir=tmp_path)
+    monkeypatch.delenv("PRONK_WORKER_TLS_CERT")
+    monkeypatch.setenv("PRONK_WORKER_TLS_KEY", str(tmp_path / "worker.key"))
+    with pytest.raises(ValidationError, match="go together"):
+        Settings(data_dir=tmp_path)
+
+
+def test_tls_settings_name_files_only_the_processes_that_use_them_open(tmp_path, monkeypatch):
+    """A router's host need not hold the workers' key: settings read paths; a worker opens its files as it starts,
+    a caller its CA bundle as it makes its client, and either names a missing file."""
+    for name, file in (("CERT", "worker.crt"), ("KEY", "worker.key"), ("CA", "ca.pem")):
+        monkeypatch.setenv(f"PRONK_WORKER_TLS_{name}", str(tmp_path / file))
+    settings = Settings(data_dir=tmp_path, worker_token="t")
+    assert (settings.worker_tls_cert, settings.worker_tls_key) == (tmp_path / "worker.crt", tmp_path / "worker.key")
+    with pytest.raises(TlsFileError, match=f"CA bundle {tmp_path / 'ca.pem'}: No such file"):
+        worker_client(settings)
