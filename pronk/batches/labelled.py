@@ -11,19 +11,21 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 from dataclasses import dataclass
 
 from pronk import storage
 from pronk.agents.checks import run_check
 from pronk.agents.harness import Harness
-from pronk.agents.outcomes import Completion
+from pronk.agents.outcomes import Completion, RequestOutcome
+from pronk.agents.step_records import StepRecord
 from pronk.agents.tools import project_path
 from pronk.agents.tools.python_exec import PythonTool
 from pronk.batches.input import validate_input
 from pronk.batches.schemas import CheckCounts
 from pronk.errors import PronkError
 from pronk.jobs import JobConfig
-from pronk.protocol.checks import PythonCheck
+from pronk.protocol.checks import CheckResult, PythonCheck
 from pronk.protocol.lines import ValidRequest
 from pronk.settings import Settings
 
@@ -97,20 +99,43 @@ def labelled_lines(job: JobConfig, settings: Settings | None = None) -> list[Val
     return validated.requests
 
 
-async def run_labelled(lines: list[ValidRequest], harness: Harness) -> CheckCounts:
-    """Run every line through `harness` (whose router picks the workers measured) and tally the checks."""
+@dataclass(frozen=True, slots=True)
+class CheckedLine:
+    """One labelled line run through the harness: its outcome, its check's verdict, its step records (every attempt
+    of its trace family) and when it finished (time.monotonic)."""
+
+    request: ValidRequest
+    outcome: RequestOutcome
+    check: CheckResult
+    records: list[StepRecord]
+    finished_at: float
+
+
+async def check_lines(lines: list[ValidRequest], harness: Harness) -> list[CheckedLine]:
+    """Run every line through `harness` (whose router picks the workers measured), the job's `max_concurrency` at a
+    time, and check each answer."""
     predicates = any(isinstance(r.check, PythonCheck) for r in lines)
     python = PythonTool(harness.job.tools.python) if predicates else None
     slots = asyncio.Semaphore(harness.job.scheduling.max_concurrency)
 
-    async def one(request: ValidRequest) -> str:
+    async def one(request: ValidRequest) -> CheckedLine:
         async with slots:
             outcome = await harness.run_line(request)
-        harness.recorder.take_line(request.custom_id)
+            finished_at = time.monotonic()
+        records = harness.recorder.take_line(request.custom_id)
         answer = outcome.result.text if isinstance(outcome.result, Completion) else None
-        return (await run_check(request.check, answer, python)).status
+        return CheckedLine(request, outcome, await run_check(request.check, answer, python), records, finished_at)
 
-    statuses = await asyncio.gather(*(one(r) for r in lines))
+    return list(await asyncio.gather(*(one(r) for r in lines)))
+
+
+def tally(checked: list[CheckedLine]) -> CheckCounts:
+    statuses = [line.check.status for line in checked]
     return CheckCounts(
         passed=statuses.count("passed"), failed=statuses.count("failed"), unchecked=statuses.count("unchecked")
     )
+
+
+async def run_labelled(lines: list[ValidRequest], harness: Harness) -> CheckCounts:
+    """Run every line through `harness` (whose router picks the workers measured) and tally the checks."""
+    return tally(await check_lines(lines, harness))
