@@ -186,11 +186,15 @@ def create_app(
     return app
 
 
+COMPACT_JSON_OUTPUTS: dict[str, Any] = {"backend": "xgrammar", "disable_any_whitespace": True}
+"""vLLM's structured-outputs config of every worker; the benchmark's stock servers get the same."""
+
+
 def compact_json_outputs():
     """JSON-constrained steps without free whitespace: a random-weight model otherwise pads its calls with it."""
     from vllm.config import StructuredOutputsConfig
 
-    return StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True)
+    return StructuredOutputsConfig(**COMPACT_JSON_OUTPUTS)
 
 
 def serve(

@@ -5,7 +5,8 @@ the model with exact lengths, append its output, wait out the tool gap, fan out)
 `concurrency` root traces in flight; only what answers `generate(StepRequest)` changes:
 
 - `OpenAIServers`: what a user has today — N stock vLLM OpenAI servers behind a plain
-  round-robin balancer, sent prompt token ids on `/v1/completions` (`ignore_eos`, `max_tokens`).
+  round-robin balancer, sent prompt token ids on `/v1/completions` (`ignore_eos`, `max_tokens`), or a step's
+  chat messages on `/v1/chat/completions` with its JSON schema as `response_format` (the agent harness's steps).
 - `engine.router.Router`: pronk's workers with the job's routing policy and gap-KV pin, no Prefect.
 """
 
@@ -25,7 +26,8 @@ from pronk.protocol.shapes import TraceShape
 
 
 class OpenAIServers:
-    """Stock vLLM OpenAI servers, round-robin per request, speaking pronk's step protocol to the replay loop."""
+    """Stock vLLM OpenAI servers, round-robin per request, speaking pronk's step protocol to the replay loop or the
+    agent harness."""
 
     def __init__(self, urls: list[str], model: str):
         self.urls = urls
@@ -38,25 +40,46 @@ class OpenAIServers:
     async def finish(self, trace_id: str) -> None:
         """A trace ended; stock servers keep no per-trace state."""
 
+    def request_body(self, request: StepRequest) -> tuple[str, dict]:
+        """The endpoint and body that carry `request`: prompt token ids as a completion, chat messages as a chat
+        completion whose JSON schema goes as OpenAI's `response_format` (vLLM's structured outputs), with the same
+        sampling either way."""
+        spec = request.sampling
+        given = {"seed": spec.seed, "stop": spec.stop}
+        sampling = {
+            "model": self.model,
+            "temperature": spec.temperature,
+            "top_p": spec.top_p,
+            "ignore_eos": spec.ignore_eos,
+            "return_token_ids": True,
+            **{key: value for key, value in given.items() if value is not None},
+        }
+        if request.messages is None:
+            return "/v1/completions", {**sampling, "prompt": request.prompt_token_ids, "max_tokens": spec.max_tokens}
+        body = {
+            **sampling,
+            "messages": [{"role": m.role, "content": m.text()} for m in request.messages],
+            "max_completion_tokens": spec.max_tokens,
+        }
+        if spec.json_schema is not None:
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "step", "schema": spec.json_schema},
+            }
+        return "/v1/chat/completions", body
+
     async def generate(self, request: StepRequest) -> StepResult:
         index = next(self._next)
-        spec = request.sampling
-        body = {
-            "model": self.model,
-            "prompt": request.prompt_token_ids,
-            "max_tokens": spec.max_tokens,
-            "ignore_eos": spec.ignore_eos,
-            "temperature": spec.temperature,
-            "return_token_ids": True,
-        }
+        path, body = self.request_body(request)
         started = time.monotonic()
-        response = await self._http.post(f"{self.urls[index]}/v1/completions", json=body)
+        response = await self._http.post(f"{self.urls[index]}{path}", json=body)
         response.raise_for_status()
         data = response.json()
         usage, choice = data["usage"], data["choices"][0]
+        text = choice["text"] if request.messages is None else choice["message"]["content"] or ""
         return StepResult(
             request_id=request.request_id,
-            text=choice["text"],
+            text=text,
             token_ids=choice["token_ids"],
             prompt_tokens=usage["prompt_tokens"],
             cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0,

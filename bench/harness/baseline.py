@@ -18,15 +18,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.worker import cores_for, free_port
+from engine.worker import COMPACT_JSON_OUTPUTS, cores_for, free_port
 from pronk.jobs import JobConfig
 from pronk.stack.processes import spawn, stop, wait_healthy
 
 
 def engine_flags(job: JobConfig) -> list[str]:
     """The job's engine args as vLLM command-line flags (the `engine` section only: vLLM's stock first-come-first-served
-    order, whatever the job's `scheduling.priority`)."""
+    order, whatever the job's `scheduling.priority`), with the structured-outputs config pronk's workers run (xgrammar,
+    compact JSON), so a JSON-constrained step is held to the same grammar on both sides."""
     flags = ["--served-model-name", job.served_model_name]
+    flags += ["--structured-outputs-config", json.dumps(COMPACT_JSON_OUTPUTS)]
     for key, value in job.engine.as_vllm_kwargs().items():
         flag = "--" + key.replace("_", "-")
         if isinstance(value, bool):

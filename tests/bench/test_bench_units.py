@@ -6,8 +6,10 @@ import asyncio
 import json
 import math
 
+import httpx
+
 from bench.experiments.probe import Load, load_figures
-from bench.harness.agent_loop import replay
+from bench.harness.agent_loop import OpenAIServers, replay
 from bench.harness.baseline import engine_flags, processing_seconds
 from bench.harness.figures import (
     BASELINE,
@@ -27,6 +29,8 @@ from bench.harness.pronk_runs import OneOrder, preemptions_in_metrics
 from bench.harness.report import END, START, write_json, write_results_md
 from bench.harness.suite import relabel
 from bench.harness.workload import PROFILES, cache_bounds, generate
+from engine.protocol import ChatMessage, SamplingSpec, StepRequest
+from engine.worker import COMPACT_JSON_OUTPUTS
 from pronk.jobs import get_job
 from tests.pronk.agents.test_replay import EchoRouter
 
@@ -93,6 +97,7 @@ def test_results_md_keeps_other_sections(tmp_path):
 def test_vllm_flags_and_progress_parsing():
     flags = engine_flags(get_job("job-c0ffee01"))
     assert "--enable-prefix-caching" in flags and flags[flags.index("--kv-cache-memory-bytes") + 1] == "67108864"
+    assert json.loads(flags[flags.index("--structured-outputs-config") + 1]) == COMPACT_JSON_OUTPUTS  # as the workers
     assert processing_seconds("x\nRunning batch: 100% Completed | 64/64 [00:12<00:00,  5.00req/s]\n") == 12.8
     assert processing_seconds("Running batch: 100% Completed | 10/10 [01:10<00:00,  2.00s/req]") == 20.0
     assert processing_seconds("no bar") is None
@@ -284,3 +289,73 @@ def test_results_json_keeps_the_first_bench_one_profile_file(tmp_path):
     write_json(path, [], {"profile": "agent-long"})
     profiles = json.loads(path.read_text())["profiles"]
     assert profiles["cpu"]["comparisons"] == [{"name": "old"}] and "agent-long" in profiles
+
+
+SCHEMA = {"type": "object", "properties": {"final": {"type": "string"}}, "required": ["final"]}
+
+
+def _step(**sampling) -> StepRequest:
+    messages = [ChatMessage(role="system", content="s"), ChatMessage(role="tool", content="[python ok] 42")]
+    return StepRequest(request_id="r", messages=messages, sampling=SamplingSpec(**sampling))
+
+
+def test_a_chat_step_goes_to_stock_vllm_as_a_chat_completion_with_its_schema():
+    servers = OpenAIServers(["http://a"], "smol")
+    path, body = servers.request_body(_step(max_tokens=7, temperature=0.0, seed=3, stop=["\n"], json_schema=SCHEMA))
+    assert path == "/v1/chat/completions"
+    assert body == {
+        "model": "smol",
+        "messages": [{"role": "system", "content": "s"}, {"role": "tool", "content": "[python ok] 42"}],
+        "max_completion_tokens": 7,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "seed": 3,
+        "stop": ["\n"],
+        "ignore_eos": False,
+        "return_token_ids": True,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "step", "schema": SCHEMA}},
+    }
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    read = ChatCompletionRequest.model_validate(body)  # vLLM 0.32's server reads the schema as structured outputs
+    assert read.extract_structured_outputs().json == SCHEMA
+    sampling = read.to_sampling_params(7, {})
+    assert (sampling.seed, sampling.stop, sampling.max_tokens, sampling.temperature) == (3, ["\n"], 7, 0.0)
+
+    plain = servers.request_body(StepRequest(request_id="p", prompt_token_ids=[5, 6], sampling=SamplingSpec()))
+    assert plain[0] == "/v1/completions" and plain[1]["prompt"] == [5, 6] and plain[1]["max_tokens"] == 256
+    assert "seed" not in plain[1] and "stop" not in plain[1] and "response_format" not in plain[1]
+    asyncio.run(servers.aclose())
+
+
+def test_a_chat_completion_answer_becomes_a_step_result():
+    sent = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append((request.url.path, json.loads(request.content)))
+        return httpx.Response(
+            200,
+            json={
+                "choices": [{"message": {"role": "assistant", "content": '{"final":"42"}'}, "token_ids": [1, 2, 3]}],
+                "usage": {
+                    "prompt_tokens": 900,
+                    "completion_tokens": 3,
+                    "prompt_tokens_details": {"cached_tokens": 768},
+                },
+            },
+        )
+
+    servers = OpenAIServers(["http://a", "http://b"], "smol")
+    servers._http = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+
+    async def two():
+        try:
+            return [await servers.generate(_step(json_schema=SCHEMA)) for _ in range(2)]
+        finally:
+            await servers.aclose()
+
+    first, second = asyncio.run(two())
+    assert [path for path, _ in sent] == ["/v1/chat/completions"] * 2
+    assert first.text == '{"final":"42"}' and first.token_ids == [1, 2, 3] and first.finish_reason == "stop"
+    assert (first.prompt_tokens, first.cached_tokens, first.completion_tokens) == (900, 768, 3)
+    assert (first.worker_id, second.worker_id) == ("vllm-server-0", "vllm-server-1")  # round-robin
