@@ -8,7 +8,8 @@ of the free queue. The pin is released when the trace's next step has been sched
 the blocks itself), when the trace ends (the harness calls the worker's `/release`, which reaches
 the scheduler as an internal abort of `release_request_id(trace)`), when the TTL passes, when the
 pinned total would pass the pin share of the cache (`pin_settings`, in vLLM's `additional_config`; a full
-table refuses new pins), or before a prefix-cache reset (weight swap).
+table refuses new pins), or before a prefix-cache reset (weight swap). With a KV connector (the host tier), it also
+tells each finished step how many of its prompt tokens were loaded through the connector (`HOST_TIER_TOKENS_KEY`).
 
 The vLLM classes are built on first attribute access (`__getattr__`), so importing this module for
 `retention_hints` stays free of vLLM.
@@ -21,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 RELEASE_PREFIX = "pronk-release:"
+HOST_TIER_TOKENS_KEY = "pronk_host_tier_tokens"
+"""Where a finished request's `kv_transfer_params` carry the prompt tokens the KV connector loaded for it."""
 TRACE_KEY = "pronk_trace_id"
 TTL_KEY = "pronk_pin_ttl_s"
 MAX_FRACTION_KEY = "pronk_kv_pin_max_fraction"
@@ -117,6 +120,7 @@ def _retention_mixin(base: type) -> type:
                 int(pool.num_gpu_blocks * fraction), lambda blocks: pool.free_blocks(reversed(blocks))
             )
             self.awaiting_release: dict[str, Any] = {}
+            self.loaded_tokens: dict[str, int] = {}
 
         def add_request(self, request) -> None:
             trace_id, _ = _hints(request)
@@ -131,7 +135,26 @@ def _retention_mixin(base: type) -> type:
                 if request.status != RequestStatus.WAITING:
                     del self.awaiting_release[trace_id]
                     self.pin_table.release(trace_id, "next_step")
+            if self.connector is not None:
+                self._note_loaded_tokens()
             return output
+
+        def _note_loaded_tokens(self) -> None:
+            """Keep each request's tokens loaded through the connector (the host tier) until it finishes: vLLM
+            counts them in the request's prefill stats when it first schedules it, and hands those stats on (and
+            drops them) with its first output."""
+            for request_id, request in self.requests.items():
+                stats = request.prefill_stats
+                if stats is not None and stats.num_external_cached_tokens > 0:
+                    self.loaded_tokens[request_id] = stats.num_external_cached_tokens
+
+        def _connector_finished(self, request):
+            """vLLM's hook for what a finished request tells its caller about KV transfer: the tokens it loaded."""
+            delay_free, params = super()._connector_finished(request)
+            loaded = self.loaded_tokens.pop(request.request_id, 0)
+            if loaded:
+                params = {**(params or {}), HOST_TIER_TOKENS_KEY: loaded}
+            return delay_free, params
 
         def _free_request(self, request, delay_free_blocks: bool = False):
             trace_id, ttl_s = _hints(request)

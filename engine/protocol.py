@@ -98,7 +98,8 @@ class StepResult(BaseModel):
     text: str
     token_ids: list[int]
     prompt_tokens: int
-    cached_tokens: int
+    cached_tokens: int = Field(description="Prompt tokens not computed: found in the engine's cache or loaded.")
+    host_tier_tokens: int = Field(default=0, description="Of the cached tokens, those loaded from the KV host tier.")
     completion_tokens: int
     finish_reason: str
     model_version: str

@@ -10,7 +10,7 @@ from typing import Any
 
 from engine.admission import KvBudget
 from engine.errors import EngineError
-from engine.kv_retention import release_request_id, retention_hints
+from engine.kv_retention import HOST_TIER_TOKENS_KEY, release_request_id, retention_hints
 from engine.protocol import HostTierStats, SamplingSpec, StepRequest, StepResult, WorkerStats
 
 log = logging.getLogger(__name__)
@@ -282,6 +282,7 @@ class VllmBackend:
             token_ids=list(completion.token_ids),
             prompt_tokens=len(final.prompt_token_ids or []),
             cached_tokens=final.num_cached_tokens or 0,
+            host_tier_tokens=int((final.kv_transfer_params or {}).get(HOST_TIER_TOKENS_KEY, 0)),
             completion_tokens=len(completion.token_ids),
             finish_reason=completion.finish_reason or "stop",
             model_version=self._generation_version(completion),

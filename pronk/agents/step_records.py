@@ -37,6 +37,8 @@ class StepRecord:
     model_version: str | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    host_tier_tokens: int = 0
+    """Of `cached_tokens`, those loaded from the worker's KV host tier rather than found in its engine's cache."""
     output_tokens: int = 0
     queue_time_s: float = 0.0
     engine_time_s: float = 0.0
@@ -57,6 +59,7 @@ class StepRecord:
         self.model_version = result.model_version
         self.prompt_tokens = result.prompt_tokens
         self.cached_tokens = result.cached_tokens
+        self.host_tier_tokens = result.host_tier_tokens
         self.output_tokens = result.completion_tokens
         self.queue_time_s = round(result.queue_time_s, 6)
         self.engine_time_s = round(result.engine_time_s, 6)

@@ -35,6 +35,7 @@ STEP_SCHEMA: dict[str, Any] = {
     "model_version": pl.String,
     "prompt_tokens": pl.Int64,
     "cached_tokens": pl.Int64,
+    "host_tier_tokens": pl.Int64,
     "output_tokens": pl.Int64,
     "queue_time_s": pl.Float64,
     "engine_time_s": pl.Float64,
@@ -113,6 +114,8 @@ class TrafficProfile:
     """Root traces in flight, sampled at every trace start and end."""
     arrival_rate_per_s: float
     cached_ratio: float
+    host_tier_ratio: float = 0.0
+    """Share of prompt tokens loaded from the workers' KV host tier (part of `cached_ratio`)."""
 
     def distributions(self) -> dict[str, Distribution]:
         named = {
@@ -135,6 +138,7 @@ class TrafficProfile:
             "fan_out_share": self.fan_out_share,
             "arrival_rate_per_s": self.arrival_rate_per_s,
             "cached_ratio": self.cached_ratio,
+            "host_tier_ratio": self.host_tier_ratio,
             **{name: d.summary() for name, d in self.distributions().items()},
         }
 
@@ -142,7 +146,8 @@ class TrafficProfile:
         """The profile as a table a terminal shows."""
         head = (
             f"{self.runs} runs, {self.root_traces} root traces ({self.traces} with children), {self.steps} steps, "
-            f"{self.failed_attempts} failed attempts; cached ratio {self.cached_ratio:.3f}, fan-out share "
+            f"{self.failed_attempts} failed attempts; cached ratio {self.cached_ratio:.3f} (host tier "
+            f"{self.host_tier_ratio:.3f}), fan-out share "
             f"{self.fan_out_share:.3f}, arrivals {self.arrival_rate_per_s:.3f}/s"
         )
         rows = [f"{'quantity':<28}{'count':>8}{'mean':>11}{'p10':>11}{'p50':>11}{'p90':>11}{'max':>11}"]
@@ -234,6 +239,7 @@ def profile_steps(steps: pl.LazyFrame) -> TrafficProfile:
         concurrency=Distribution.of(_in_flight(families["start"].to_list(), families["end"].to_list())),
         arrival_rate_per_s=_arrival_rate(families.group_by("_run").agg(pl.col("start"))["start"].to_list()),
         cached_ratio=round(int(good["cached_tokens"].sum()) / prompt_total, 6) if prompt_total else 0.0,
+        host_tier_ratio=round(int(good["host_tier_tokens"].sum()) / prompt_total, 6) if prompt_total else 0.0,
     )
 
 

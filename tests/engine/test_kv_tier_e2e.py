@@ -91,4 +91,5 @@ def test_a_prefix_evicted_from_the_engine_comes_back_from_the_host_tier_unchange
     assert after.hit_tokens > before.hit_tokens and after.loads > before.loads and after.loaded_bytes > 0
     assert before.stores > 0 and before.stored_bytes > 0 and after.capacity_bytes == 16 * DEVICE_TOKENS * TOKEN_BYTES
     assert from_tier.cached_tokens >= 512
+    assert from_cache.host_tier_tokens == 0 and from_tier.host_tier_tokens >= 512  # the step says where its KV was
     assert from_tier.token_ids == from_cache.token_ids  # greedy output over the loaded KV is the same

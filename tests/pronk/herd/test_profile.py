@@ -19,8 +19,8 @@ def records() -> list[StepRecord]:
         StepRecord("a", 1, "a", prompt_tokens=130, cached_tokens=96, output_tokens=20, tool_name="spawn_subagents",
                    tool_time_s=1.0, tool_ok=True, started_at=1.0, **served),
         StepRecord("a", 2, "a", attempt=0, error="unparsable step output", prompt_tokens=200, started_at=2.9),
-        StepRecord("a", 2, "a", attempt=1, prompt_tokens=200, cached_tokens=128, output_tokens=5, started_at=3.0,
-                   **served),
+        StepRecord("a", 2, "a", attempt=1, prompt_tokens=200, cached_tokens=128, host_tier_tokens=128,
+                   output_tokens=5, started_at=3.0, **served),
         StepRecord("a.1.0", 0, "a", parent_trace_id="a", prompt_tokens=150, output_tokens=8, started_at=2.0, **served),
         StepRecord("a.1.0", 1, "a", parent_trace_id="a", prompt_tokens=170, output_tokens=4, started_at=2.5,
                    **served),
@@ -50,6 +50,7 @@ def test_profile_of_known_step_records(tmp_path):
     assert profile.fan_out_share == 0.5
     assert {tool: d.values for tool, d in profile.tool_gap_s.items()} == {"spawn_subagents": [1.0], "sql": [0.5]}
     assert profile.cached_ratio == round(224 / 870, 6)
+    assert profile.host_tier_ratio == round(128 / 870, 6)  # step 2's prefix came back from the host tier
     # a runs 0 → 3.1, b 0.5 → 0.6: in flight 1, 2, 1, 0
     assert profile.concurrency.values == [0.0, 1.0, 1.0, 2.0]
     assert profile.concurrency.max == 2.0
@@ -65,6 +66,7 @@ def test_runs_stay_apart(tmp_path):
     assert profile.steps_per_trace.values == [1.0, 1.0, 2.0, 2.0, 3.0, 3.0]
     assert profile.arrival_rate_per_s == 2.0
     assert profile.cached_ratio == round(224 / 870, 6)
+    assert profile.host_tier_ratio == round(128 / 870, 6)  # step 2's prefix came back from the host tier
 
 
 def test_no_records():
