@@ -30,8 +30,11 @@ MAX_FRACTION_KEY = "pronk_kv_pin_max_fraction"
 
 
 def retention_hints(trace_id: str, ttl_s: float) -> dict[str, Any]:
-    """The per-request hints `PinningScheduler` reads from `SamplingParams.extra_args`."""
-    return {TRACE_KEY: trace_id, TTL_KEY: float(ttl_s)}
+    """The per-request hints `PinningScheduler` reads from `SamplingParams.extra_args`; the same hints ride in the
+    request's `kv_transfer_params`, the only per-request data the host tier's cache policy gets
+    (`engine.kv_tier_policy`)."""
+    hints = {TRACE_KEY: trace_id, TTL_KEY: float(ttl_s)}
+    return {**hints, "kv_transfer_params": dict(hints)}
 
 
 def release_request_id(trace_id: str) -> str:
@@ -178,7 +181,12 @@ def _retention_mixin(base: type) -> type:
                 ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
                 for request_id in ids:
                     if request_id.startswith(RELEASE_PREFIX):
-                        self.pin_table.release(request_id.removeprefix(RELEASE_PREFIX), "trace_end")
+                        trace_id = request_id.removeprefix(RELEASE_PREFIX)
+                        self.pin_table.release(trace_id, "trace_end")
+                        if self.connector is not None:
+                            from engine.kv_tier_policy import trace_finished
+
+                            trace_finished(trace_id)
                 request_ids = [i for i in ids if not i.startswith(RELEASE_PREFIX)]
             return super().finish_requests(request_ids, finished_status)
 

@@ -42,6 +42,8 @@ def host_tier_config(host_bytes: int, device: str, vllm_version: str) -> dict[st
     """The engine's `kv_transfer_config` for a host tier of `host_bytes` per worker: vLLM's native CPU offloading on
     an accelerator, `HostCopyOffloadingSpec` on a CPU engine (only with the vLLM release it was written against)."""
     extra: dict[str, Any] = {"cpu_bytes_to_use": host_bytes, "offload_prompt_only": False}
+    if vllm_version == VLLM_CPU_VERSION:  # the release `engine.kv_tier_policy` extends; vLLM's LRU on any other
+        extra |= {"eviction_policy": "TraceAwareCachePolicy", "cache_policy_module_path": "engine.kv_tier_policy"}
     if device == "cpu":
         if vllm_version != VLLM_CPU_VERSION:
             raise HostTierUnavailable(

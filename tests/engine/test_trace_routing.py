@@ -79,6 +79,7 @@ def test_pin_table_budget_ttl_and_release():
 
 
 def test_retention_hints_and_scheduler_paths():
-    assert retention_hints("t", 3) == {"pronk_trace_id": "t", "pronk_pin_ttl_s": 3.0}
+    hints = {"pronk_trace_id": "t", "pronk_pin_ttl_s": 3.0}
+    assert retention_hints("t", 3) == {**hints, "kv_transfer_params": hints}  # the host tier's policy reads these
     assert scheduler_class("cpu") == "engine.kv_retention.PinningScheduler"
     assert scheduler_class("cuda") == "engine.kv_retention.AsyncPinningScheduler"

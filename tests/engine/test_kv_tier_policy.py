@@ -1,0 +1,83 @@
+"""The host tier's eviction order (`engine.kv_tier_policy`): finished traces first, then chunks of no known trace,
+then live traces by their expected next step (latest first), recency last."""
+
+from __future__ import annotations
+
+from vllm.v1.kv_offload.base import ReqContext
+from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
+
+from engine.kv_retention import retention_hints
+from engine.kv_tier_policy import TraceAwareCachePolicy, trace_finished
+
+
+def ready_chunk(chunk_id: int) -> ChunkStatus:
+    chunk = ChunkStatus(chunk_id)
+    chunk.ref_cnt = 0  # stored and not being read: evictable
+    return chunk
+
+
+def policy_with(keys: list[bytes]) -> TraceAwareCachePolicy:
+    policy = TraceAwareCachePolicy(cache_capacity=len(keys))
+    for i, key in enumerate(keys):
+        policy.insert(key, ready_chunk(i))
+    return policy
+
+
+def finish_request(policy: TraceAwareCachePolicy, keys: list[bytes], trace_id: str | None, ttl_s: float) -> None:
+    hints = retention_hints(trace_id, ttl_s)["kv_transfer_params"] if trace_id else None
+    policy.on_request_finished([keys], set(), set(keys), ReqContext(req_id=f"r-{trace_id}", kv_transfer_params=hints))
+
+
+def evicted(policy: TraceAwareCachePolicy, n: int, protected: set[bytes] | None = None) -> list[bytes]:
+    chosen = policy.evict(n, protected or set())
+    assert chosen is not None
+    return [key for key, _ in chosen]
+
+
+def test_finished_traces_go_first_then_unknown_chunks_then_the_trace_needed_last():
+    policy = policy_with([b"soon", b"late", b"done", b"anon", b"shared"])
+    finish_request(policy, [b"shared", b"soon"], "short-gap", 1.0)
+    finish_request(policy, [b"shared", b"late"], "long-gap", 60.0)
+    finish_request(policy, [b"done"], "ended", 1.0)
+    finish_request(policy, [b"anon"], None, 0.0)
+    trace_finished("ended")
+
+    assert evicted(policy, 1) == [b"done"]
+    assert evicted(policy, 1) == [b"anon"]
+    assert evicted(policy, 1) == [b"late"]  # its trace's tool returns last
+    assert evicted(policy, 1) == [b"soon"]  # "shared" is live through both traces, and needed as soon as "soon"
+    assert evicted(policy, 1) == [b"shared"]
+    assert policy.evict(1, set()) is None and policy.chunks == {}
+
+
+def test_a_shared_chunk_stays_live_until_every_trace_using_it_ended():
+    policy = policy_with([b"prefix", b"a-own"])
+    finish_request(policy, [b"prefix", b"a-own"], "a", 5.0)
+    finish_request(policy, [b"prefix"], "b", 5.0)
+    trace_finished("a")
+    assert evicted(policy, 1) == [b"a-own"]
+    trace_finished("b")
+    assert policy.traces_of[b"prefix"] == set() and policy.eviction_order(b"prefix")[0] == 0
+
+
+def test_eviction_is_all_or_nothing_and_skips_protected_chunks():
+    policy = policy_with([b"x", b"y"])
+    assert policy.evict(2, {b"y"}) is None and set(policy.chunks) == {b"x", b"y"}
+    assert evicted(policy, 1, {b"x"}) == [b"y"]
+
+
+def test_a_report_arriving_after_its_trace_ended_does_not_revive_it():
+    policy = policy_with([b"k"])
+    trace_finished("t")
+    finish_request(policy, [b"k"], "t", 30.0)
+    assert "t" not in policy.next_use and b"k" not in policy.traces_of
+
+
+def test_vllm_finds_the_policy_the_tier_config_names():
+    from vllm.v1.kv_offload.cpu.policies.factory import CachePolicyFactory
+
+    from engine.kv_tier import VLLM_CPU_VERSION, host_tier_config
+
+    extra = host_tier_config(1 << 30, "cpu", VLLM_CPU_VERSION)["kv_connector_extra_config"]
+    found = CachePolicyFactory.get_cache_policy_cls(extra["eviction_policy"], extra["cache_policy_module_path"])
+    assert found is TraceAwareCachePolicy
