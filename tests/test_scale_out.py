@@ -1,12 +1,13 @@
 """Scale out, proven on one machine: four hosts as network namespaces on a bridge (10.231.0.0/24).
 
 A (10.231.0.1) runs moto's S3 server, PostgreSQL (the Prefect server's database and the worker registry),
-the Prefect server and the API; B and C run one engine worker each,
-bound to their own address and advertising it; D runs the Prefect process work pool worker that runs the
-`run-batch` and `leap` flow runs. Every request between hosts crosses the bridge, and every request to a
-worker carries the shared token. A Leap through the API switches the workers of B and C; a batch made through
-the API on A runs on both; cutting C's link while the batch runs moves C's steps to B, with every input line
-answered exactly once. Skipped where the machine cannot make namespaces (not root, no `ip`).
+the Prefect server and the API; B and C run one engine worker each, bound to their own address and serving
+HTTPS there with a certificate for both addresses from a throwaway CA; D runs the Prefect process work pool
+worker that runs the `run-batch` and `leap` flow runs. Every request between hosts crosses the bridge, and every
+request to a worker carries the shared token over TLS, verified against that CA. A Leap through the API switches
+the workers of B and C; a batch made through the API on A runs on both; cutting C's link while the batch runs
+moves C's steps to B, with every input line answered exactly once. Skipped where the machine cannot make
+namespaces (not root, no `ip`).
 
 Workers announce themselves to PostgreSQL on A over the bridge, so a cut host's heartbeats stop. The hosts
 share a disk, so the model registry (MLflow on SQLite) is a shared file here.
@@ -14,6 +15,7 @@ share a disk, so the model registry (MLflow on SQLite) is a shared file here.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import sys
@@ -24,6 +26,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from engine.client import WorkerClient
+from engine.tls import verify_context
 from pronk.settings import PROJECT_ROOT, Settings
 from pronk.stack.embedded import WORK_POOL
 from pronk.stack.postgres import PREFECT_ON_POSTGRES, PostgresError, find_binaries
@@ -31,6 +35,7 @@ from pronk.stack.prefect_env import RUN_PAGE_LOGGING, TUNED_SERVER
 from pronk.stack.prefect_yaml import write_prefect_yaml
 from pronk.stack.processes import wait_healthy
 from tests.netns import Hosts, unavailable
+from tests.tls_certs import issue, make_ca
 
 pytestmark = pytest.mark.e2e
 
@@ -134,6 +139,9 @@ def cluster(data_dir, hosts):
     logs = data_dir / "logs"
     env = environment(hosts, data_dir)
     a, b, c = (hosts.address[h] for h in "abc")
+    ca = make_ca(data_dir / "tls", "pronk-test-ca")
+    cert, key = issue(ca, data_dir / "tls", "workers", [b, c])
+    env["PRONK_WORKER_TLS_CA"] = str(ca.bundle)  # every caller of the workers trusts it: the API, flow runs on D
 
     env |= start_postgres(hosts, env)
     s3 = hosts.spawn("a", [PYTHON, "-m", "moto.server", "-H", a, "-p", str(PORTS["s3"])], logs / "s3.log", env)
@@ -145,11 +153,11 @@ def cluster(data_dir, hosts):
     )
     ok(hosts.run("a", [*CLI, "model", "make-tiny"], env, cwd=PROJECT_ROOT))
     workers = {}  # they load the model (the longest start) while the rest starts
+    tls = {"PRONK_WORKER_TLS_CERT": str(cert), "PRONK_WORKER_TLS_KEY": str(key)}
     for host, index in (("b", 0), ("c", 1)):
-        address = hosts.address[host]
-        argv = [PYTHON, "-m", "pronk.stack.worker", "--job", JOB, "--index", str(index), "--host", address]
-        argv += ["--port", str(PORTS["worker"]), "--advertise", f"http://{address}:{PORTS['worker']}"]
-        workers[host] = hosts.spawn(host, argv, logs / f"worker-{host}.log", env, cwd=PROJECT_ROOT)
+        argv = [PYTHON, "-m", "pronk.stack.worker", "--job", JOB, "--index", str(index), "--host", hosts.address[host]]
+        argv += ["--port", str(PORTS["worker"])]  # it advertises https://ADDRESS:PORT, as it serves TLS
+        workers[host] = hosts.spawn(host, argv, logs / f"worker-{host}.log", env | tls, cwd=PROJECT_ROOT)
     v2 = json.loads(ok(hosts.run("a", [*CLI, "model", "finetune-tiny"], env, cwd=PROJECT_ROOT)).splitlines()[-1])
     hosts.call("a", lambda: wait_healthy(f"http://{a}:{PORTS['s3']}/", "moto S3", s3, logs / "s3.log"))
     hosts.call("a", lambda: make_bucket(f"http://{a}:{PORTS['s3']}"))
@@ -169,9 +177,11 @@ def cluster(data_dir, hosts):
     base = f"http://{a}:{PORTS['api']}/v1"
     hosts.call("a", lambda: wait_healthy(f"http://{a}:{PORTS['api']}/health", "pronk API", api, logs / "api.log"))
     for host in ("b", "c"):
-        url = f"http://{hosts.address[host]}:{PORTS['worker']}/health"
-        hosts.call("d", lambda url=url, host=host: wait_healthy(url, f"worker on {host}", workers[host], logs, 300))
-    yield {"env": env, "api": base, "v2": v2["version"], "data_dir": data_dir, "addresses": (a, b, c)}
+        url = f"https://{hosts.address[host]}:{PORTS['worker']}/health"
+        hosts.call(
+            "d", lambda url=url, host=host: wait_healthy(url, f"worker on {host}", workers[host], logs, 300, ca.bundle)
+        )
+    yield {"env": env, "api": base, "v2": v2["version"], "data_dir": data_dir, "addresses": (a, b, c), "ca": ca.bundle}
 
 
 def api(hosts: Hosts, host: str, method: str, url: str, **kwargs) -> httpx.Response:
@@ -186,15 +196,37 @@ def job_status(hosts: Hosts, cluster) -> dict:
 
 def test_workers_on_their_own_hosts_refuse_callers_without_the_token(hosts, cluster):
     _, b, c = cluster["addresses"]
+    verify = verify_context(cluster["ca"])
     for address in (b, c):
-        url = f"http://{address}:{PORTS['worker']}"
-        assert api(hosts, "d", "GET", f"{url}/stats").status_code == 401
-        assert api(hosts, "d", "GET", f"{url}/health").json() == {"status": "ok"}
+        url = f"https://{address}:{PORTS['worker']}"
+        assert api(hosts, "d", "GET", f"{url}/stats", verify=verify).status_code == 401
+        assert api(hosts, "d", "GET", f"{url}/health", verify=verify).json() == {"status": "ok"}
         token = {"authorization": f"Bearer {cluster['env']['PRONK_WORKER_TOKEN']}"}
-        assert api(hosts, "d", "GET", f"{url}/stats", headers=token).status_code == 200
+        assert api(hosts, "d", "GET", f"{url}/stats", headers=token, verify=verify).status_code == 200
+
+
+def test_workers_serve_https_that_only_their_ca_vouches_for(hosts, cluster, tmp_path):
+    _, b, c = cluster["addresses"]
     status = ok(hosts.run("d", [*CLI, "stack", "status"], cluster["env"], cwd=PROJECT_ROOT))
-    assert f"{JOB}-w0 http://{b}:{PORTS['worker']} " in " ".join(status.split()), status
-    assert f"{JOB}-w1 http://{c}:{PORTS['worker']} " in " ".join(status.split()), status
+    assert f"{JOB}-w0 https://{b}:{PORTS['worker']} " in " ".join(status.split()), status
+    assert f"{JOB}-w1 https://{c}:{PORTS['worker']} " in " ".join(status.split()), status
+    stranger = make_ca(tmp_path, "another-ca").bundle
+    token = cluster["env"]["PRONK_WORKER_TOKEN"]
+
+    async def stats(url: str, ca_file: Path):
+        client = WorkerClient(token, ca_file=ca_file)
+        try:
+            return await client.stats(url)
+        finally:
+            await client.aclose()
+
+    for index, address in enumerate((b, c)):
+        url = f"https://{address}:{PORTS['worker']}"
+        assert hosts.call("d", lambda url=url: asyncio.run(stats(url, cluster["ca"]))).worker_id == f"{JOB}-w{index}"
+        with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+            hosts.call("d", lambda url=url: asyncio.run(stats(url, stranger)))
+        with pytest.raises(httpx.TransportError):
+            api(hosts, "d", "GET", f"http://{address}:{PORTS['worker']}/health")
 
 
 def test_a_leap_from_the_api_switches_the_workers_of_both_hosts(hosts, cluster):
@@ -244,10 +276,11 @@ def test_a_batch_from_the_api_runs_on_both_hosts_and_survives_losing_one(hosts, 
     def busy_on_c() -> dict:
         """The batch, once both workers are serving its steps (C's in flight, seen by asking C itself)."""
         token = {"authorization": f"Bearer {cluster['env']['PRONK_WORKER_TOKEN']}"}
+        verify = verify_context(cluster["ca"])
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
             batch = httpx.get(f"{base}/batches/{batch_id}", timeout=10).json()
-            stats = httpx.get(f"http://{c}:{PORTS['worker']}/stats", headers=token, timeout=10).json()
+            stats = httpx.get(f"https://{c}:{PORTS['worker']}/stats", headers=token, timeout=10, verify=verify).json()
             if batch["status"] == "in_progress" and stats["in_flight"] > 0:
                 return batch
             assert batch["status"] in ("validating", "in_progress"), batch
