@@ -7,9 +7,14 @@ import statistics
 from dataclasses import dataclass, field
 
 from bench.harness.agent_loop import ReplayResult
+from pronk.agents.outcomes import Completion, LineFailure
+from pronk.agents.step_records import StepRecord, ToolCallCounts
+from pronk.batches.labelled import CheckedLine, compare_success, tally
+from pronk.batches.schemas import CheckCounts
 
 BASELINE = "stock vLLM: round-robin"
 BATCH = "pronk batch flow (Prefect, full)"
+HARNESS = "pronk: harness over the job's router"  # the agent-real profile's pronk setup
 LIMIT = "offline limit (LLM.generate, no gaps)"
 FULL = "pronk: + priority"  # the bare loop with every mechanism on (bench.harness.pronk_runs.ABLATIONS)
 
@@ -322,4 +327,167 @@ def goals(rounds: list[dict[str, AgentRun]], ideals: list[float], profile: str) 
                     "met": median is not None and median >= goal,
                 }
             )
+    return out
+
+
+@dataclass(slots=True)
+class CheckedRun:
+    """One setup's run of real agent traces (`bench.harness.agent_real`): the trace figures beside how many of the
+    answers their checks passed. A task counts as done only when its check passed."""
+
+    run: AgentRun
+    checks: CheckCounts
+    tool_calls: ToolCallCounts
+    price_per_worker_hour: float
+    records: list[StepRecord] = field(default_factory=list)
+    """Every step attempt of the run (what the offline limit's shapes are made of)."""
+
+    @classmethod
+    def of(
+        cls, name: str, lines: list[CheckedLine], started: float, wall_s: float, workers: int, price: float
+    ) -> CheckedRun:
+        """`lines` run from `started` (time.monotonic) for `wall_s`; every attempt a worker served counts its tokens."""
+        records = [r for line in lines for r in line.records]
+        served = [r for r in records if r.worker_id is not None]
+        moves, transitions = worker_moves([(r.trace_id, r.step, r.worker_id or "") for r in served if r.error is None])
+        completions = [line.outcome.result for line in lines if isinstance(line.outcome.result, Completion)]
+        failures = [
+            (line.request.custom_id, line.outcome.result)
+            for line in lines
+            if isinstance(line.outcome.result, LineFailure)
+        ]
+        run = AgentRun(
+            name=name,
+            wall_s=wall_s,
+            workers=workers,
+            traces=len(lines),
+            steps=len(served),
+            prompt_tokens=sum(r.prompt_tokens for r in served),
+            cached_tokens=sum(r.cached_tokens for r in served),
+            output_tokens=sum(r.output_tokens for r in served),
+            trace_seconds=[c.duration_s for c in completions],
+            moved_steps=moves / transitions if transitions else math.nan,
+            errors=[f"{custom_id}: {f.code}: {f.message}"[:300] for custom_id, f in failures],
+            finished_s=sorted(line.finished_at - started for line in lines),
+        )
+        return cls(run, tally(lines), ToolCallCounts.of(records), price, records)
+
+    @property
+    def successes_per_s(self) -> float:
+        """Checked successes (passed lines) over the run's wall time."""
+        return self.checks.passed / self.run.wall_s
+
+    @property
+    def cost_usd(self) -> float:
+        """The fleet's price for the run's wall time: price per worker-hour x workers x hours."""
+        return self.price_per_worker_hour * self.run.workers * self.run.wall_s / 3600.0
+
+    @property
+    def successes_per_dollar(self) -> float:
+        return self.checks.passed / self.cost_usd if self.cost_usd else math.nan
+
+    def figures(self) -> dict[str, float]:
+        """This run's figures in one round."""
+        rate, validity = self.checks.success_rate, self.tool_calls.validity
+        return {
+            "wall_s": self.run.wall_s,
+            "traces": float(self.run.traces),
+            "passed": float(self.checks.passed),
+            "failed": float(self.checks.failed),
+            "unchecked": float(self.checks.unchecked),
+            "success_rate": math.nan if rate is None else rate,
+            "successes_per_s": self.successes_per_s,
+            "successes_per_dollar": self.successes_per_dollar,
+            "tool_call_validity": math.nan if validity is None else validity,
+            "prompt_tokens": float(self.run.prompt_tokens),
+            "cached_tokens": float(self.run.cached_tokens),
+            "cached_ratio": self.run.cached_ratio,
+            "traces_per_s_steady": self.run.steady_traces_per_s,
+            "traces_per_s_wall": self.run.traces_per_s,
+            "preemptions": math.nan if self.run.preemptions is None else float(self.run.preemptions),
+            "p90_trace_s": percentile(self.run.trace_seconds, 90),
+            "errors": float(len(self.run.errors)),
+        }
+
+
+def limit_figures(limit: AgentRun) -> dict[str, float]:
+    """The offline limit's figures in one round (its rate is traces over its wall time: it never idles)."""
+    return {
+        "wall_s": limit.wall_s,
+        "traces": float(limit.traces),
+        "traces_per_s_wall": limit.traces_per_s,
+        "prompt_tokens": float(limit.prompt_tokens),
+        "cached_tokens": float(limit.cached_tokens),
+        "cached_ratio": limit.cached_ratio,
+    }
+
+
+@dataclass(slots=True)
+class CheckedRound:
+    """One agent-real round: the stock baseline and pronk on the same traces, and the offline limit on the shapes
+    pronk's run produced (None without `--limit`)."""
+
+    baseline: CheckedRun
+    pronk: CheckedRun
+    limit: AgentRun | None = None
+
+    def runs(self) -> dict[str, CheckedRun | AgentRun]:
+        named: dict[str, CheckedRun | AgentRun] = {BASELINE: self.baseline, HARNESS: self.pronk}
+        return named | ({LIMIT: self.limit} if self.limit is not None else {})
+
+
+def checked_table(rounds: list[CheckedRound]) -> dict[str, dict[str, dict]]:
+    """setup -> figure -> spread over rounds, with, in the same round, pronk's checked successes per dollar over the
+    baseline's and its steady traces/s over the limit's traces per wall second."""
+    table: dict[str, dict[str, dict]] = {}
+    for name in rounds[0].runs():
+        runs = [r.runs()[name] for r in rounds]
+        per_round = [run.figures() if isinstance(run, CheckedRun) else limit_figures(run) for run in runs]
+        table[name] = {key: spread([f[key] for f in per_round]) for key in per_round[0]}
+    table[HARNESS]["over_baseline"] = spread(
+        [_ratio(r.pronk.successes_per_dollar, r.baseline.successes_per_dollar) for r in rounds]
+    )
+    limits = [(r.pronk, r.limit) for r in rounds if r.limit is not None]
+    if limits:
+        table[HARNESS]["over_limit"] = spread([over_limit(pronk.run, limit) for pronk, limit in limits])
+    return table
+
+
+def pooled_checks(runs: list[CheckedRun]) -> CheckCounts:
+    return CheckCounts(
+        passed=sum(r.checks.passed for r in runs),
+        failed=sum(r.checks.failed for r in runs),
+        unchecked=sum(r.checks.unchecked for r in runs),
+    )
+
+
+CHECKED_GOALS = (
+    # (figure, key in pronk's table, goal)
+    ("checked successes per dollar, pronk / stock vLLM round-robin", "over_baseline", 2.0),
+    ("traces/s, pronk / offline limit", "over_limit", 0.80),
+)
+
+
+def checked_goals(rounds: list[CheckedRound]) -> list[dict]:
+    """The agent-real goals: pronk's per-dollar ratio and its ratio to the limit (the median over rounds against the
+    goal), and whether its success rate, pooled over every round, is lower than the baseline's beyond noise
+    (`compare_success`: that row is met when it is not)."""
+    table = checked_table(rounds)
+    out = [
+        {"figure": figure, "setup": HARNESS, "goal": goal, **values, "met": (values["median"] or 0.0) >= goal}
+        for figure, key, goal in CHECKED_GOALS
+        if (values := table[HARNESS].get(key)) is not None
+    ]
+    verdict = compare_success(pooled_checks([r.baseline for r in rounds]), pooled_checks([r.pronk for r in rounds]))
+    rates = [_ratio(r.pronk.figures()["success_rate"], r.baseline.figures()["success_rate"]) for r in rounds]
+    out.append(
+        {
+            "figure": "success rate, pronk / stock vLLM round-robin (pooled over rounds)",
+            "setup": HARNESS,
+            "goal": "not lower beyond noise",
+            **spread(rates),
+            "met": not verdict.worse,
+            "reason": verdict.reason,
+        }
+    )
     return out

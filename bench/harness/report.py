@@ -106,12 +106,31 @@ SETUP_COLUMNS = (
 )
 
 
-def setups_table(setups: dict[str, dict[str, dict]]) -> str:
+CHECKED_COLUMNS = (
+    ("checked successes/$", "successes_per_dollar"),
+    ("/ stock RR", "over_baseline"),
+    ("checked successes/s", "successes_per_s"),
+    ("success rate", "success_rate"),
+    ("passed", "passed"),
+    ("failed", "failed"),
+    ("tool-call validity", "tool_call_validity"),
+    ("traces/s steady", "traces_per_s_steady"),
+    ("traces/s all / wall", "traces_per_s_wall"),
+    ("/ limit", "over_limit"),
+    ("wall s", "wall_s"),
+    ("prompt tokens", "prompt_tokens"),
+    ("cached ratio", "cached_ratio"),
+    ("preemptions", "preemptions"),
+)
+"""The agent-real profile's columns (`bench.harness.figures.checked_table`)."""
+
+
+def setups_table(setups: dict[str, dict[str, dict]], columns: tuple[tuple[str, str], ...] = SETUP_COLUMNS) -> str:
     """One row per setup: the median over rounds (min–max)."""
-    header = ["setup", *(title for title, _ in SETUP_COLUMNS)]
+    header = ["setup", *(title for title, _ in columns)]
     rows = [header, ["---"] * len(header)]
     for name, figures in setups.items():
-        rows.append([name, *(_spread(figures.get(key)) for _, key in SETUP_COLUMNS)])
+        rows.append([name, *(_spread(figures.get(key)) for _, key in columns)])
     return "\n".join("| " + " | ".join(row) + " |" for row in rows)
 
 
@@ -132,7 +151,7 @@ def goals_table(goals: list[dict]) -> str:
             [
                 g["figure"],
                 g["setup"],
-                f"≥ {g['goal']}",
+                g["goal"] if isinstance(g["goal"], str) else f"≥ {g['goal']}",
                 _spread(g),
                 ", ".join(_fmt(v) for v in g["rounds"]),
                 "yes" if g["met"] else "**no**",
@@ -185,19 +204,75 @@ def write_results_md(path: Path, section: str, profile: str = "cpu") -> Path:
     return path
 
 
+def section_head(title: str, meta: dict) -> tuple[list[str], str]:
+    """A profile section's heading and run line, and what a record cut short says after its rounds."""
+    asked = meta.get("rounds_asked", meta["rounds"])
+    partial = f" (**partial record**: {asked} asked, the run was cut short)" if asked > meta["rounds"] else ""
+    run = (
+        f"Run {meta['date']} on {meta['machine']}, with `{meta['command']}`; the whole bench took "
+        f"{meta.get('bench_wall_s', '?')} s."
+    )
+    return [f"## {title}: profile `{meta['profile']}`", "", run, ""], partial
+
+
+def checked_section(
+    meta: dict, comparisons: list[Comparison], plot_name: str, setups: dict | None = None, goals: list | None = None
+) -> str:
+    """The agent-real profile's section: real agent traces checked, pronk against stock vLLM, beside the limit."""
+    kv = meta["kv"]
+    head, partial = section_head("pronk vs stock vLLM on checked agent tasks", meta)
+    lines = [
+        *head,
+        f"Both setups: job `{meta['job']}` (`{meta['model']}`), {meta['workers']} engine processes each pinned to its "
+        f"own core, the same engine args, prefix caching on, `max_model_len` {meta['max_model_len']}, a KV cache of "
+        f"{meta['kv_cache_memory_bytes'] / 2**20:.0f} MiB = {kv['tokens_per_worker']:,} tokens per process, and "
+        f"{meta['concurrency']} traces in flight. The traces' mean final context was {kv['mean_trace_context']:,} "
+        f"tokens (longest {kv['longest_trace_context']:,}), so the working set is "
+        f"~{kv['working_set_tokens_per_worker']:,} tokens per process and the cache holds "
+        f"{kv['cache_share_of_working_set']:.0%} of it.",
+        "",
+        f"Workload: {meta['traces_per_round']} traces per round "
+        f"({meta['traces_per_round'] / max(meta['concurrency'], 1):.1f}x the concurrency) × {meta['rounds']} "
+        f"round(s){partial}, drawn from the job's labelled set "
+        f"(`{meta['labelled_set']}`, seed {meta['seed']} + round), each trace's system message led by a document of "
+        f"{meta['document_tokens'][0]:,}–{meta['document_tokens'][1]:,} tokens of its own (the corpus and the "
+        "tables in an order of the trace's), the task and its check unchanged. Both setups run pronk's agent "
+        "harness (the line's tools, real python, sql and search calls, each step's output held to the tool-call "
+        "JSON schema) and check every answer; only what answers a step differs: pronk's workers through the job's "
+        "router, or N stock `python -m vllm.entrypoints.openai.api_server` (vLLM's fcfs, the same structured-outputs "
+        f"config) behind round-robin, sent chat completions (they took {meta['vllm_server_startup_s']} s to start, "
+        "not counted). The order of the two is rotated each round. The offline limit "
+        "(`bench/harness/offline_limit.py`) replays the shapes pronk's step records give (each step's prompt and "
+        "output lengths, `pronk.herd.shapes`) with no tool gaps. Checked successes per dollar: passed lines over "
+        f"${meta['price_per_worker_hour']} a worker-hour × workers × wall time. `/ limit`: pronk's steady traces/s "
+        "over the limit's traces per wall second. Cells: median over rounds (min–max).",
+        "",
+    ]
+    if setups:
+        lines += [setups_table(setups, CHECKED_COLUMNS), ""]
+    if goals:
+        lines += ["Goals (issue 26):", "", goals_table(goals), ""]
+        lines += [f"Success rate: {g['reason']}." for g in goals if g.get("reason")] + [""]
+    lines += [
+        "Medians over rounds (pronk = the harness over pronk's router, baseline = stock round-robin):",
+        "",
+        markdown_table(comparisons),
+        "",
+        f"![trace completion times]({plot_name})",
+    ]
+    if meta.get("errors"):
+        lines += ["", f"Errors seen: `{json.dumps(meta['errors'])[:800]}`"]
+    return "\n".join(lines)
+
+
 def markdown_section(
     meta: dict, comparisons: list[Comparison], plot_name: str, setups: dict | None = None, goals: list | None = None
 ) -> str:
     losses = [c.name for c in comparisons if c.pronk_loses]
     kv = meta["kv"]
-    asked = meta.get("rounds_asked", meta["rounds"])
-    partial = f" (**partial record**: {asked} asked, the run was cut short)" if asked > meta["rounds"] else ""
+    head, partial = section_head("pronk vs stock vLLM on agent traces", meta)
     lines = [
-        f"## pronk vs stock vLLM on agent traces: profile `{meta['profile']}`",
-        "",
-        f"Run {meta['date']} on {meta['machine']}, with `{meta['command']}`; the whole bench took "
-        f"{meta.get('bench_wall_s', '?')} s.",
-        "",
+        *head,
         f"Every setup: job `{meta['job']}` (the tiny local model `models:/pronk-tiny@live`), {meta['workers']} engine "
         "processes each pinned to its own core, the same engine args, prefix caching on, `max_model_len` "
         f"{meta['max_model_len']}, and a KV cache of {meta['kv_cache_memory_bytes'] / 2**20:.0f} MiB = "

@@ -45,6 +45,7 @@ from bench.harness.figures import (
 )
 from bench.harness.pronk_runs import ABLATIONS
 from bench.harness.workload import (
+    LABELLED_PROFILES,
     PROFILES,
     Workload,
     cache_bounds,
@@ -68,7 +69,9 @@ class BenchConfig(BaseModel):
     job: str = Field(
         default="job-c0ffee01", description="Job whose model, engine args, workers and price both sides use."
     )
-    profile: str = Field(default="cpu", description=f"Workload profile: one of {sorted(PROFILES)}.")
+    profile: str = Field(
+        default="cpu", description=f"Workload profile: one of {sorted(PROFILES) + sorted(LABELLED_PROFILES)}."
+    )
     traces: int | None = Field(default=None, ge=1, description="Root traces per round (default: the profile's).")
     seed: int = Field(default=0, description="Workload seed; round r uses seed + r.")
     rounds: int = Field(default=3, ge=1, description="Rounds; every round is kept, with min/median/max.")
@@ -91,7 +94,7 @@ def relabel(shapes: list[TraceShape], label: str) -> list[TraceShape]:
     return [one(shape) for shape in shapes]
 
 
-def _median_run(runs: list[AgentRun]) -> AgentRun:
+def median_run(runs: list[AgentRun]) -> AgentRun:
     """A run whose every figure is the median over rounds (completion times pooled for percentiles)."""
     if len(runs) == 1:
         return runs[0]
@@ -266,7 +269,7 @@ class Bench:
     def outcome(self, rounds: list[dict[str, AgentRun]], workloads: list[Workload], startup_s: float) -> dict:
         """The figures of the rounds run so far."""
         ideals = [cache_bounds(w, self.job.engine.block_size or CPU_BLOCK_SIZE)[1] for w in workloads]
-        pronk, bare, baseline = (_median_run([r[name] for r in rounds]) for name in (BATCH, FULL, BASELINE))
+        pronk, bare, baseline = (median_run([r[name] for r in rounds]) for name in (BATCH, FULL, BASELINE))
         return {
             "comparisons": agent_comparisons(pronk, bare, baseline, self.job.price_per_worker_hour),
             "runs": [pronk, bare, baseline],
@@ -279,8 +282,8 @@ class Bench:
         }
 
 
-def meta(config: BenchConfig, job: JobConfig, outcome: dict) -> dict:
-    workload: Workload = outcome["workloads"][0]
+def run_meta(config: BenchConfig, job: JobConfig, rounds: int) -> dict:
+    """What every profile's record says of the run: when, where, the command, the job and the rounds."""
     return {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": (
@@ -293,11 +296,18 @@ def meta(config: BenchConfig, job: JobConfig, outcome: dict) -> dict:
         "kv_cache_memory_bytes": job.engine.kv_cache_memory_bytes,
         "max_model_len": job.engine.max_model_len,
         "profile": config.profile,
-        "traces_per_round": len(workload.shapes),
-        "rounds": len(outcome["rounds"]),
+        "rounds": rounds,
         "rounds_asked": config.rounds,
         "seed": config.seed,
         "concurrency": job.scheduling.max_concurrency,
+    }
+
+
+def meta(config: BenchConfig, job: JobConfig, outcome: dict) -> dict:
+    workload: Workload = outcome["workloads"][0]
+    return {
+        **run_meta(config, job, len(outcome["rounds"])),
+        "traces_per_round": len(workload.shapes),
         "steps_per_round": workload.total_steps(),
         "steps_cut_by_context_cap": workload.steps_cut_by_cap,
         "single_step_requests": config.single_step_requests,
@@ -326,8 +336,15 @@ def kv_summary(job: JobConfig, model_dir: Path, workload: Workload, concurrency:
     }
 
 
-def record(config: BenchConfig, outcome: dict, info: dict, out_dir: Path = BENCH_DIR) -> list[Path]:
-    """Write results/results.json, the plot under results/ and the main section of RESULTS.md."""
+def record(
+    config: BenchConfig,
+    outcome: dict,
+    info: dict,
+    out_dir: Path = BENCH_DIR,
+    section: Callable[..., str] = report.markdown_section,
+) -> list[Path]:
+    """Write results/results.json, the plot under results/ and the profile's section of RESULTS.md (`section` writes
+    its text from the meta, the comparisons, the plot's link, the setups and the goals)."""
     comparisons: list[Comparison] = outcome["comparisons"]
     suffix = "" if config.profile == "cpu" else f"_{config.profile}"
     results = out_dir / "results"
@@ -335,8 +352,8 @@ def record(config: BenchConfig, outcome: dict, info: dict, out_dir: Path = BENCH
     plot = report.plot_completion_times(results / f"completion_times{suffix}.png", outcome["runs"])
     data = report.write_json(results / "results.json", comparisons, info, outcome["setups"], outcome["goals"])
     plot_link = f"{results.name}/{plot.name}"
-    section = report.markdown_section(info, comparisons, plot_link, outcome["setups"], outcome["goals"])
-    md = report.write_results_md(out_dir / "RESULTS.md", section, config.profile)
+    text = section(info, comparisons, plot_link, outcome["setups"], outcome["goals"])
+    md = report.write_results_md(out_dir / "RESULTS.md", text, config.profile)
     return [md, data, plot]
 
 
@@ -347,9 +364,9 @@ def pronk_fleet(settings: Settings, job: JobConfig):
     from pronk.stack import embedded as stack
 
     owned = not stack.read_state(settings)
-    if len(Registry.from_settings(settings).live(job.job_id)) < job.workers or owned:
-        stack.up(settings, job.job_id, mlflow_ui=False, deploy=False)
-    try:
+    try:  # a start that fails half way stops what it started too
+        if len(Registry.from_settings(settings).live(job.job_id)) < job.workers or owned:
+            stack.up(settings, job.job_id, mlflow_ui=False, deploy=False)
         yield
     finally:
         if owned:
@@ -357,7 +374,12 @@ def pronk_fleet(settings: Settings, job: JobConfig):
 
 
 def run_bench(config: BenchConfig, settings: Settings, echo=print) -> dict:
-    """Run everything, print the table, and (with `record`) write the results files, after every round too."""
+    """Run everything, print the table, and (with `record`) write the results files, after every round too. A
+    labelled profile (`agent-real`) runs real agent tasks instead (`bench.harness.agent_real`)."""
+    if config.profile in LABELLED_PROFILES:
+        from bench.harness import agent_real  # it builds on this module
+
+        return agent_real.run_real_bench(config, settings, echo)
     bench = Bench(config, settings)
     started = time.monotonic()
 

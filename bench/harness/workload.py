@@ -1,4 +1,5 @@
-"""The benchmark's workload: seeded agent trace shapes, their token content, and a single-step batch file.
+"""The benchmark's workload: seeded agent trace shapes, their token content, a single-step batch file, and the
+labelled set's real agent tasks made into long-context traces (`labelled_traces`, the `agent-real` profiles).
 
 Where the ranges come from (the `reference` profile; GPU-sized):
 
@@ -28,6 +29,7 @@ counts how many were cut). Gaps keep their real range: they are what gap-KV poli
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -35,7 +37,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pronk.protocol.bodies import ChatCompletionBody
+from pronk.protocol.lines import ValidRequest
 from pronk.protocol.shapes import ShapeStep, TraceShape
+from pronk.settings import PROJECT_ROOT
 
 
 class WorkloadProfile(BaseModel):
@@ -283,3 +288,90 @@ def cache_bounds(workload: Workload, block_size: int) -> tuple[float, float]:
     for shape in workload.shapes:
         finals.append(walk(shape, 0))
     return sum(finals) / len(finals), cached_total / prompt_total
+
+
+class LabelledProfile(BaseModel):
+    """Real agent traces: the job's labelled lines, each trace given a document of its own to read first."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    traces: int = Field(ge=1, description="Traces per round, drawn from the labelled lines.")
+    document_tokens: tuple[int, int] = Field(description="Length of a trace's document, drawn uniformly.")
+
+
+LABELLED_PROFILES: dict[str, LabelledProfile] = {
+    # 24 traces: 3x the `agent-real` job's 8 in flight. A document of 900-2,400 tokens after the ~450 of the harness's
+    # prompt and the task puts a trace's first prompt at ~1.4-2.9k tokens (~2.2k on average), and its last (a tool
+    # result and an answer or two later) at up to ~3.7k, under the job's 4,096-token cache.
+    "agent-real": LabelledProfile(name="agent-real", traces=24, document_tokens=(900, 2400)),
+    "agent-real-smoke": LabelledProfile(name="agent-real-smoke", traces=4, document_tokens=(100, 300)),
+}
+
+CHARS_PER_TOKEN = 3.25
+"""What one SmolLM2 token holds of the documents' text (corpus prose and table rows), measured with its tokenizer."""
+
+DOCUMENT_SOURCES = (PROJECT_ROOT / "data" / "corpus", PROJECT_ROOT / "data" / "tables")
+
+
+def document_pieces() -> list[str]:
+    """The paragraphs of the corpus and the rows of the tables (each row under its table's header)."""
+    pieces = []
+    for path in sorted(p for folder in DOCUMENT_SOURCES for p in folder.iterdir() if p.is_file()):
+        text = path.read_text()
+        if path.suffix == ".csv":
+            header, *rows = text.splitlines()
+            pieces += [f"{path.stem}: {header}\n{row}" for row in rows if row.strip()]
+        else:
+            pieces += [p.strip() for p in text.split("\n\n") if p.strip()]
+    return pieces
+
+
+def document(rng: random.Random, pieces: list[str], chars: int) -> str:
+    """`chars` characters of the pieces in an order of `rng`'s, shuffled again each time they run out."""
+    parts: list[str] = []
+    length = 0
+    while length < chars:
+        batch = pieces[:]
+        rng.shuffle(batch)
+        parts += batch
+        length += sum(len(p) + 2 for p in batch)
+    return "\n\n".join(parts)[:chars]
+
+
+def labelled_traces(
+    lines: list[ValidRequest], profile: LabelledProfile, seed: int, traces: int | None = None
+) -> list[ValidRequest]:
+    """`traces` agent lines drawn reproducibly from `seed`: the labelled lines shuffled (again after each pass), each
+    trace's first message (the line's system message) led by a document of its own, so its every step re-reads
+    thousands of tokens. The task, its tools and its check are the line's; the custom id names the round and the
+    trace."""
+    rng = random.Random(seed)
+    pieces = document_pieces()
+    order: list[ValidRequest] = []
+    out = []
+    for index in range(traces or profile.traces):
+        if not order:
+            order = lines[:]
+            rng.shuffle(order)
+        line = order.pop()
+        body = line.body
+        if not isinstance(body, ChatCompletionBody):
+            raise ValueError(f"labelled line {line.custom_id} is no chat completion")
+        chars = round(rng.randint(*profile.document_tokens) * CHARS_PER_TOKEN)
+        reading = f"Background reading:\n\n{document(rng, pieces, chars)}\n\n"
+        first, *rest = body.messages
+        messages = [first.model_copy(update={"content": reading + first.text()}), *rest]
+        out.append(
+            dataclasses.replace(
+                line,
+                custom_id=f"r{seed}-t{index:03d}-{line.custom_id}",
+                body=body.model_copy(update={"messages": messages}),
+            )
+        )
+    return out
+
+
+def relabelled(lines: list[ValidRequest], label: str) -> list[ValidRequest]:
+    """The same lines under custom ids (trace ids) of the setup's own."""
+    return [dataclasses.replace(line, custom_id=f"{label}-{line.custom_id}") for line in lines]

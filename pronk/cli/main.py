@@ -371,7 +371,10 @@ def api(
 def bench(
     job: JobOption = None,
     profile: Annotated[
-        str, typer.Option(help="Workload profile (bench/harness/workload.py): cpu, agent-long, smoke or reference.")
+        str,
+        typer.Option(
+            help="Workload profile (bench/harness/workload.py): cpu, agent-long, agent-real, smoke or reference."
+        ),
     ] = "cpu",
     traces: Annotated[int | None, typer.Option(min=1, help="Root traces per round (default: the profile's).")] = None,
     rounds: Annotated[

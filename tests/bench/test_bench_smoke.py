@@ -11,8 +11,9 @@ import math
 
 import pytest
 
-from bench.harness.figures import BASELINE, BATCH, FULL, LIMIT, Comparison
+from bench.harness.figures import BASELINE, BATCH, FULL, HARNESS, LIMIT, Comparison
 from bench.harness.pronk_runs import ABLATIONS
+from bench.harness.report import CHECKED_COLUMNS, checked_section
 from bench.harness.suite import BenchConfig, record, run_bench
 
 pytestmark = [pytest.mark.e2e, pytest.mark.bench_smoke]
@@ -77,3 +78,45 @@ def test_smoke_bench_runs_every_setup_and_reports_every_figure(stack, tmp_path):
     entry = json.loads(data.read_text())["profiles"]["smoke"]
     assert len(entry["comparisons"]) == len(comparisons) and set(entry["setups"]) == set(runs)
     assert all({"name", "pronk", "baseline", "ratio", "unit"} <= row.keys() for row in entry["comparisons"])
+
+
+def test_agent_real_smoke_runs_both_setups_and_the_limit_and_reports_every_figure(stack, tmp_path):
+    """`--profile agent-real` on SmolLM2, tiny: 4 traces with short documents, one round. How many answers pass is the
+    model's business; that each is checked, and each figure is there, is the bench's."""
+    config = BenchConfig(
+        job="agent-real",
+        profile="agent-real-smoke",
+        traces=4,
+        rounds=1,
+        work_dir=tmp_path / "work",
+        command="pytest smoke agent-real",
+    )
+    outcome = run_bench(config, stack, echo=lambda _line: None)
+
+    (checked,) = outcome["rounds"]
+    for run in (checked.baseline, checked.pronk):
+        assert run.run.traces == 4 and run.checks.checked + run.checks.unchecked == 4, run.run.name
+        assert len(run.run.finished_s) == 4 and run.run.wall_s > 0 and run.run.prompt_tokens > 0, run.run.name
+        assert run.tool_calls.total > 0 and run.run.preemptions is not None, run.run.name
+        assert not math.isnan(run.successes_per_dollar) and run.cost_usd > 0, run.run.name
+    assert checked.limit is not None and checked.limit.traces == 4 and checked.limit.cached_tokens > 0
+
+    setups = outcome["setups"]
+    assert set(setups) == {BASELINE, HARNESS, LIMIT}
+    for _, key in CHECKED_COLUMNS:
+        assert key in setups[HARNESS], key
+        assert key in setups[BASELINE] or key.startswith("over_"), key
+    assert setups[HARNESS]["over_baseline"]["median"] is not None
+    assert [g["goal"] for g in outcome["goals"]] == [2.0, 0.8, "not lower beyond noise"]
+    assert outcome["meta"]["kv"]["cache_share_of_working_set"] > 0
+    assert {c.name for c in outcome["comparisons"]} >= {
+        "agent-real: checked successes per dollar",
+        "agent-real: checked successes per second",
+        "agent-real: success rate",
+        "agent-real: tool-call validity",
+    }
+
+    md, data, plot = record(config, outcome, outcome["meta"], tmp_path, section=checked_section)
+    assert "profile `agent-real-smoke`" in md.read_text() and plot.stat().st_size > 0
+    entry = json.loads(data.read_text())["profiles"]["agent-real-smoke"]
+    assert set(entry["setups"]) == set(setups) and len(entry["goals"]) == 3
