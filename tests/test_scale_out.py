@@ -44,7 +44,7 @@ MODEL = "pronk-tiny"
 LINES = 24
 PORTS = {"s3": 9000, "prefect": 4200, "api": 8000, "worker": 8100}
 PYTHON = sys.executable
-CLI = [PYTHON, "-c", "from pronk.cli.main import app; app()"]
+CLI = [PYTHON, "-c", "from pronk.cli.main import main; main()"]
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import time
@@ -455,3 +456,13 @@ def keys_revoke(key_id: Annotated[str, typer.Argument(help="The key's id (`key_â
     if not ApiKeyStore(get_settings()).revoke(key_id):
         fail(f"no API key {key_id!r}")
     typer.echo(f"revoked {key_id}")
+
+
+def main() -> None:
+    """The `pronk` command. When it ends, the objects it made are frozen out of the garbage collector: the
+    interpreter's exit would otherwise walk every object of the ~3,000 modules a flow command imports (Prefect,
+    MLflow, pandas), ~1 s of a 5 s `pronk leap` on 2 cores, for memory the process is about to hand back anyway."""
+    try:
+        app()
+    finally:
+        gc.freeze()

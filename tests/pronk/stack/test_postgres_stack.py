@@ -36,7 +36,7 @@ DATA = Path(__file__).resolve().parents[2] / "data"
 
 def pronk(env: dict[str, str], *args: str, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", "from pronk.cli.main import app; app()", *args],
+        [sys.executable, "-c", "from pronk.cli.main import main; main()", *args],
         env=env,
         capture_output=True,
         text=True,
