@@ -68,7 +68,7 @@ def test_herd_tunes_within_budget_on_temporary_workers_with_a_task_run_per_trial
 
     state = herd(
         job_id=JOB,
-        budget_minutes=2.0,
+        budget_minutes=1.5,
         sample=3,
         knobs=["routing", "kv_pin_ttl_s", "max_concurrency"],
         max_workers=1,
@@ -82,7 +82,7 @@ def test_herd_tunes_within_budget_on_temporary_workers_with_a_task_run_per_trial
     assert labels[0] == "current #1"
     measured = [row for row in summary["table"] if row["error"] is None]
     assert measured and all(row["tasks_per_dollar"] > 0 for row in measured), summary
-    assert summary["seconds"] <= 2.0 * 60 + 20  # the budget, plus stopping the last trial's fleet
+    assert summary["seconds"] <= 1.5 * 60 + 20  # the budget, plus stopping the last trial's fleet
 
     # the job's own workers were never touched, and no trial worker is left
     assert {k: v for k, v in read_state(stack).items() if k.startswith(JOB)} == workers_before
@@ -146,9 +146,9 @@ def test_a_configuration_whose_lines_cannot_complete_is_refused_on_the_labelled_
 
 def test_rolling_restart_with_a_batch_running(stack, tmp_path):
     path = tmp_path / "long.jsonl"
-    # >= 14 x 10 s of tool gaps per line whatever the model's speed: the batch outlasts restarting both workers
-    # (85 s on 2 quiet cores: each worker serves again ~40 s after its stop)
-    path.write_text("".join(json.dumps(line) + "\n" for line in long_replay_lines(16, 14, 10.0)))
+    # >= 10 x 10 s of tool gaps per line whatever the model's speed: the batch outlasts restarting both workers
+    # (~60 s on 2 quiet cores: each worker serves again ~30 s after its stop)
+    path.write_text("".join(json.dumps(line) + "\n" for line in long_replay_lines(16, 10, 10.0)))
     batch_id = "batch_" + "5" * 24
     result: dict = {}
     runner = threading.Thread(target=lambda: result.update(run_batch_file(path, tmp_path / "out", batch_id)))
@@ -171,7 +171,7 @@ def test_rolling_restart_with_a_batch_running(stack, tmp_path):
     assert result["status"] == "completed", result
     assert result["request_counts"] == {"total": 16, "completed": 16, "failed": 0}
     steps = scan_steps([result["steps_uri"]], stack).collect()
-    assert steps.height >= 16 * 14 and steps["error"].null_count() == steps.height  # no step failed, none retried
+    assert steps.height >= 16 * 10 and steps["error"].null_count() == steps.height  # no step failed, none retried
     state = read_state(stack)
     assert alive(state[SUPERVISOR]) and {n: state[n] for n in restarted} == restarted
     assert len(Registry.from_settings(stack).live(JOB)) == 2
