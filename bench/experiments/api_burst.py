@@ -20,12 +20,12 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
+from bench.experiments import scratch_stack
 from bench.harness.figures import percentile
 from bench.harness.report import record_section
 
@@ -145,17 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--record", action="store_true", help="Write the section into bench/RESULTS.md.")
     args = parser.parse_args(argv)
 
-    from engine.worker import free_port
-
-    work = Path(tempfile.mkdtemp(prefix="pronk-bench-burst-"))
-    os.environ.update(
-        {
-            "PRONK_DATA_DIR": str(work / "data"),
-            "PRONK_PREFECT_PORT": str(free_port()),
-            "PRONK_API_PORT": str(free_port()),
-            "PRONK_API_AUTH": "true",
-        }
-    )
+    work = scratch_stack("burst", PRONK_API_AUTH="true")
     from pronk.api.keys import ApiKeyStore
     from pronk.settings import get_settings
     from pronk.stack import embedded as stack

@@ -17,9 +17,10 @@ import asyncio
 import json
 import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
+
+from bench.experiments import scratch_stack
 
 GOAL = 1.10
 
@@ -129,16 +130,8 @@ def main() -> None:
     parser.add_argument("--tools", nargs="*", default=["search"], help="tools the agent may call")
     args = parser.parse_args()
 
-    from engine.worker import free_port
-
-    data_dir = Path(tempfile.mkdtemp(prefix="pronk-bench-enrich-"))
-    os.environ.update(
-        {
-            "PRONK_DATA_DIR": str(data_dir),
-            "PRONK_PREFECT_PORT": str(free_port()),
-            "PRONK_STORAGE_URI": str(data_dir / "store"),
-        }
-    )
+    data_dir = scratch_stack("enrich") / "data"
+    os.environ["PRONK_STORAGE_URI"] = str(data_dir / "store")
     from pronk.settings import get_settings
     from pronk.stack.prefect_env import configure_prefect
 

@@ -22,10 +22,10 @@ import itertools
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from bench.experiments import scratch_stack
 from bench.harness.report import record_section
 
 BENCH_DIR = Path(__file__).resolve().parent.parent
@@ -268,20 +268,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--record", action="store_true", help="Write the section into bench/RESULTS.md.")
     args = parser.parse_args(argv)
 
-    from engine.worker import free_port
-
-    work = Path(tempfile.mkdtemp(prefix="pronk-bench-leap-"))
+    work = scratch_stack("leap", MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR="false")
     (work / "jobs").mkdir()
     for kind in JOBS:
         _job_file(work / "jobs", kind)
-    os.environ.update(
-        {
-            "PRONK_DATA_DIR": str(work / "data"),
-            "PRONK_JOBS_DIR": str(work / "jobs"),
-            "PRONK_PREFECT_PORT": str(free_port()),
-            "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
-        }
-    )
+    os.environ["PRONK_JOBS_DIR"] = str(work / "jobs")
     from pronk.settings import get_settings
     from pronk.stack.prefect_env import configure_prefect
 

@@ -19,10 +19,10 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from bench.experiments import scratch_stack
 from bench.harness.report import record_section
 
 BENCH_DIR = Path(__file__).resolve().parent.parent
@@ -90,19 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--record", action="store_true", help="Write the section into bench/RESULTS.md.")
     args = parser.parse_args(argv)
 
-    from engine.worker import free_port
-
-    work = Path(tempfile.mkdtemp(prefix="pronk-bench-leap-cli-"))
-    os.environ.update(
-        {
-            "PRONK_DATA_DIR": str(work / "data"),
-            "PRONK_PREFECT_PORT": str(free_port()),
-            "PRONK_MLFLOW_PORT": str(free_port()),
-            "PRONK_API_PORT": str(free_port()),
-            "PRONK_DEFAULT_JOB": JOB,
-            "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
-        }
-    )
+    work = scratch_stack("leap-cli", PRONK_DEFAULT_JOB=JOB, MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR="false")
     from pronk.models.finetune import FinetuneConfig, finetune
     from pronk.models.registry import TINY_MODEL_NAME, alias_version
     from pronk.settings import get_settings
