@@ -41,9 +41,15 @@ def engine_flags(job: JobConfig) -> list[str]:
 
 
 def pinned(argv: list[str], cores: list[int]) -> tuple[list[str], dict[str, str]]:
-    """`argv` under `taskset` on `cores`, with vLLM's OpenMP threads bound to the same cores."""
+    """`argv` under `taskset` on `cores`, with vLLM's OpenMP threads bound to the same cores, and the model run in
+    EngineCore's process as pronk's CPU workers run it (`engine.worker.run_model_in_engine_process`): without it vLLM
+    spawns one more process per engine, whose IPC hop costs ~20% of decode here, and the comparison would measure
+    that instead of the scheduling."""
     listed = ",".join(str(c) for c in cores)
-    return ["taskset", "-c", listed, *argv], {"VLLM_CPU_OMP_THREADS_BIND": listed}
+    return ["taskset", "-c", listed, *argv], {
+        "VLLM_CPU_OMP_THREADS_BIND": listed,
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    }
 
 
 @dataclass
