@@ -37,7 +37,7 @@ def table_rows(comparisons: list[Comparison]) -> list[list[str]]:
     rows = []
     for c in comparisons:
         ratio = c.ratio
-        verdict = "" if ratio is None else ("pronk loses" if c.pronk_loses else "pronk wins")
+        verdict = "" if ratio is None else "even" if ratio == 1.0 else "pronk loses" if c.pronk_loses else "pronk wins"
         rows.append(
             [
                 c.name,

@@ -26,7 +26,7 @@ from bench.harness.figures import (
 )
 from bench.harness.offline_limit import final_context, fitting_groups
 from bench.harness.pronk_runs import OneOrder, preemptions_in_metrics
-from bench.harness.report import END, START, write_json, write_results_md
+from bench.harness.report import END, START, markdown_table, write_json, write_results_md
 from bench.harness.suite import relabel
 from bench.harness.workload import PROFILES, cache_bounds, generate
 from engine.protocol import ChatMessage, SamplingSpec, StepRequest
@@ -82,6 +82,10 @@ def test_figures_and_ratios():
     assert faster.ratio == 0.5 and not faster.pronk_loses
     assert Comparison("r", "1/s", pronk=1.0, baseline=2.0).pronk_loses
     assert Comparison("lag", "s", pronk=1.0, baseline=None).ratio is None
+    table = markdown_table([faster, Comparison("r", "1/s", 1.0, 2.0)])
+    verdicts = [row.split("|")[-2].strip() for row in table.splitlines()]
+    assert verdicts[2:] == ["pronk wins", "pronk loses"]
+    assert markdown_table([Comparison("rate", "passed/checked", 0.5, 0.5)]).endswith("| even |")
 
 
 def test_results_md_keeps_other_sections(tmp_path):
