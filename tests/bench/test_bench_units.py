@@ -105,6 +105,11 @@ def test_vllm_flags_and_progress_parsing():
     assert processing_seconds("x\nRunning batch: 100% Completed | 64/64 [00:12<00:00,  5.00req/s]\n") == 12.8
     assert processing_seconds("Running batch: 100% Completed | 10/10 [01:10<00:00,  2.00s/req]") == 20.0
     assert processing_seconds("no bar") is None
+    assert "--kv-transfer-config" not in flags
+    tiered = json.loads((f := engine_flags(get_job("agent-long-tiered")))[f.index("--kv-transfer-config") + 1])
+    extra = tiered["kv_connector_extra_config"]  # pronk's copy spec on CPU, vLLM's LRU: no trace-aware policy
+    assert tiered["kv_connector"] == "OffloadingConnector" and extra["cpu_bytes_to_use"] == 512 << 20
+    assert extra["spec_module_path"] == "engine.kv_tier" and "eviction_policy" not in extra
 
 
 def test_worker_moves_counts_steps_that_left_their_trace_worker():
