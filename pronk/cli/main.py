@@ -461,8 +461,11 @@ def keys_revoke(key_id: Annotated[str, typer.Argument(help="The key's id (`key_â
 def main() -> None:
     """The `pronk` command. When it ends, the objects it made are frozen out of the garbage collector: the
     interpreter's exit would otherwise walk every object of the ~3,000 modules a flow command imports (Prefect,
-    MLflow, pandas), ~1 s of a 5 s `pronk leap` on 2 cores, for memory the process is about to hand back anyway."""
+    MLflow, pandas), ~1 s of a 5 s `pronk leap` on 2 cores, for memory the process is about to hand back anyway.
+    Not after a command that ran vLLM in its own process (the benchmarks): triton's bindings (nanobind) list every
+    object still alive at their teardown as a leak, hundreds of lines, and such a command runs for minutes anyway."""
     try:
         app()
     finally:
-        gc.freeze()
+        if "triton" not in sys.modules:
+            gc.freeze()
