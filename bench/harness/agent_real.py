@@ -14,6 +14,7 @@ round is kept; the goals are those of issue 26 (`figures.checked_goals`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from pathlib import Path
@@ -35,6 +36,7 @@ from bench.harness.figures import (
 from bench.harness.report import CHECKED_COLUMNS, checked_section, goals_table, setups_table, text_table
 from bench.harness.suite import (
     BenchConfig,
+    job_model_dir,
     kv_tokens_per_worker,
     limit_run,
     median_run,
@@ -88,10 +90,9 @@ class RealBench:
         self.records: list[StepRecord] = []
         """pronk's step records of every round so far (the traces' contexts for the KV figures)."""
 
+    @functools.cached_property
     def model_dir(self) -> Path:
-        from pronk.models.registry import resolve_model
-
-        return resolve_model(self.job.model, self.settings).path
+        return job_model_dir(self.job, self.settings)
 
     async def checked(self, name: str, lines: list[ValidRequest], router: Router, scratch: Path) -> CheckedRun:
         """`lines` through pronk's harness over `router`, every answer checked; the router is closed after."""
@@ -135,14 +136,14 @@ class RealBench:
         if self.config.limit:
             log.info("round %d: %s", seed - self.config.seed, LIMIT)
             shapes = shapes_of(runs[HARNESS].records, self.work / f"agent-real-{seed}" / "pronk_steps.jsonl")
-            limit = limit_run(job, self.model_dir(), shapes, self.work / f"limit-{seed}")
+            limit = limit_run(job, self.model_dir, shapes, self.work / f"limit-{seed}")
         return CheckedRound(runs[BASELINE], runs[HARNESS], limit)
 
     def run(self, on_round=None) -> dict:
         """Every round; `on_round` gets the outcome so far after each round but the last."""
         cfg = self.config
         rounds: list[CheckedRound] = []
-        with VllmServers(self.job, self.model_dir(), self.work / "logs", self.job.workers) as servers:
+        with VllmServers(self.job, self.model_dir, self.work / "logs", self.job.workers) as servers:
             for turn in range(cfg.rounds):
                 rounds.append(self.round(cfg.seed + turn, servers, turn))
                 if on_round is not None and len(rounds) < cfg.rounds:
@@ -156,7 +157,7 @@ class RealBench:
         mean = sum(contexts) / len(contexts)
         in_flight = min(self.job.scheduling.max_concurrency, self.config.traces or self.profile.traces)
         working = in_flight / self.job.workers * mean
-        tokens = kv_tokens_per_worker(self.job, self.model_dir())
+        tokens = kv_tokens_per_worker(self.job, self.model_dir)
         return {
             "tokens_per_worker": tokens,
             "mean_trace_context": round(mean),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -150,6 +151,14 @@ def limit_run(job: JobConfig, model_dir: Path, shapes: list[TraceShape], work_di
     )
 
 
+def job_model_dir(job: JobConfig, settings: Settings) -> Path:
+    """The local directory of the job's model (an MLflow model is resolved, and fetched the first time): what every
+    setup loads. Ask it once the stack is up, which registers the job's model."""
+    from pronk.models.registry import resolve_model
+
+    return resolve_model(job.model, settings).path
+
+
 class Bench:
     def __init__(self, config: BenchConfig, settings: Settings):
         self.config = config
@@ -161,10 +170,9 @@ class Bench:
         self.work = config.work_dir
         self.work.mkdir(parents=True, exist_ok=True)
 
+    @functools.cached_property
     def model_dir(self) -> Path:
-        from pronk.models.registry import resolve_model
-
-        return resolve_model(self.job.model, self.settings).path
+        return job_model_dir(self.job, self.settings)
 
     def agent_round(self, workload: Workload, servers: VllmServers, turn: int) -> dict[str, AgentRun]:
         """Every setup on one workload, in an order rotated by `turn` so no setup always goes first."""
@@ -206,7 +214,7 @@ class Bench:
 
         def limit() -> AgentRun:
             return limit_run(
-                job, self.model_dir(), relabel(workload.shapes, "limit"), self.work / f"limit-{workload.seed}"
+                job, self.model_dir, relabel(workload.shapes, "limit"), self.work / f"limit-{workload.seed}"
             )
 
         setups: list[tuple[str, Callable[[], AgentRun]]] = [(BASELINE, baseline)]
@@ -250,7 +258,7 @@ class Bench:
     def run(self, on_round: Callable[[dict], object] | None = None) -> dict:
         """Every round, then the single-step comparison; `on_round` gets the outcome so far after each round."""
         cfg = self.config
-        model_dir = self.model_dir()
+        model_dir = self.model_dir
         workloads = [generate(cfg.profile, cfg.seed + r, cfg.traces) for r in range(cfg.rounds)]
         rounds: list[dict[str, AgentRun]] = []
         with VllmServers(self.job, model_dir, self.work / "logs", self.job.workers) as servers:
@@ -385,7 +393,7 @@ def run_bench(config: BenchConfig, settings: Settings, echo=print) -> dict:
 
     def summary(outcome: dict, final: bool) -> dict:
         info = meta(config, bench.job, outcome)
-        info["kv"] = kv_summary(bench.job, bench.model_dir(), outcome["workloads"][0], bench.concurrency)
+        info["kv"] = kv_summary(bench.job, bench.model_dir, outcome["workloads"][0], bench.concurrency)
         info["bench_wall_s"] = round(time.monotonic() - started, 1)
         info["rounds_completed"] = len(outcome["rounds"])
         if config.record:
