@@ -41,6 +41,20 @@ def enrich(spec: Path, limit: int | None = None) -> dict:
     return asyncio.run(enrich_table(spec=str(spec), limit=limit))
 
 
+def failed_rows(table: pl.DataFrame) -> int:
+    return table.filter(pl.col("_error").is_not_null()).height
+
+
+def assert_only_failed_rows_asked(run: dict, failed: int) -> None:
+    """A run with no change skips every answered row and asks again only the `failed` ones, which the random model
+    chose to fail; with none failed, no batch is made and no engine step runs."""
+    assert (run["new"], run["changed"], run["retried"], run["skipped"]) == (0, 0, failed, ROWS - failed)
+    if failed:
+        assert run["steps"] >= failed and run["batch_id"] is not None
+    else:
+        assert run["steps"] == 0 and run["batch_id"] is None
+
+
 @pytest.fixture(scope="module")
 def local(stack, tmp_path_factory):
     folder = tmp_path_factory.mktemp("enrich")
@@ -70,11 +84,9 @@ def test_first_run_fills_the_columns_with_typed_values(first_run):
     assert set(answered["sector"]) <= sectors
 
 
-def test_a_second_run_with_no_change_runs_no_engine_step(local, first_run):
+def test_a_second_run_with_no_change_asks_only_the_failed_rows(local, first_run):
     spec, folder = local
-    run = enrich(spec)
-    assert (run["steps"], run["new"], run["changed"], run["batch_id"]) == (0, 0, 0, None)
-    assert run["skipped"] == ROWS - first_run[0]["failed"]
+    assert_only_failed_rows_asked(enrich(spec), first_run[0]["failed"])
     history = [line for line in (folder / "results" / "history.jsonl").read_text().splitlines() if line]
     assert len(history) == 2 and len(list((folder / "results" / "versions").iterdir())) == 2
 
@@ -166,8 +178,14 @@ def test_the_deployment_is_scheduled_and_runs_on_a_table_on_s3(stack, tmp_path):
     table = read_current(results, stack)
     assert table is not None and table.height == ROWS
     assert table.filter(pl.col("_run").is_not_null()).height == 3 and time.monotonic() - started < 240
-    assert enrich(spec, limit=3)["new"] == ROWS - 3
-    assert enrich(spec)["steps"] == 0
+    # Rows the model failed are asked again before new ones, within the same limit.
+    failed = failed_rows(table)
+    rest = enrich(spec, limit=3)
+    assert (rest["retried"], rest["new"], rest["pending"]) == (failed, 3 - failed, failed)
+    if rest["pending"]:
+        enrich(spec)
+    failed = failed_rows(read_current(results, stack))
+    assert_only_failed_rows_asked(enrich(spec), failed)
 
 
 def test_the_run_page_shows_pronk_info_logs(local, first_run):
