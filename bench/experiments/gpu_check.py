@@ -24,6 +24,7 @@ from pathlib import Path
 
 import yaml
 
+from bench.experiments.llama3b import KV_BYTES_PER_TOKEN, SHAPE
 from bench.harness.agent_loop import OpenAIServers, replay
 from bench.harness.baseline import VllmServers
 from bench.harness.figures import BASELINE, AgentRun, run_figures
@@ -34,16 +35,6 @@ from pronk.jobs import JobConfig, load_job_file
 from pronk.settings import PROJECT_ROOT, Settings
 
 JOB_ID = "job-a9e1609c"
-# Llama 3.2 3B's shape (bf16: 2 bytes a value); 2 x layers x KV heads x head_dim x 2 bytes of KV a token
-SHAPE = {
-    "hidden_size": 3072,
-    "intermediate_size": 8192,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 24,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-}
-KV_BYTES_PER_TOKEN = 2 * SHAPE["num_hidden_layers"] * SHAPE["num_key_value_heads"] * SHAPE["head_dim"] * 2
 MAX_MODEL_LEN = 16384
 
 
