@@ -11,7 +11,8 @@ and CuPy, so it runs on a device machine where vLLM's GPU build is not installed
 - Store and load: the prefix's KV blocks (16 tokens each, vLLM's paged layout per layer) between the engine's
   cache on the GPU, at scattered block ids, and a pinned host buffer. `bulk`: per layer and key or value, one
   gather on the GPU and one DMA, the best a tier can do. `per block`: one cudaMemcpyAsync per layer, key or value,
-  and block (32 KiB), as vLLM's `swap_blocks` issues them; here through CuPy from Python, so an upper bound.
+  and block (32 KiB), issued through CuPy from Python: what copies cost when nothing batches them (vLLM's own GPU
+  worker batches them, `swap_blocks_batch`).
 
     python -m bench.experiments.gpu_tier_cost [--out bench/results/gpu_tier_cost.json]
 """
