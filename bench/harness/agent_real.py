@@ -111,18 +111,18 @@ class RealBench:
         job, settings, scratch = self.job, self.settings, self.work / f"scratch-{seed}"
 
         def baseline() -> CheckedRun:
-            before = asyncio.run(pronk_runs.server_preemptions(servers.urls))
+            before = asyncio.run(pronk_runs.server_counters(servers.urls))
             # the harness only calls generate and finish, which the stock servers speak like a router
             backend = cast(Router, OpenAIServers(servers.urls, job.served_model_name))
             run = asyncio.run(self.checked(BASELINE, relabelled(traces, "base"), backend, scratch))
-            run.run.preemptions = asyncio.run(pronk_runs.server_preemptions(servers.urls)) - before
+            asyncio.run(pronk_runs.server_counters(servers.urls)).note_run(run.run, before)
             return run
 
         def pronk() -> CheckedRun:
-            before = asyncio.run(pronk_runs.worker_preemptions(job, settings))
+            before = asyncio.run(pronk_runs.worker_counters(job, settings))
             router = job_router(job, settings)  # as the batch flow builds it
             run = asyncio.run(self.checked(HARNESS, relabelled(traces, "pronk"), router, scratch))
-            run.run.preemptions = asyncio.run(pronk_runs.worker_preemptions(job, settings)) - before
+            asyncio.run(pronk_runs.worker_counters(job, settings)).note_run(run.run, before)
             return run
 
         setups = [(BASELINE, baseline), (HARNESS, pronk)]

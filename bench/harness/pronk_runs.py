@@ -102,22 +102,60 @@ async def bare_loop(
 
 
 _PREEMPTIONS = re.compile(r"^vllm:num_preemptions(?:_total)?(?:\{[^}]*\})?\s+([0-9.eE+]+)\s*$", re.MULTILINE)
+_TIER_LOADED = re.compile(
+    r'^vllm:prompt_tokens_by_source(?:_total)?\{[^}]*source="external_kv_transfer"[^}]*\}\s+([0-9.eE+]+)\s*$',
+    re.MULTILINE,
+)
+_TIER_COPY_S = re.compile(
+    r"^vllm:kv_offload_(?:load|store)_time(?:_total)?(?:\{[^}]*\})?\s+([0-9.eE+]+)\s*$", re.MULTILINE
+)
 
 
-def preemptions_in_metrics(text: str) -> int:
-    """vLLM's cumulative preemption counter from a Prometheus /metrics page (summed over engines)."""
-    return round(sum(float(v) for v in _PREEMPTIONS.findall(text)))
+@dataclass(frozen=True, slots=True)
+class EngineCounters:
+    """Cumulative counts of a setup's engines, read before and after a run: the run's are the difference. The tier's
+    are None where the engines have no KV host tier."""
+
+    preemptions: int
+    tier_loaded_tokens: int | None = None
+    tier_copy_s: float | None = None
+
+    def note_run(self, run: AgentRun, before: EngineCounters) -> None:
+        """Put on `run` what the engines counted since `before`."""
+        run.preemptions = self.preemptions - before.preemptions
+        if self.tier_loaded_tokens is not None and before.tier_loaded_tokens is not None:
+            run.tier_loaded_tokens = self.tier_loaded_tokens - before.tier_loaded_tokens
+        if self.tier_copy_s is not None and before.tier_copy_s is not None:
+            run.tier_copy_s = round(self.tier_copy_s - before.tier_copy_s, 3)
 
 
-async def server_preemptions(urls: list[str]) -> int:
-    """Preemptions so far on stock vLLM servers, from their /metrics."""
+def counters_in_metrics(text: str, tiered: bool) -> EngineCounters:
+    """vLLM's cumulative counters from a Prometheus /metrics page (summed over engines): preemptions and, with a
+    host tier, prompt tokens loaded from it and the seconds its loads and stores took."""
+    preemptions = round(sum(float(v) for v in _PREEMPTIONS.findall(text)))
+    if not tiered:
+        return EngineCounters(preemptions)
+    return EngineCounters(
+        preemptions,
+        round(sum(float(v) for v in _TIER_LOADED.findall(text))),
+        sum(float(v) for v in _TIER_COPY_S.findall(text)),
+    )
+
+
+async def server_counters(urls: list[str], tiered: bool = False) -> EngineCounters:
+    """The counters so far of stock vLLM servers, from their /metrics."""
     async with httpx.AsyncClient(timeout=10.0) as http:
-        pages = [(await http.get(f"{url}/metrics")).text for url in urls]
-    return sum(preemptions_in_metrics(page) for page in pages)
+        pages = [counters_in_metrics((await http.get(f"{url}/metrics")).text, tiered) for url in urls]
+    preemptions = sum(c.preemptions for c in pages)
+    if not tiered:
+        return EngineCounters(preemptions)
+    return EngineCounters(
+        preemptions, sum(c.tier_loaded_tokens or 0 for c in pages), sum(c.tier_copy_s or 0.0 for c in pages)
+    )
 
 
-async def worker_preemptions(job: JobConfig, settings: Settings) -> int:
-    """Preemptions so far on the job's live pronk workers, from their /stats."""
+async def worker_counters(job: JobConfig, settings: Settings) -> EngineCounters:
+    """The counters so far of the job's live pronk workers, from their /stats."""
     from engine.registry import Registry
     from pronk.worker_token import worker_client
 
@@ -126,7 +164,12 @@ async def worker_preemptions(job: JobConfig, settings: Settings) -> int:
         stats = [await client.stats(w.url) for w in Registry.from_settings(settings).live(job.job_id)]
     finally:
         await client.aclose()
-    return sum(s.preemptions for s in stats)
+    tiers = [s.host_tier for s in stats if s.host_tier is not None]
+    return EngineCounters(
+        sum(s.preemptions for s in stats),
+        sum(t.loaded_tokens for t in tiers) if tiers else None,
+        sum(t.load_seconds + t.store_seconds for t in tiers) if tiers else None,
+    )
 
 
 async def prefect_lag_s(flow_run_id: str, timeout_s: float = 120.0) -> float:

@@ -76,7 +76,7 @@ def write_json(
     profiles = data.get("profiles", {}) if isinstance(data, dict) else {}
     if isinstance(data, dict) and "meta" in data and "comparisons" in data:  # the one-profile file of the first bench
         profiles.setdefault(data["meta"].get("profile", "cpu"), data)
-    profiles[meta["profile"]] = {
+    profiles[meta.get("record", meta["profile"])] = {
         "meta": meta,
         "goals": goals or [],
         "setups": setups or {},
@@ -103,7 +103,12 @@ SETUP_COLUMNS = (
     ("preemptions", "preemptions"),
     ("p90 trace s", "p90_trace_s"),
     ("steps moved", "moved_steps"),
+    ("/ stock RR, no tier", "over_untiered"),
+    ("recomputed / limit's", "recomputed_over_limit"),
+    ("tokens loaded from the tier", "tier_loaded_tokens"),
+    ("tier copy s", "tier_copy_s"),
 )
+"""The agent profiles' columns; one that no setup has a value for is left out (the tier's, without a tier)."""
 
 
 CHECKED_COLUMNS = (
@@ -126,7 +131,12 @@ CHECKED_COLUMNS = (
 
 
 def setups_table(setups: dict[str, dict[str, dict]], columns: tuple[tuple[str, str], ...] = SETUP_COLUMNS) -> str:
-    """One row per setup: the median over rounds (min–max)."""
+    """One row per setup: the median over rounds (min–max); a column no setup has a value for is left out."""
+    columns = tuple(
+        (title, key)
+        for title, key in columns
+        if any((figures.get(key) or {}).get("median") is not None for figures in setups.values())
+    )
     header = ["setup", *(title for title, _ in columns)]
     rows = [header, ["---"] * len(header)]
     for name, figures in setups.items():
@@ -151,7 +161,7 @@ def goals_table(goals: list[dict]) -> str:
             [
                 g["figure"],
                 g["setup"],
-                g["goal"] if isinstance(g["goal"], str) else f"≥ {g['goal']}",
+                g["goal"] if isinstance(g["goal"], str) else f"{'≤' if g.get('ceiling') else '≥'} {g['goal']}",
                 _spread(g),
                 ", ".join(_fmt(v) for v in g["rounds"]),
                 "yes" if g["met"] else "**no**",
@@ -270,7 +280,10 @@ def markdown_section(
 ) -> str:
     losses = [c.name for c in comparisons if c.pronk_loses]
     kv = meta["kv"]
-    head, partial = section_head("pronk vs stock vLLM on agent traces", meta)
+    tier = meta.get("kv_host_tier_bytes") or 0
+    head, partial = section_head(
+        "pronk vs stock vLLM on agent traces" + (", with a KV host tier" if tier else ""), meta
+    )
     lines = [
         *head,
         f"Every setup: job `{meta['job']}` (the tiny local model `models:/pronk-tiny@live`), {meta['workers']} engine "
@@ -301,10 +314,20 @@ def markdown_section(
         "from its workers' /stats. Cells: median over rounds (min–max).",
         "",
     ]
+    if tier:
+        lines += [
+            f"The job has a KV host tier of {tier / 2**20:.0f} MiB per process (`scheduling.kv_host_tier_bytes`), "
+            "and every setup runs with it but one: `stock vLLM: round-robin` has the same tier behind vLLM's own LRU "
+            "(what `--kv-offloading-size` gives a user), pronk's evicts by trace state, and `stock vLLM: "
+            "round-robin, no host tier` is the same job without it. Tokens loaded from the tier are vLLM's "
+            "`external_kv_transfer` prompt tokens; its copy time is the engines' loads and stores together (pronk's "
+            "workers' /stats, the stock servers' /metrics).",
+            "",
+        ]
     if setups:
         lines += [setups_table(setups), "", "Every round:", "", rounds_lines(setups), ""]
     if goals:
-        lines += ["Goals (issue 11):", "", goals_table(goals), ""]
+        lines += [f"Goals (issue {27 if tier else 11}):", "", goals_table(goals), ""]
     lines += [
         "The classic comparison (pronk = batch flow, bare loop = every mechanism on, baseline = stock round-robin; "
         "medians over rounds):",

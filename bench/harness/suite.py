@@ -36,11 +36,13 @@ from bench.harness.figures import (
     BATCH,
     FULL,
     LIMIT,
+    UNTIERED,
     AgentRun,
     Comparison,
     SingleStepRun,
     agent_comparisons,
     goals,
+    record_key,
     rounds_table,
     single_step_comparisons,
 )
@@ -174,42 +176,49 @@ class Bench:
     def model_dir(self) -> Path:
         return job_model_dir(self.job, self.settings)
 
-    def agent_round(self, workload: Workload, servers: VllmServers, turn: int) -> dict[str, AgentRun]:
-        """Every setup on one workload, in an order rotated by `turn` so no setup always goes first."""
+    def agent_round(
+        self, workload: Workload, servers: VllmServers, turn: int, untiered: VllmServers | None = None
+    ) -> dict[str, AgentRun]:
+        """Every setup on one workload, in an order rotated by `turn` so no setup always goes first; `untiered` are
+        stock servers of a tiered job without its tier, one more baseline."""
         job, n, settings = self.job, self.job.workers, self.settings
+        tiered = bool(job.scheduling.kv_host_tier_bytes)
 
-        def baseline() -> AgentRun:
-            before = asyncio.run(pronk_runs.server_preemptions(servers.urls))
-            result = asyncio.run(
-                replay(
-                    relabel(workload.shapes, "base"),
-                    OpenAIServers(servers.urls, job.served_model_name),
-                    self.concurrency,
+        def stock(name: str, stock_servers: VllmServers, label: str, with_tier: bool) -> Callable[[], AgentRun]:
+            def one() -> AgentRun:
+                before = asyncio.run(pronk_runs.server_counters(stock_servers.urls, with_tier))
+                result = asyncio.run(
+                    replay(
+                        relabel(workload.shapes, label),
+                        OpenAIServers(stock_servers.urls, job.served_model_name),
+                        self.concurrency,
+                    )
                 )
-            )
-            run = AgentRun.from_replay(BASELINE, result, n)
-            run.preemptions = asyncio.run(pronk_runs.server_preemptions(servers.urls)) - before
-            return run
+                run = AgentRun.from_replay(name, result, n)
+                asyncio.run(pronk_runs.server_counters(stock_servers.urls, with_tier)).note_run(run, before)
+                return run
+
+            return one
 
         def ablation(setup: pronk_runs.Ablation, label: str) -> Callable[[], AgentRun]:
             def one() -> AgentRun:
-                before = asyncio.run(pronk_runs.worker_preemptions(job, settings))
+                before = asyncio.run(pronk_runs.worker_counters(job, settings))
                 result = asyncio.run(
                     pronk_runs.bare_loop(relabel(workload.shapes, label), job, settings, self.concurrency, setup)
                 )
                 run = AgentRun.from_replay(setup.name, result, n)
-                run.preemptions = asyncio.run(pronk_runs.worker_preemptions(job, settings)) - before
+                asyncio.run(pronk_runs.worker_counters(job, settings)).note_run(run, before)
                 return run
 
             return one
 
         def batch() -> AgentRun:
-            before = asyncio.run(pronk_runs.worker_preemptions(job, settings))
+            before = asyncio.run(pronk_runs.worker_counters(job, settings))
             run = asyncio.run(
                 pronk_runs.trace_batch(relabel(workload.shapes, "batch"), job, self.work / f"agent-{workload.seed}")
             )
             run.name = BATCH
-            run.preemptions = asyncio.run(pronk_runs.worker_preemptions(job, settings)) - before
+            asyncio.run(pronk_runs.worker_counters(job, settings)).note_run(run, before)
             return run
 
         def limit() -> AgentRun:
@@ -217,7 +226,9 @@ class Bench:
                 job, self.model_dir, relabel(workload.shapes, "limit"), self.work / f"limit-{workload.seed}"
             )
 
-        setups: list[tuple[str, Callable[[], AgentRun]]] = [(BASELINE, baseline)]
+        setups: list[tuple[str, Callable[[], AgentRun]]] = [(BASELINE, stock(BASELINE, servers, "base", tiered))]
+        if untiered is not None:
+            setups.append((UNTIERED, stock(UNTIERED, untiered, "untiered", False)))
         setups += [(a.name, ablation(a, f"abl{i}")) for i, a in enumerate(ABLATIONS)]
         setups += [(BATCH, batch)]
         if self.config.limit:
@@ -261,9 +272,16 @@ class Bench:
         model_dir = self.model_dir
         workloads = [generate(cfg.profile, cfg.seed + r, cfg.traces) for r in range(cfg.rounds)]
         rounds: list[dict[str, AgentRun]] = []
-        with VllmServers(self.job, model_dir, self.work / "logs", self.job.workers) as servers:
+        with contextlib.ExitStack() as stack:
+            servers = stack.enter_context(VllmServers(self.job, model_dir, self.work / "logs", self.job.workers))
+            untiered = None
+            if self.job.scheduling.kv_host_tier_bytes:  # stock vLLM without the tier too, in the same rounds
+                job = self.job.model_copy(
+                    update={"scheduling": self.job.scheduling.model_copy(update={"kv_host_tier_bytes": 0})}
+                )
+                untiered = stack.enter_context(VllmServers(job, model_dir, self.work / "logs-untiered", job.workers))
             for turn, workload in enumerate(workloads):
-                rounds.append(self.agent_round(workload, servers, turn))
+                rounds.append(self.agent_round(workload, servers, turn, untiered))
                 if on_round is not None and len(rounds) < len(workloads):
                     on_round(self.outcome(rounds, workloads[: len(rounds)], servers.startup_s))
             startup_s = servers.startup_s
@@ -283,7 +301,9 @@ class Bench:
             "runs": [pronk, bare, baseline],
             "rounds": rounds,
             "setups": rounds_table(rounds, ideals),
-            "goals": goals(rounds, ideals, self.config.profile),
+            "goals": goals(
+                rounds, ideals, record_key(self.config.profile, bool(self.job.scheduling.kv_host_tier_bytes))
+            ),
             "single": [],
             "workloads": workloads,
             "startup_s": startup_s,
@@ -304,6 +324,8 @@ def run_meta(config: BenchConfig, job: JobConfig, rounds: int) -> dict:
         "kv_cache_memory_bytes": job.engine.kv_cache_memory_bytes,
         "max_model_len": job.engine.max_model_len,
         "profile": config.profile,
+        "record": record_key(config.profile, bool(job.scheduling.kv_host_tier_bytes)),
+        "kv_host_tier_bytes": job.scheduling.kv_host_tier_bytes,
         "rounds": rounds,
         "rounds_asked": config.rounds,
         "seed": config.seed,
@@ -354,14 +376,15 @@ def record(
     """Write results/results.json, the plot under results/ and the profile's section of RESULTS.md (`section` writes
     its text from the meta, the comparisons, the plot's link, the setups and the goals)."""
     comparisons: list[Comparison] = outcome["comparisons"]
-    suffix = "" if config.profile == "cpu" else f"_{config.profile}"
+    key = info.get("record", config.profile)
+    suffix = "" if key == "cpu" else f"_{key}"
     results = out_dir / "results"
     results.mkdir(parents=True, exist_ok=True)
     plot = report.plot_completion_times(results / f"completion_times{suffix}.png", outcome["runs"])
     data = report.write_json(results / "results.json", comparisons, info, outcome["setups"], outcome["goals"])
     plot_link = f"{results.name}/{plot.name}"
     text = section(info, comparisons, plot_link, outcome["setups"], outcome["goals"])
-    md = report.write_results_md(out_dir / "RESULTS.md", text, config.profile)
+    md = report.write_results_md(out_dir / "RESULTS.md", text, key)
     return [md, data, plot]
 
 

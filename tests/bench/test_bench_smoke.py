@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from bench.harness.figures import BASELINE, BATCH, FULL, HARNESS, LIMIT, Comparison
+from bench.harness.figures import BASELINE, BATCH, FULL, HARNESS, LIMIT, UNTIERED, Comparison
 from bench.harness.pronk_runs import ABLATIONS
 from bench.harness.report import CHECKED_COLUMNS, checked_section
 from bench.harness.suite import BenchConfig, record, run_bench
@@ -120,3 +120,28 @@ def test_agent_real_smoke_runs_both_setups_and_the_limit_and_reports_every_figur
     assert "profile `agent-real-smoke`" in md.read_text() and plot.stat().st_size > 0
     entry = json.loads(data.read_text())["profiles"]["agent-real-smoke"]
     assert set(entry["setups"]) == set(setups) and len(entry["goals"]) == 3
+
+
+def test_a_tiered_job_runs_stock_with_and_without_its_tier_and_counts_the_tier(stack, tmp_path):
+    config = BenchConfig(
+        job="agent-long-tiered",
+        profile="smoke",
+        traces=4,
+        rounds=1,
+        single_step_requests=0,
+        work_dir=tmp_path / "work",
+        command="pytest smoke tiered",
+    )
+    outcome = run_bench(config, stack, echo=lambda _line: None)
+
+    (runs,) = outcome["rounds"]
+    assert list(runs) == [BASELINE, UNTIERED, *(a.name for a in ABLATIONS), BATCH, LIMIT]
+    assert all(run.traces == 4 and not run.errors for run in runs.values()), {n: r.errors for n, r in runs.items()}
+    assert runs[UNTIERED].tier_loaded_tokens is None and runs[UNTIERED].tier_copy_s is None
+    for name in (BASELINE, FULL, BATCH):  # whether anything was evicted and loaded back is the workload's doing
+        assert runs[name].tier_loaded_tokens is not None and runs[name].tier_copy_s is not None, name
+    assert "over_untiered" in outcome["setups"][BATCH] and "recomputed_over_limit" in outcome["setups"][BATCH]
+
+    md, data, _plot = record(config, outcome, outcome["meta"], tmp_path)
+    assert "<!-- bench:smoke-tiered:start -->" in md.read_text() and "KV host tier" in md.read_text()
+    assert set(json.loads(data.read_text())["profiles"]) == {"smoke-tiered"}

@@ -16,17 +16,19 @@ from bench.harness.figures import (
     BATCH,
     FULL,
     LIMIT,
+    UNTIERED,
     AgentRun,
     Comparison,
     goals,
     percentile,
+    record_key,
     rounds_table,
     steady_rate,
     worker_moves,
 )
 from bench.harness.offline_limit import final_context, fitting_groups
-from bench.harness.pronk_runs import OneOrder, preemptions_in_metrics
-from bench.harness.report import END, START, markdown_table, write_json, write_results_md
+from bench.harness.pronk_runs import EngineCounters, OneOrder, counters_in_metrics
+from bench.harness.report import END, START, goals_table, markdown_table, setups_table, write_json, write_results_md
 from bench.harness.suite import relabel
 from bench.harness.workload import PROFILES, cache_bounds, generate
 from engine.protocol import ChatMessage, SamplingSpec, StepRequest
@@ -218,14 +220,63 @@ def test_offline_limit_groups_traces_to_fit_the_cache():
     assert all(len(g) == 1 or sum(final_context(s) for s in g) <= 30_000 for g in groups)
 
 
-def test_preemptions_from_vllm_metrics():
+def test_preemptions_and_host_tier_counts_from_vllm_metrics():
     page = (
         "# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.\n"
         'vllm:num_preemptions_total{engine="0",model_name="m"} 7.0\n'
         'vllm:num_preemptions_total{engine="1",model_name="m"} 2.0\n'
         "vllm:num_requests_running 1.0\n"
+        'vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_compute"} 900.0\n'
+        'vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="external_kv_transfer"} 512.0\n'
+        'vllm:kv_offload_load_time_total{engine="0",model_name="m"} 0.25\n'
+        'vllm:kv_offload_store_time_total{engine="0",model_name="m"} 0.5\n'
+        'vllm:kv_offload_load_bytes_total{engine="0",model_name="m"} 2097152.0\n'
     )
-    assert preemptions_in_metrics(page) == 9 and preemptions_in_metrics("") == 0
+    assert counters_in_metrics(page, tiered=False) == EngineCounters(9)
+    assert counters_in_metrics(page, tiered=True) == EngineCounters(9, 512, 0.75)
+    assert counters_in_metrics("", tiered=True) == EngineCounters(0, 0, 0.0)
+    run = AgentRun("x", 1.0, 2, 1, 1, 1, 0, 1, [])
+    EngineCounters(9, 512, 0.75).note_run(run, EngineCounters(4, 500, 0.5))
+    assert (run.preemptions, run.tier_loaded_tokens, run.tier_copy_s) == (5, 12, 0.25)
+    EngineCounters(9).note_run(run := AgentRun("y", 1.0, 2, 1, 1, 1, 0, 1, []), EngineCounters(9))
+    assert (run.preemptions, run.tier_loaded_tokens, run.tier_copy_s) == (0, None, None)
+
+
+def test_a_tiered_record_has_its_own_key_the_untiered_baseline_and_the_tier_goals():
+    def run(name: str, rate: float, recomputed: int, loaded: int | None) -> AgentRun:
+        return AgentRun(
+            name,
+            10.0,
+            2,
+            10,
+            40,
+            1000,
+            1000 - recomputed,
+            100,
+            [1.0],
+            finished_s=[t / rate for t in range(1, 11)],
+            tier_loaded_tokens=loaded,
+            tier_copy_s=None if loaded is None else 0.1,
+        )
+
+    one = {
+        BASELINE: run(BASELINE, 2.0, 300, 50),
+        UNTIERED: run(UNTIERED, 1.0, 500, None),
+        BATCH: run(BATCH, 3.0, 220, 80),
+        FULL: run(FULL, 3.0, 220, 80),
+        LIMIT: AgentRun(LIMIT, 2.5, 2, 10, 40, 1000, 800, 100, []),
+    }
+    table = rounds_table([one], [0.9])
+    assert table[BATCH]["over_untiered"]["median"] == 3.0 and table[BATCH]["over_baseline"]["median"] == 1.5
+    assert table[BATCH]["recomputed_over_limit"]["median"] == 1.1 and "over_untiered" not in table[UNTIERED]
+    assert record_key("agent-long", tiered=True) == "agent-long-tiered" and record_key("cpu", tiered=False) == "cpu"
+    rows = {(g["figure"], g["setup"]): g for g in goals([one], [0.9], "agent-long-tiered")}
+    assert len(rows) == 8 and not any(g["figure"].startswith("agent-long traces/s") for g in rows.values())
+    recomputed = rows[("recomputed prompt tokens, pronk / the limit's", BATCH)]
+    assert recomputed["ceiling"] and recomputed["met"] and "≤ 1.1" in goals_table([recomputed])
+    assert rows[("traces/s, pronk with the tier / stock round-robin, same tier", BATCH)]["met"]
+    assert "tokens loaded from the tier" in setups_table(table)
+    assert "tier" not in setups_table({BASELINE: table[UNTIERED]})
 
 
 def test_probe_load_figures_per_worker():
