@@ -10,6 +10,11 @@ sizes the TTL from the measured gaps). So the policy drops, in order:
 3. chunks of live traces, the one whose next step is expected last first (Belady's rule on the expected gaps),
    then least recently used.
 
+A trace overdue by more than its own expected gap (its tool hangs, or it ended and no `/release` came, as when the
+harness runs with neither pins nor admission) no longer counts as live: its chunks rank with those of no known trace
+(2.), by recency. Without that, the oldest expected step would rank as needed soonest, and the tier would keep
+abandoned traces ahead of every live one.
+
 A chunk shared by several traces (a common system prompt, a parent's prefix under its fan-out) counts as live while
 any of them is. The trace hints reach the policy in the request's `kv_transfer_params`
 (`engine.kv_retention.retention_hints`), the only per-request data vLLM hands a cache policy. vLLM builds the policy
@@ -55,8 +60,9 @@ class TraceAwareCachePolicy(LRUCachePolicy):
         self.traces_of: dict[OffloadKey, set[str]] = {}
         """Live traces that used each chunk; an empty set: only finished traces did."""
         self.keys_of: dict[str, set[OffloadKey]] = {}
-        self.next_use: dict[str, float] = {}
-        """When each live trace's next step is expected (its last step's end plus its pin TTL), monotonic."""
+        self.next_use: dict[str, tuple[float, float]] = {}
+        """When each live trace's next step is expected (its last step's end plus its pin TTL, monotonic), and until
+        when it counts as live (as late again)."""
         self.finished: deque[str] = deque(maxlen=RECENTLY_FINISHED)
         _POLICIES.add(self)
 
@@ -72,7 +78,8 @@ class TraceAwareCachePolicy(LRUCachePolicy):
         trace_id = hints.get(TRACE_KEY)
         if not isinstance(trace_id, str) or trace_id in self.finished:
             return
-        self.next_use[trace_id] = time.monotonic() + float(hints.get(TTL_KEY) or 0.0)
+        now, gap = time.monotonic(), float(hints.get(TTL_KEY) or 0.0)
+        self.next_use[trace_id] = (now + gap, now + 2 * gap)
         keys = self.keys_of.setdefault(trace_id, set())
         for group in key_groups:
             for key in group:
@@ -88,15 +95,19 @@ class TraceAwareCachePolicy(LRUCachePolicy):
             if traces is not None:
                 traces.discard(trace_id)
 
-    def eviction_order(self, key: OffloadKey) -> tuple[int, float, int]:
-        """Smallest first: (class, minus the expected next use, recency rank)."""
+    def eviction_order(self, key: OffloadKey, now: float) -> tuple[int, float, int]:
+        """Smallest first: (class, minus the expected next use, recency rank), at monotonic time `now`."""
         traces = self.traces_of.get(key)
         rank = self._ranks[key]
         if traces is None:
             return 1, 0.0, rank
         if not traces:
             return 0, 0.0, rank
-        return 2, -min(self.next_use.get(t, 0.0) for t in traces), rank
+        expected = [self.next_use.get(t, (0.0, 0.0)) for t in traces]
+        live = [use for use, live_until in expected if live_until >= now]
+        if not live:
+            return 1, 0.0, rank
+        return 2, -min(live), rank
 
     def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, ChunkStatus]] | None:
         """`n` chunks in `eviction_order`, or None (and nothing changed) when fewer than `n` can go. A linear pass
@@ -107,7 +118,8 @@ class TraceAwareCachePolicy(LRUCachePolicy):
         if len(candidates) < n:
             return None
         evicted = []
-        for key in heapq.nsmallest(n, candidates, key=self.eviction_order):
+        now = time.monotonic()
+        for key in heapq.nsmallest(n, candidates, key=lambda k: self.eviction_order(k, now)):
             self._evictable.remove(key)
             del self._ranks[key]
             evicted.append((key, self.chunks.pop(key)))

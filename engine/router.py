@@ -76,7 +76,6 @@ class Router:
         self._since: dict[str, float] = {}
         self._homes: dict[str, str] = {}
         self._served: dict[str, str] = {}
-        self._pinned: set[str] = set()
         self._pending: dict[str, int] = defaultdict(int)
 
     def workers(self) -> list[WorkerEntry]:
@@ -158,13 +157,8 @@ class Router:
             result = await self._generate_admitted(request, request.trace_id, family or request.trace_id)
         else:
             result = await self._generate_routed(request)
-        trace = request.trace_id
-        if trace is not None and (self.admission.enabled or request.kv_pin_ttl_s > 0 or trace in self._served):
-            self._remember(self._served, trace, result.worker_id)
-            if request.kv_pin_ttl_s > 0:
-                self._pinned.add(trace)
-            else:
-                self._pinned.discard(trace)
+        if request.trace_id is not None:
+            self._remember(self._served, request.trace_id, result.worker_id)
         return result
 
     async def _generate_admitted(self, request: StepRequest, trace: str, family: str) -> StepResult:
@@ -239,13 +233,12 @@ class Router:
         raise NoWorkerAvailable(f"step {request.request_id} failed on {self.max_attempts} workers: {'; '.join(errors)}")
 
     async def finish(self, trace_id: str) -> None:
-        """The trace ended: its worker drops its KV pin and its admission now, not at the TTL or idle expiry."""
+        """The trace ended: its worker drops its KV pin and its admission now, not at the TTL or idle expiry, and a
+        KV host tier there evicts its blocks first. Told whatever the mechanisms: one small call per trace."""
         worker_id = self._served.pop(trace_id, None)
-        pinned = trace_id in self._pinned
-        self._pinned.discard(trace_id)
         self._since.pop(trace_id, None)
         self._homes.pop(trace_id, None)
-        if worker_id is not None and (pinned or self.admission.enabled):
+        if worker_id is not None:
             await self.release(worker_id, [trace_id])
 
     async def release(self, worker_id: str, trace_ids: list[str]) -> bool:

@@ -57,7 +57,22 @@ def test_a_shared_chunk_stays_live_until_every_trace_using_it_ended():
     trace_finished("a")
     assert evicted(policy, 1) == [b"a-own"]
     trace_finished("b")
-    assert policy.traces_of[b"prefix"] == set() and policy.eviction_order(b"prefix")[0] == 0
+    assert policy.traces_of[b"prefix"] == set() and policy.eviction_order(b"prefix", 0.0)[0] == 0
+
+
+def test_a_trace_overdue_by_more_than_its_gap_ranks_with_unknown_chunks_by_recency(monkeypatch):
+    import engine.kv_tier_policy as tier_policy
+
+    clock = [100.0]
+    monkeypatch.setattr(tier_policy.time, "monotonic", lambda: clock[0])
+    policy = policy_with([b"abandoned", b"anon", b"live"])
+    finish_request(policy, [b"abandoned"], "never-released", 10.0)  # expected back at 110, live until 120
+    finish_request(policy, [b"anon"], None, 0.0)
+    clock[0] = 125.0
+    finish_request(policy, [b"live"], "in-a-gap", 60.0)
+    assert policy.eviction_order(b"abandoned", 115.0)[0] == 2  # late, but not by more than its gap
+    assert evicted(policy, 2) == [b"abandoned", b"anon"]  # least recently used of the two first
+    assert evicted(policy, 1) == [b"live"]
 
 
 def test_eviction_is_all_or_nothing_and_skips_protected_chunks():
