@@ -49,8 +49,10 @@ bench-smoke: install
 
 # pronk vs N stock vLLM servers, the Herd's ablations and the offline limit on both replay profiles (3 rounds each,
 # traces >= 3x the concurrency), plus the single-step file, then the labelled set's checked agent tasks on SmolLM2
-# (agent-real); records bench/RESULTS.md and bench/results/results.json.
+# (agent-real); records bench/RESULTS.md and bench/results/results.json. agent-long runs twice: as is, and with a
+# KV host tier on both sides beside stock vLLM without one (the agent-long-tiered record).
 bench: install bench-smoke
 	$(BIN)/pronk bench --record --job agent-long --profile agent-long --rounds 3 --single-step-requests 0
+	$(BIN)/pronk bench --record --job agent-long-tiered --profile agent-long --rounds 3 --single-step-requests 0
 	$(BIN)/pronk bench --record --job tiny-cpu-herd --profile cpu --rounds 3 --traces 96
 	$(BIN)/pronk bench --record --job agent-real --profile agent-real --rounds 3
