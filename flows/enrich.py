@@ -88,7 +88,7 @@ async def _run(
     )
     outcome = enrich_run.BatchAnswers({}, 0, None)
     batch: dict = {}
-    lines = enrich_run.lines_file(enrichment, job, plan.rows[plan.todo], plan.todo, settings) if plan.todo else None
+    lines = enrich_run.lines_file(enrichment, job, plan) if plan.todo else None
     if earlier is not None:
         takeover = open_run.take_over(earlier, lines, settings)
         logger.warning("enrichment %s: %s", enrichment.name, takeover.why)

@@ -9,7 +9,7 @@ from prefect.cache_policies import NO_CACHE
 
 from pronk.enrich.run import BatchAnswers, batch_answers
 from pronk.enrich.spec import EnrichSpec
-from pronk.enrich.table import Plan, plan, read_current, read_rows
+from pronk.enrich.table import Plan, plan, read_current, read_labels, read_rows
 from pronk.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -17,10 +17,11 @@ logger = logging.getLogger(__name__)
 
 @task(cache_policy=NO_CACHE)
 def plan_rows(spec: EnrichSpec, results: str, settings: Settings, limit: int | None) -> Plan:
-    """Read and check the table, fingerprint its rows, and choose those to ask (nothing is written here)."""
+    """Read and check the table and the labelled sample, fingerprint the rows, and choose those to ask (nothing is
+    written here)."""
     rows = read_rows(spec, settings)
     logger.info("enrichment %s: read %d rows of %s", spec.name, rows.height, spec.table)
-    return plan(spec, rows, read_current(results, settings), limit)
+    return plan(spec, rows, read_current(results, settings), limit, read_labels(spec, settings))
 
 
 @task(cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)

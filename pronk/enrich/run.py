@@ -18,7 +18,7 @@ from pronk.enrich.answers import Answer, AnswerParser
 from pronk.enrich.history import EnrichRun, History
 from pronk.enrich.lines import check_job, input_file
 from pronk.enrich.spec import EnrichSpec, EnrichSpecError, load_spec
-from pronk.enrich.table import Plan, merge, read_labels, write_version
+from pronk.enrich.table import Plan, merge, write_version
 from pronk.jobs import JobConfig, get_job
 from pronk.protocol.ids import new_id
 from pronk.settings import Settings
@@ -50,17 +50,19 @@ def custom_id(index: int) -> str:
     return f"row-{index}"
 
 
-def lines_file(spec: EnrichSpec, job: JobConfig, todo: pl.DataFrame, indices: list[int], settings) -> bytes:
+def lines_file(spec: EnrichSpec, job: JobConfig, plan: Plan) -> bytes:
     """The rows to ask as a batch input file, one agent line per row, named by the row's index; a row of the
     labelled sample carries a check of its expected values. The same rows make the same bytes."""
-    labels = read_labels(spec, settings)
+    todo = plan.rows[plan.todo]
     keys = todo.select(spec.key).rows()
-    rows = [(custom_id(i), row, labels.get(key)) for i, row, key in zip(indices, todo.to_dicts(), keys, strict=True)]
+    rows = [
+        (custom_id(i), row, plan.labels.get(key)) for i, row, key in zip(plan.todo, todo.to_dicts(), keys, strict=True)
+    ]
     return input_file(spec, job, rows)
 
 
-def write_lines(spec: EnrichSpec, job: JobConfig, todo: pl.DataFrame, indices: list[int], uri: str, settings) -> None:
-    storage.write_bytes(uri, lines_file(spec, job, todo, indices, settings), settings)
+def write_lines(spec: EnrichSpec, job: JobConfig, plan: Plan, uri: str, settings) -> None:
+    storage.write_bytes(uri, lines_file(spec, job, plan), settings)
 
 
 @dataclass(slots=True)
@@ -72,17 +74,16 @@ class BatchAnswers:
     """Asked rows of the labelled sample: each is a check, passed only by an answer with the expected values."""
 
 
-def labelled_rows(spec: EnrichSpec, plan: Plan, settings: Settings) -> set[int]:
+def labelled_rows(spec: EnrichSpec, plan: Plan) -> set[int]:
     """The indices of the rows asked now that the labelled sample covers."""
-    labels = read_labels(spec, settings)
     keys = plan.rows.select(spec.key).rows()
-    return {i for i in plan.todo if keys[i] in labels}
+    return {i for i in plan.todo if keys[i] in plan.labels}
 
 
 def batch_answers(spec: EnrichSpec, batch: dict, plan: Plan, settings: Settings) -> BatchAnswers:
     """Each asked row's answer from the batch's output and error files: typed values, or nulls and the reason, and
     how it checked against the row's labels (a labelled row whose line failed failed its check)."""
-    labelled = labelled_rows(spec, plan, settings)
+    labelled = labelled_rows(spec, plan)
     parser = AnswerParser(spec)
     wanted = {custom_id(i): i for i in plan.todo}
     answers: dict[int, Answer] = {}

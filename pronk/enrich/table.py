@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import io
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
@@ -130,9 +130,17 @@ class Plan:
     retried: int
     """Rows whose previous answer failed (their `_error` is set), asked again."""
     previous: pl.DataFrame | None
+    labels: Labels = field(default_factory=dict)
+    """The spec's labelled sample, read once when planning: the lines' checks and the answers' tally use it."""
 
 
-def plan(spec: EnrichSpec, rows: pl.DataFrame, previous: pl.DataFrame | None, limit: int | None = None) -> Plan:
+def plan(
+    spec: EnrichSpec,
+    rows: pl.DataFrame,
+    previous: pl.DataFrame | None,
+    limit: int | None = None,
+    labels: Labels | None = None,
+) -> Plan:
     """Fingerprint every row and keep only those that are new, changed, or failed last time (up to `limit`)."""
     spec_part = spec_fingerprint(spec)
     inputs = rows.select(spec.template_columns).to_dicts()
@@ -159,7 +167,7 @@ def plan(spec: EnrichSpec, rows: pl.DataFrame, previous: pl.DataFrame | None, li
             changed += 1
         else:
             retried += 1
-    return Plan(rows, todo, new, changed, skipped, retried, previous)
+    return Plan(rows, todo, new, changed, skipped, retried, previous, labels or {})
 
 
 def merge(spec: EnrichSpec, plan: Plan, answers: dict[int, Answer], run_id: str, at: str) -> pl.DataFrame:

@@ -55,10 +55,9 @@ class Prefect:
         return asyncio.run(check_earlier("t", results, settings, flow_run_id, self.state_of, self.mark_crashed))
 
 
-def the_lines(settings: Settings, *names: str) -> bytes:
+def the_lines(*names: str) -> bytes:
     table = rows(*names)
-    todo = plan(SPEC, table, None).todo
-    return lines_file(SPEC, get_job("tiny-cpu"), table[todo], todo, settings)
+    return lines_file(SPEC, get_job("tiny-cpu"), plan(SPEC, table, None))
 
 
 def killed_run(settings: Settings, lines: bytes, finished: list[int]) -> OpenRun:
@@ -80,7 +79,7 @@ def killed_run(settings: Settings, lines: bytes, finished: list[int]) -> OpenRun
 
 
 def test_a_run_after_a_crash_marks_the_dead_flow_run_crashed_and_runs_on_under_its_batch(settings):
-    lines = the_lines(settings, "Acme", "Borealis", "Cobalt", "Dyna")
+    lines = the_lines("Acme", "Borealis", "Cobalt", "Dyna")
     dead = killed_run(settings, lines, finished=[1, 3])
     results = storage.join(settings.store_uri, "enrichments", "t")
 
@@ -103,8 +102,8 @@ def test_a_run_after_a_crash_marks_the_dead_flow_run_crashed_and_runs_on_under_i
 
 
 def test_a_run_asking_other_rows_ends_the_dead_runs_batch_with_what_it_persisted(settings):
-    dead = killed_run(settings, the_lines(settings, "Acme", "Borealis"), finished=[2])
-    takeover = take_over(dead, the_lines(settings, "Acme", "Borealis", "Cobalt"), settings)
+    dead = killed_run(settings, the_lines("Acme", "Borealis"), finished=[2])
+    takeover = take_over(dead, the_lines("Acme", "Borealis", "Cobalt"), settings)
     assert (takeover.batch_id, takeover.ended) == (None, "batch_dead")
     batch = BatchStore(settings).load("batch_dead")
     assert batch.status == "failed" and "run-1 ended without finishing" in batch.errors.data[0].message  # type: ignore[union-attr]
@@ -115,7 +114,7 @@ def test_a_run_asking_other_rows_ends_the_dead_runs_batch_with_what_it_persisted
 
 def test_a_live_run_refuses_the_new_run_and_is_left_alone(settings):
     results = storage.join(settings.store_uri, "enrichments", "t")
-    lines = the_lines(settings, "Acme")
+    lines = the_lines("Acme")
     live = open_run.open_run("t", results, "run-1", lines, str(settings.data_dir / "l.jsonl"), "b", FLOW_RUN, settings)
     assert live.pid == os.getpid()
     prefect = Prefect("RUNNING")
@@ -143,7 +142,7 @@ def test_a_live_run_refuses_the_new_run_and_is_left_alone(settings):
 def test_a_run_that_ends_removes_its_marker_and_never_another_runs(settings):
     results = storage.join(settings.store_uri, "enrichments", "t")
     assert Prefect("RUNNING").check(results, settings) is None  # no marker: nothing to take over
-    lines = the_lines(settings, "Acme")
+    lines = the_lines("Acme")
     marker = open_run.open_run("t", results, "run-2", lines, str(settings.data_dir / "l.jsonl"), "b", None, settings)
     assert storage.read_bytes(marker.lines_uri, settings) == lines and marker.lines_sha256 == open_run.lines_hash(lines)
     close(results, "run-1", settings)
@@ -155,5 +154,5 @@ def test_a_run_that_ends_removes_its_marker_and_never_another_runs(settings):
 
 
 def test_the_same_rows_make_the_same_lines_file(settings):
-    assert the_lines(settings, "Acme", "Borealis") == the_lines(settings, "Acme", "Borealis")
-    assert the_lines(settings, "Acme", "Borealis") != the_lines(settings, "Acme", "Borealis!")
+    assert the_lines("Acme", "Borealis") == the_lines("Acme", "Borealis")
+    assert the_lines("Acme", "Borealis") != the_lines("Acme", "Borealis!")

@@ -157,9 +157,9 @@ def test_a_labelled_row_asks_with_a_check_of_its_expected_values_and_its_answer_
     settings = Settings(data_dir=tmp_path)
     assert read_labels(spec, settings) == {(1,): {"sector": "a", "staff": 12}, (2,): {"sector": "b"}}
     table = rows("Acme", "Borealis", "Cobalt")
-    todo = plan(spec, table, None)
+    todo = plan(spec, table, None, labels=read_labels(spec, settings))
     lines_uri = str(tmp_path / "lines.jsonl")
-    write_lines(spec, get_job("tiny-cpu"), table, todo.todo, lines_uri, settings)
+    write_lines(spec, get_job("tiny-cpu"), todo, lines_uri, settings)
     lines = [json.loads(raw) for raw in (tmp_path / "lines.jsonl").read_text().splitlines()]
     assert [line.get("check") for line in lines] == [
         {"type": "json", "fields": {"sector": "a", "staff": 12}},
