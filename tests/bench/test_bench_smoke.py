@@ -19,16 +19,14 @@ from bench.harness.suite import BenchConfig, record, run_bench
 pytestmark = [pytest.mark.e2e, pytest.mark.bench_smoke]
 
 
+def one_round(stack, tmp_path, **fields) -> tuple[BenchConfig, dict]:
+    """One round of `pronk bench` with `fields`, on the test stack; its config and outcome."""
+    config = BenchConfig(rounds=1, work_dir=tmp_path / "work", command="pytest smoke", **fields)
+    return config, run_bench(config, stack, echo=lambda _line: None)
+
+
 def test_smoke_bench_runs_every_setup_and_reports_every_figure(stack, tmp_path):
-    config = BenchConfig(
-        profile="smoke",
-        traces=6,
-        rounds=1,
-        single_step_requests=6,
-        work_dir=tmp_path / "work",
-        command="pytest smoke",
-    )
-    outcome = run_bench(config, stack, echo=lambda _line: None)
+    config, outcome = one_round(stack, tmp_path, profile="smoke", traces=6, single_step_requests=6)
 
     (runs,) = outcome["rounds"]
     assert list(runs) == [BASELINE, *(a.name for a in ABLATIONS), BATCH, LIMIT]
@@ -83,15 +81,7 @@ def test_smoke_bench_runs_every_setup_and_reports_every_figure(stack, tmp_path):
 def test_agent_real_smoke_runs_both_setups_and_the_limit_and_reports_every_figure(stack, tmp_path):
     """`--profile agent-real` on SmolLM2, tiny: 4 traces with short documents, one round. How many answers pass is the
     model's business; that each is checked, and each figure is there, is the bench's."""
-    config = BenchConfig(
-        job="agent-real",
-        profile="agent-real-smoke",
-        traces=4,
-        rounds=1,
-        work_dir=tmp_path / "work",
-        command="pytest smoke agent-real",
-    )
-    outcome = run_bench(config, stack, echo=lambda _line: None)
+    config, outcome = one_round(stack, tmp_path, job="agent-real", profile="agent-real-smoke", traces=4)
 
     (checked,) = outcome["rounds"]
     for run in (checked.baseline, checked.pronk):
@@ -123,16 +113,9 @@ def test_agent_real_smoke_runs_both_setups_and_the_limit_and_reports_every_figur
 
 
 def test_a_tiered_job_runs_stock_with_and_without_its_tier_and_counts_the_tier(stack, tmp_path):
-    config = BenchConfig(
-        job="agent-long-tiered",
-        profile="smoke",
-        traces=4,
-        rounds=1,
-        single_step_requests=0,
-        work_dir=tmp_path / "work",
-        command="pytest smoke tiered",
+    config, outcome = one_round(
+        stack, tmp_path, job="agent-long-tiered", profile="smoke", traces=4, single_step_requests=0
     )
-    outcome = run_bench(config, stack, echo=lambda _line: None)
 
     (runs,) = outcome["rounds"]
     assert list(runs) == [BASELINE, UNTIERED, *(a.name for a in ABLATIONS), BATCH, LIMIT]
