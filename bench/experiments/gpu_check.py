@@ -3,11 +3,13 @@
 A 3B-shaped Llama (Llama 3.2 3B's layers, heads and widths; the tiny model's 4,096-token vocabulary and
 tokenizer) with `load_format="dummy"`: random weights made on the GPU, nothing downloaded. Two pronk
 workers (`pronk.stack.worker`, every Herd mechanism on) and two stock vLLM servers share the GPU, each
-with the same KV cache, sized so the working set oversubscribes it ~2.5x. One round: the stock servers
-behind round-robin, then pronk's bare loop with every mechanism on, then pronk's with affinity only; the
-JSON is rewritten after each setup, so a run cut short still leaves what it measured.
+with the same KV cache, sized so the working set oversubscribes it ~2.5x, and (`--host-tier-gib`, default 8)
+the same KV host tier: vLLM's native CPU offloading, which `--kv-offloading-size` turns on. One round: the stock
+servers with the tier behind round-robin, then stock servers without it, then pronk's bare loop with every
+mechanism on, then pronk's with affinity only; the JSON is rewritten after each setup, so a run cut short still
+leaves what it measured. It has not run on a GPU with vLLM yet: the one machine lent so far had no vLLM.
 
-    bench/gpu_check.sh [--traces 48] [--concurrency 16] [--out bench/results/gpu_results.json]
+    bench/gpu_check.sh [--traces 48] [--concurrency 16] [--host-tier-gib 8] [--out bench/results/gpu_results.json]
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ import yaml
 
 from bench.experiments.llama3b import KV_BYTES_PER_TOKEN, SHAPE
 from bench.harness.agent_loop import OpenAIServers, replay
-from bench.harness.baseline import VllmServers
-from bench.harness.figures import BASELINE, AgentRun, run_figures
+from bench.harness.baseline import VllmServers, untiered
+from bench.harness.figures import BASELINE, UNTIERED, AgentRun, run_figures
 from bench.harness.pronk_runs import ABLATIONS, bare_loop
 from bench.harness.suite import relabel
 from bench.harness.workload import PROFILES, cache_bounds, generate
@@ -62,7 +64,7 @@ def make_model(out: Path) -> Path:
     return out
 
 
-def write_job(jobs_dir: Path, model: Path, concurrency: int, kv_tokens: int) -> JobConfig:
+def write_job(jobs_dir: Path, model: Path, concurrency: int, kv_tokens: int, host_tier_bytes: int = 0) -> JobConfig:
     job = {
         "job_id": JOB_ID,
         "name": "agent-long-gpu",
@@ -89,6 +91,7 @@ def write_job(jobs_dir: Path, model: Path, concurrency: int, kv_tokens: int) -> 
             "routing": "trace_affinity",
             "admission": "kv_budget",
             "kv_budget_growth_steps": 3,
+            "kv_host_tier_bytes": host_tier_bytes,
         },
         "harness": {"max_steps": 16, "step_max_tokens": 64, "step_timeout_s": 600, "trace_timeout_s": 900},
     }
@@ -129,6 +132,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--oversubscription", type=float, default=2.5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--host-tier-gib", type=float, default=8.0, help="KV host tier per engine, GiB (0: none, one stock baseline)"
+    )
     parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "bench" / "results" / "gpu_results.json")
     args = parser.parse_args()
 
@@ -147,6 +153,7 @@ def main() -> None:
             "kv_tokens_per_engine": kv_tokens,
             "working_set_tokens_per_engine": round(working_set),
             "ideal_cached_ratio": ideal,
+            "host_tier_gib_per_engine": args.host_tier_gib,
             "complete": False,
         },
         "setups": {},
@@ -161,34 +168,35 @@ def main() -> None:
     pids: list[int] = []
     try:
         model = make_model(work / "model")
-        job = write_job(settings.jobs_dir, model, args.concurrency, kv_tokens)
+        job = write_job(settings.jobs_dir, model, args.concurrency, kv_tokens, int(args.host_tier_gib * 2**30))
         started = time.monotonic()
         pids = start_workers(job, settings, work / "logs")
-        with VllmServers(job, model, work / "logs", job.workers) as servers:
-            result["meta"]["startup_s"] = round(time.monotonic() - started, 1)
-            save()
-            runs: dict[str, AgentRun] = {}
-            base = asyncio.run(
-                replay(
-                    relabel(workload.shapes, "base"),
-                    OpenAIServers(servers.urls, job.served_model_name),
-                    args.concurrency,
-                )
-            )
-            runs[BASELINE] = AgentRun.from_replay(BASELINE, base, job.workers)
-            result["setups"][BASELINE] = run_figures(runs[BASELINE], ideal)
-            save()
-            for index, ablation in enumerate((ABLATIONS[-1], ABLATIONS[0])):
+        result["meta"]["workers_startup_s"] = round(time.monotonic() - started, 1)
+        save()
+        # Stock vLLM with the job's tier (native CPU offloading, vLLM's LRU: what --kv-offloading-size gives), and
+        # without one; one set of servers at a time, so the GPU holds at most four engines.
+        stock = [(BASELINE, job), (UNTIERED, untiered(job))] if job.scheduling.kv_host_tier_bytes else [(BASELINE, job)]
+        for index, (name, stock_job) in enumerate(stock):
+            with VllmServers(stock_job, model, work / f"logs-stock-{index}", job.workers) as servers:
                 done = asyncio.run(
-                    bare_loop(relabel(workload.shapes, f"abl{index}"), job, settings, args.concurrency, ablation)
+                    replay(
+                        relabel(workload.shapes, f"base{index}"),
+                        OpenAIServers(servers.urls, job.served_model_name),
+                        args.concurrency,
+                    )
                 )
-                runs[ablation.name] = AgentRun.from_replay(ablation.name, done, job.workers)
-                figures = run_figures(runs[ablation.name], ideal)
-                figures["over_baseline"] = (
-                    figures["traces_per_s_steady"] / result["setups"][BASELINE]["traces_per_s_steady"]
-                )
-                result["setups"][ablation.name] = figures
-                save()
+            result["setups"][name] = run_figures(AgentRun.from_replay(name, done, job.workers), ideal)
+            save()
+        for index, ablation in enumerate((ABLATIONS[-1], ABLATIONS[0])):
+            done = asyncio.run(
+                bare_loop(relabel(workload.shapes, f"abl{index}"), job, settings, args.concurrency, ablation)
+            )
+            figures = run_figures(AgentRun.from_replay(ablation.name, done, job.workers), ideal)
+            for key, name in (("over_baseline", BASELINE), ("over_untiered", UNTIERED)):
+                if name in result["setups"]:
+                    figures[key] = figures["traces_per_s_steady"] / result["setups"][name]["traces_per_s_steady"]
+            result["setups"][ablation.name] = figures
+            save()
         result["meta"]["complete"] = True
     finally:
         for pid in pids:

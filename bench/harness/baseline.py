@@ -24,6 +24,11 @@ from pronk.jobs import JobConfig
 from pronk.stack.processes import spawn, stop, wait_healthy
 
 
+def untiered(job: JobConfig) -> JobConfig:
+    """The job without its KV host tier: the stock baseline a tiered job is also compared with."""
+    return job.model_copy(update={"scheduling": job.scheduling.model_copy(update={"kv_host_tier_bytes": 0})})
+
+
 def engine_flags(job: JobConfig) -> list[str]:
     """The job's engine args as vLLM command-line flags (the `engine` section only: vLLM's stock first-come-first-served
     order, whatever the job's `scheduling.priority`), with the structured-outputs config pronk's workers run (xgrammar,

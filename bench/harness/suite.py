@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field
 
 from bench.harness import offline_limit, pronk_runs, report
 from bench.harness.agent_loop import OpenAIServers, replay
-from bench.harness.baseline import VllmServers, run_vllm_batch
+from bench.harness.baseline import VllmServers, run_vllm_batch, untiered
 from bench.harness.figures import (
     BASELINE,
     BATCH,
@@ -274,14 +274,13 @@ class Bench:
         rounds: list[dict[str, AgentRun]] = []
         with contextlib.ExitStack() as stack:
             servers = stack.enter_context(VllmServers(self.job, model_dir, self.work / "logs", self.job.workers))
-            untiered = None
+            without_tier = None
             if self.job.scheduling.kv_host_tier_bytes:  # stock vLLM without the tier too, in the same rounds
-                job = self.job.model_copy(
-                    update={"scheduling": self.job.scheduling.model_copy(update={"kv_host_tier_bytes": 0})}
+                without_tier = stack.enter_context(
+                    VllmServers(untiered(self.job), model_dir, self.work / "logs-untiered", self.job.workers)
                 )
-                untiered = stack.enter_context(VllmServers(job, model_dir, self.work / "logs-untiered", job.workers))
             for turn, workload in enumerate(workloads):
-                rounds.append(self.agent_round(workload, servers, turn, untiered))
+                rounds.append(self.agent_round(workload, servers, turn, without_tier))
                 if on_round is not None and len(rounds) < len(workloads):
                     on_round(self.outcome(rounds, workloads[: len(rounds)], servers.startup_s))
             startup_s = servers.startup_s

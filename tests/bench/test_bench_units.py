@@ -10,7 +10,7 @@ import httpx
 
 from bench.experiments.probe import Load, load_figures
 from bench.harness.agent_loop import OpenAIServers, replay
-from bench.harness.baseline import engine_flags, processing_seconds
+from bench.harness.baseline import engine_flags, processing_seconds, untiered
 from bench.harness.figures import (
     BASELINE,
     BATCH,
@@ -337,10 +337,16 @@ def test_results_json_and_md_keep_each_profile(tmp_path):
 def test_gpu_check_job_is_a_valid_dummy_weight_cuda_job(tmp_path):
     from bench.experiments.gpu_check import KV_BYTES_PER_TOKEN, MAX_MODEL_LEN, write_job
 
-    job = write_job(tmp_path / "jobs", tmp_path / "model", 16, MAX_MODEL_LEN + 256)
+    job = write_job(tmp_path / "jobs", tmp_path / "model", 16, MAX_MODEL_LEN + 256, host_tier_bytes=2**33)
     assert job.device == "cuda" and job.engine.load_format == "dummy" and job.scheduling.admission == "kv_budget"
     assert job.engine.kv_cache_memory_bytes == (MAX_MODEL_LEN + 256) * KV_BYTES_PER_TOKEN
-    assert "--load-format" in engine_flags(job)
+    flags = engine_flags(job)
+    assert "--load-format" in flags
+    # on CUDA the stock servers' tier is vLLM's own CPU offloading, not pronk's copy spec
+    tier = json.loads(flags[flags.index("--kv-transfer-config") + 1])
+    assert tier["kv_connector"] == "OffloadingConnector" and "spec_module_path" not in tier["kv_connector_extra_config"]
+    assert tier["kv_connector_extra_config"]["cpu_bytes_to_use"] == 2**33
+    assert "--kv-transfer-config" not in engine_flags(untiered(job))
 
 
 def test_results_json_keeps_the_first_bench_one_profile_file(tmp_path):
