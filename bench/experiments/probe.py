@@ -108,15 +108,7 @@ TIER_FIGURES = ("lookup_tokens", "hit_tokens", "loaded_tokens", "stores", "store
 
 async def tier_totals(job: JobConfig, settings: Settings) -> dict[str, float] | None:
     """The job's live workers' KV host tier counts so far, summed; None where the job has no tier."""
-    from engine.registry import Registry
-    from pronk.worker_token import worker_client
-
-    client = worker_client(settings)
-    try:
-        tiers = [(await client.stats(w.url)).host_tier for w in Registry.from_settings(settings).live(job.job_id)]
-    finally:
-        await client.aclose()
-    present = [tier for tier in tiers if tier is not None]
+    present = [s.host_tier for s in await pronk_runs.live_worker_stats(job, settings) if s.host_tier is not None]
     return {name: sum(getattr(tier, name) for tier in present) for name in TIER_FIGURES} if present else None
 
 

@@ -21,7 +21,7 @@ import httpx
 
 from bench.harness.agent_loop import ReplayResult, replay
 from bench.harness.figures import FULL, AgentRun, worker_moves
-from engine.protocol import StepRequest, StepResult
+from engine.protocol import StepRequest, StepResult, WorkerStats
 from pronk.agents.tool_gaps import ToolGaps
 from pronk.jobs import JobConfig
 from pronk.protocol.bodies import REPLAY_URL
@@ -154,16 +154,21 @@ async def server_counters(urls: list[str], tiered: bool = False) -> EngineCounte
     )
 
 
-async def worker_counters(job: JobConfig, settings: Settings) -> EngineCounters:
-    """The counters so far of the job's live pronk workers, from their /stats."""
+async def live_worker_stats(job: JobConfig, settings: Settings) -> list[WorkerStats]:
+    """The /stats of every live pronk worker of the job."""
     from engine.registry import Registry
     from pronk.worker_token import worker_client
 
     client = worker_client(settings)
     try:
-        stats = [await client.stats(w.url) for w in Registry.from_settings(settings).live(job.job_id)]
+        return [await client.stats(w.url) for w in Registry.from_settings(settings).live(job.job_id)]
     finally:
         await client.aclose()
+
+
+async def worker_counters(job: JobConfig, settings: Settings) -> EngineCounters:
+    """The counters so far of the job's live pronk workers, from their /stats."""
+    stats = await live_worker_stats(job, settings)
     tiers = [s.host_tier for s in stats if s.host_tier is not None]
     return EngineCounters(
         sum(s.preemptions for s in stats),
