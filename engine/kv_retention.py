@@ -8,8 +8,13 @@ of the free queue. The pin is released when the trace's next step has been sched
 the blocks itself), when the trace ends (the harness calls the worker's `/release`, which reaches
 the scheduler as an internal abort of `release_request_id(trace)`), when the TTL passes, when the
 pinned total would pass the pin share of the cache (`pin_settings`, in vLLM's `additional_config`; a full
-table refuses new pins), or before a prefix-cache reset (weight swap). With a KV connector (the host tier), it also
-tells each finished step how many of its prompt tokens were loaded through the connector (`HOST_TIER_TOKENS_KEY`).
+table refuses new pins), or before a prefix-cache reset (weight swap).
+
+With a KV connector (the host tier) no pin is taken: the connector has stored the trace's blocks on the host, so its
+next step loads them back at the cost of a copy, and a pin would only hold device room that running steps need (in
+the benchmark's rounds with the tier, pins lost throughput in 4 of 5). The TTL then only tells the tier's eviction
+when the trace is expected back (`engine.kv_tier_policy`). The scheduler also tells each finished step how many of
+its prompt tokens were loaded through the connector (`HOST_TIER_TOKENS_KEY`).
 
 The vLLM classes are built on first attribute access (`__getattr__`), so importing this module for
 `retention_hints` stays free of vLLM.
@@ -161,7 +166,8 @@ def _retention_mixin(base: type) -> type:
 
         def _free_request(self, request, delay_free_blocks: bool = False):
             trace_id, ttl_s = _hints(request)
-            if trace_id and ttl_s > 0 and not delay_free_blocks and request.status in pinnable:
+            pin = self.connector is None and ttl_s > 0 and not delay_free_blocks
+            if trace_id and pin and request.status in pinnable:
                 self._pin(trace_id, request, ttl_s)
             return super()._free_request(request, delay_free_blocks)
 

@@ -3,7 +3,8 @@
 vLLM's offloading manager asks its cache policy which host chunks to drop when a store needs room; its LRU drops the
 least recently used. In an agent fleet the worker knows more: a trace that ended will never read its blocks again,
 and a trace in a tool gap will read them when its tool returns, which its step's pin TTL estimates (the harness
-sizes the TTL from the measured gaps). So the policy drops, in order:
+sizes the TTL from the measured gaps; with the tier the TTL pins nothing on the device, `engine.kv_retention`).
+So the policy drops, in order:
 
 1. chunks only finished traces used (the worker's `/release` of a trace reaches `trace_finished`);
 2. chunks no trace is known to have used (requests without trace hints), least recently used first;

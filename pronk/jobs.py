@@ -112,7 +112,9 @@ class SchedulingConfig(BaseModel):
     kv_pin_ttl_s: float = Field(
         default=30.0,
         ge=0,
-        description="Keep a trace's prefix pinned in its worker's KV cache this long across a tool-call gap (0 = off).",
+        description="Keep a trace's prefix pinned in its worker's KV cache this long across a tool-call gap (0 = off). "
+        "With a KV host tier (`kv_host_tier_bytes`) nothing is pinned on the device: the prefix waits on the host, "
+        "and the TTL tells the tier's eviction when the trace is expected back.",
     )
     kv_pin_ttl: Literal["fixed", "auto"] = Field(
         default="fixed",

@@ -42,9 +42,13 @@ def engine_kwargs() -> dict:
     }
 
 
-def step(prompt: list[int], max_tokens: int) -> StepRequest:
+def step(prompt: list[int], max_tokens: int, trace_id: str | None = None, pin_ttl_s: float = 0.0) -> StepRequest:
+    """With `pin_ttl_s`, a step that asks to keep its trace's prefix pinned through its tool gap."""
     sampling = SamplingSpec(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-    return StepRequest(request_id=uuid.uuid4().hex, prompt_token_ids=prompt, sampling=sampling)
+    request_id = uuid.uuid4().hex
+    return StepRequest(
+        request_id=request_id, prompt_token_ids=prompt, sampling=sampling, trace_id=trace_id, kv_pin_ttl_s=pin_ttl_s
+    )
 
 
 async def tier_after(backend: VllmBackend, loaded_before: int) -> HostTierStats:
@@ -62,9 +66,10 @@ async def turns(backend: VllmBackend) -> tuple[StepResult, StepResult, HostTierS
     rng = random.Random(0)
     tokens = lambda n: [rng.randrange(10, 4000) for _ in range(n)]  # noqa: E731
     first = tokens(600)
-    answer = await backend.generate(step(first, 8))
+    answer = await backend.generate(step(first, 8, "t", pin_ttl_s=600))
     second = first + answer.token_ids + tokens(40)  # the trace's next step: its whole past is the prefix
-    from_cache = await backend.generate(step(second, 16))
+    # it asks for a pin, which would keep its prefix in the engine through the flood: with the tier none is taken
+    from_cache = await backend.generate(step(second, 16, "t", pin_ttl_s=600))
     for _ in range(4):  # other traces, 3,600 tokens through a 2,048-token cache: the trace's blocks are evicted
         await backend.generate(step(tokens(900), 1))
     before = await tier_after(backend, -1)
