@@ -47,7 +47,9 @@ class TraceAffinity:
     cache is full while the best alternative has at least `kv_margin` more room; then the family
     moves (its prefix is recomputed once on the new worker). Fullness is compared between workers:
     under memory pressure every cache reports nearly full, and moving a trace then only throws its
-    prefix away. Dead workers never reach `choose`: the router passes live candidates only.
+    prefix away. A home with a KV host tier is never too full to keep its family: its engine copied
+    the prefix to host memory, so staying costs a wait for room and a load, where a move recomputes
+    the whole prefix. Dead workers never reach `choose`: the router passes live candidates only.
     """
 
     def __init__(
@@ -60,6 +62,8 @@ class TraceAffinity:
         self.homes: dict[str, str] = {}
 
     def _crowded(self, home: WorkerEntry, best: WorkerEntry) -> bool:
+        if home.stats.host_tier is not None:
+            return False
         usage = home.stats.kv_cache_usage
         return usage >= self.full_kv_usage and best.stats.kv_cache_usage <= usage - self.kv_margin
 

@@ -5,14 +5,19 @@ from __future__ import annotations
 import time
 
 from engine.kv_retention import PinTable, retention_hints, scheduler_class
-from engine.protocol import StepRequest, WorkerStats
+from engine.protocol import HostTierStats, StepRequest, WorkerStats
 from engine.registry import WorkerEntry
 from engine.routing import POLICIES, make_policy
 
 
-def worker(worker_id: str, waiting: int = 0, kv: float = 0.0) -> WorkerEntry:
+def worker(worker_id: str, waiting: int = 0, kv: float = 0.0, host_tier: bool = False) -> WorkerEntry:
     stats = WorkerStats(
-        worker_id=worker_id, job_id="job-0000beef", model_version="m/1", waiting=waiting, kv_cache_usage=kv
+        worker_id=worker_id,
+        job_id="job-0000beef",
+        model_version="m/1",
+        waiting=waiting,
+        kv_cache_usage=kv,
+        host_tier=HostTierStats(capacity_bytes=1 << 29) if host_tier else None,
     )
     return WorkerEntry(
         worker_id=worker_id,
@@ -57,6 +62,15 @@ def test_a_trace_stays_home_when_every_cache_is_nearly_full():
     away = "w1" if home == "w0" else "w0"
     pressed = [worker(home, kv=0.99), worker(away, kv=0.95)]
     assert policy.choose(pressed, {}, step("t")).worker_id == home
+
+
+def test_a_full_home_with_a_host_tier_keeps_its_trace_but_a_busy_one_does_not():
+    policy = make_policy("trace_affinity")
+    home = policy.choose([worker("w0"), worker("w1")], {}, step("t")).worker_id
+    away = "w1" if home == "w0" else "w0"
+    full_home = [worker(home, kv=0.99, host_tier=True), worker(away, host_tier=True)]
+    assert policy.choose(full_home, {}, step("t")).worker_id == home  # the prefix waits on the home's host tier
+    assert policy.choose(full_home, {home: 20}, step("t")).worker_id == away
 
 
 def test_all_policies_are_registered():
