@@ -78,28 +78,9 @@ def load_figures(samples: list[list[Load]]) -> dict[str, list[float] | list[int]
     }
 
 
-async def sampled(job: JobConfig, settings: Settings, round_, interval_s: float):
-    """Await `round_` while sampling every live worker of the job; (its result, the samples)."""
-    from engine.registry import Registry
-    from pronk.worker_token import worker_client
-
-    client = worker_client(settings)
-    workers = Registry.from_settings(settings).live(job.job_id)
-    samples: list[list[Load]] = []
-    done = asyncio.Event()
-
-    async def sample() -> None:
-        while not done.is_set():
-            samples.append([Load.of(await client.stats(w.url)) for w in workers])
-            await asyncio.sleep(interval_s)
-
-    sampler = asyncio.create_task(sample())
-    try:
-        return await round_, samples
-    finally:
-        done.set()
-        await sampler
-        await client.aclose()
+async def worker_loads(job: JobConfig, settings: Settings) -> list[Load]:
+    """Every live worker's load now."""
+    return [Load.of(stats) for stats in await pronk_runs.live_worker_stats(job, settings)]
 
 
 TIER_FIGURES = ("lookup_tokens", "hit_tokens", "loaded_tokens", "stores", "store_seconds", "loads", "load_seconds")
@@ -134,7 +115,7 @@ def probe(job: JobConfig, settings: Settings, round_: Round, interval_s: float, 
         relabel(workload.shapes, label), job, settings, job.scheduling.max_concurrency, ablation, round_.gap_scale
     )
     tier_before = asyncio.run(tier_totals(job, settings))
-    result, samples = asyncio.run(sampled(job, settings, loop, interval_s))
+    result, samples = asyncio.run(pronk_runs.sampling(loop, lambda: worker_loads(job, settings), interval_s))
     tier_after = asyncio.run(tier_totals(job, settings))
     run = AgentRun.from_replay(round_.setup, result, job.workers)
     ideal = cache_bounds(workload, job.engine.block_size or CPU_BLOCK_SIZE)[1]

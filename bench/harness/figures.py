@@ -21,19 +21,28 @@ LIMIT = "offline limit (LLM.generate, no gaps)"
 FULL = "pronk: + priority"  # the bare loop with every mechanism on (bench.harness.pronk_runs.ABLATIONS)
 
 
-def worker_moves(steps: list[tuple[str, int, str]]) -> tuple[int, int]:
-    """(steps that ran on a different worker than their trace's previous step, steps that had a previous step).
+def worker_moves(steps: list[tuple[str, int, str, int]]) -> tuple[int, int, int]:
+    """(steps that ran on a different worker than their trace's previous step, steps that had a previous step,
+    the prompt tokens the moved steps recomputed).
 
-    `steps` are (trace id, step index, worker id); a move means the prefix was recomputed elsewhere.
+    `steps` are (trace id, step index, worker id, recomputed prompt tokens); a move means the prefix was recomputed
+    elsewhere, unless that worker still had it.
     """
-    moves = transitions = 0
+    moves = transitions = recomputed = 0
     last: dict[str, str] = {}
-    for trace_id, _, worker in sorted(steps):
+    for trace_id, _, worker, step_recomputed in sorted(steps):
         if trace_id in last:
             transitions += 1
-            moves += worker != last[trace_id]
+            if worker != last[trace_id]:
+                moves += 1
+                recomputed += step_recomputed
         last[trace_id] = worker
-    return moves, transitions
+    return moves, transitions, recomputed
+
+
+def step_moves(records: list[StepRecord]) -> list[tuple[str, int, str, int]]:
+    """What `worker_moves` reads of step records a worker served."""
+    return [(r.trace_id, r.step, r.worker_id or "", r.prompt_tokens - r.cached_tokens) for r in records]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -83,11 +92,17 @@ class AgentRun:
     """Prompt tokens the engines loaded from a KV host tier instead of recomputing; None without a tier."""
     tier_copy_s: float | None = None
     """Seconds the engines spent copying KV to and from the host tier."""
+    moved_recomputed_tokens: int | None = None
+    """Of the recomputed prompt tokens, those of steps that ran on another worker than their trace's previous step."""
+    busy_share: float | None = None
+    """The share of samples in which an engine had a request running (mean over the workers)."""
+    running_per_worker: float | None = None
+    """Requests an engine was running, mean over the samples and workers."""
 
     @classmethod
     def from_replay(cls, name: str, result: ReplayResult, workers: int) -> AgentRun:
         steps = [r for trace in result.traces for r in trace.records if r.worker_id is not None]
-        moves, transitions = worker_moves([(r.trace_id, r.step, r.worker_id or "") for r in steps])
+        moves, transitions, moved_recomputed = worker_moves(step_moves(steps))
         return cls(
             name=name,
             wall_s=result.wall_s,
@@ -99,9 +114,17 @@ class AgentRun:
             output_tokens=sum(s.output_tokens for s in steps),
             trace_seconds=[t.duration_s for t in result.traces],
             moved_steps=moves / transitions if transitions else math.nan,
+            moved_recomputed_tokens=moved_recomputed,
             errors=list(result.errors),
             finished_s=list(result.finished_s),
         )
+
+    def note_load(self, running: list[list[int]]) -> None:
+        """Put on the run what samples of each engine's running requests (one list per sample) say of its load."""
+        if running:
+            workers = range(len(running[0]))
+            self.busy_share = statistics.mean(sum(row[i] > 0 for row in running) / len(running) for i in workers)
+            self.running_per_worker = statistics.mean(n for row in running for n in row)
 
     @property
     def traces_per_s(self) -> float:
@@ -267,15 +290,22 @@ def run_figures(run: AgentRun, ideal_cached_ratio: float) -> dict[str, float]:
         "cached_ratio": run.cached_ratio,
         "cached_ratio_of_ideal": run.cached_ratio / ideal_cached_ratio if ideal_cached_ratio else math.nan,
         "recomputed_prompt_tokens": float(run.recomputed_prompt_tokens),
-        "preemptions": math.nan if run.preemptions is None else float(run.preemptions),
-        "tier_loaded_tokens": math.nan if run.tier_loaded_tokens is None else float(run.tier_loaded_tokens),
-        "tier_copy_s": math.nan if run.tier_copy_s is None else run.tier_copy_s,
+        "preemptions": _or_nan(run.preemptions),
+        "tier_loaded_tokens": _or_nan(run.tier_loaded_tokens),
+        "tier_copy_s": _or_nan(run.tier_copy_s),
         "p50_trace_s": percentile(run.trace_seconds, 50),
         "p90_trace_s": percentile(run.trace_seconds, 90),
         "moved_steps": run.moved_steps,
+        "moved_recomputed_tokens": _or_nan(run.moved_recomputed_tokens),
+        "busy_share": _or_nan(run.busy_share),
+        "running_per_worker": _or_nan(run.running_per_worker),
         "traces": float(run.traces),
         "errors": float(len(run.errors)),
     }
+
+
+def _or_nan(value: float | None) -> float:
+    return math.nan if value is None else float(value)
 
 
 def rounds_table(rounds: list[dict[str, AgentRun]], ideals: list[float]) -> dict[str, dict[str, dict]]:
@@ -374,7 +404,7 @@ class CheckedRun:
         """`lines` run from `started` (time.monotonic) for `wall_s`; every attempt a worker served counts its tokens."""
         records = [r for line in lines for r in line.records]
         served = [r for r in records if r.worker_id is not None]
-        moves, transitions = worker_moves([(r.trace_id, r.step, r.worker_id or "") for r in served if r.error is None])
+        moves, transitions, moved_recomputed = worker_moves(step_moves([r for r in served if r.error is None]))
         completions = [line.outcome.result for line in lines if isinstance(line.outcome.result, Completion)]
         failures = [
             (line.request.custom_id, line.outcome.result)
@@ -392,6 +422,7 @@ class CheckedRun:
             output_tokens=sum(r.output_tokens for r in served),
             trace_seconds=[c.duration_s for c in completions],
             moved_steps=moves / transitions if transitions else math.nan,
+            moved_recomputed_tokens=moved_recomputed,
             errors=[f"{custom_id}: {f.code}: {f.message}"[:300] for custom_id, f in failures],
             finished_s=sorted(line.finished_at - started for line in lines),
         )

@@ -9,12 +9,15 @@ orchestration (Prefect flow and task runs, batch records, step records, result f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import time
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 from uuid import UUID
 
 import httpx
@@ -166,6 +169,53 @@ async def live_worker_stats(job: JobConfig, settings: Settings) -> list[WorkerSt
         await client.aclose()
 
 
+T = TypeVar("T")
+S = TypeVar("S")
+_RUNNING = re.compile(r"^vllm:num_requests_running(?:\{[^}]*\})?\s+([0-9.eE+]+)\s*$", re.MULTILINE)
+LOAD_SAMPLE_S = 1.0
+"""How often a setup's engines are asked what they run: often enough for a busy share over a ~100 s round, rarely
+enough that rendering stock vLLM's /metrics costs its server well under 1% of a core."""
+
+
+async def server_running(urls: list[str]) -> list[int]:
+    """The requests each stock vLLM server's engine is running now (its /metrics gauge)."""
+    async with httpx.AsyncClient(timeout=10.0) as http:
+        return [running_in_metrics((await http.get(f"{url}/metrics")).text) for url in urls]
+
+
+def running_in_metrics(text: str) -> int:
+    """The requests running now, from a Prometheus /metrics page (summed over engines)."""
+    return round(sum(float(v) for v in _RUNNING.findall(text)))
+
+
+async def worker_running(job: JobConfig, settings: Settings) -> list[int]:
+    """The requests each live pronk worker's engine is running now (its /stats, from the same vLLM gauge)."""
+    return [s.running for s in await live_worker_stats(job, settings)]
+
+
+async def sampling(
+    work: Awaitable[T], read: Callable[[], Awaitable[S]], interval_s: float = LOAD_SAMPLE_S
+) -> tuple[T, list[S]]:
+    """Await `work` while calling `read` every `interval_s`: its result, and what `read` returned. A sample the
+    engines do not answer is skipped; it never fails the run."""
+    samples: list[S] = []
+    done = asyncio.Event()
+
+    async def sample() -> None:
+        while not done.is_set():
+            with contextlib.suppress(httpx.HTTPError):
+                samples.append(await read())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), interval_s)
+
+    sampler = asyncio.create_task(sample())
+    try:
+        return await work, samples
+    finally:
+        done.set()
+        await sampler
+
+
 async def worker_counters(job: JobConfig, settings: Settings) -> EngineCounters:
     """The counters so far of the job's live pronk workers, from their /stats."""
     stats = await live_worker_stats(job, settings)
@@ -240,7 +290,13 @@ async def trace_batch(shapes: list[TraceShape], job: JobConfig, work_dir: Path) 
     for r in steps:
         root = r.get("root_trace_id") or r["trace_id"]
         ends[root] = max(ends[root], r["started_at"] + (r.get("engine_time_s") or 0.0) - started_at)
-    moves, transitions = worker_moves([(r["trace_id"], r["step"], r["worker_id"]) for r in steps if r.get("worker_id")])
+    moves, transitions, moved_recomputed = worker_moves(
+        [
+            (r["trace_id"], r["step"], r["worker_id"], r["prompt_tokens"] - r["cached_tokens"])
+            for r in steps
+            if r.get("worker_id")
+        ]
+    )
     errors = [
         f"{line['custom_id']}: {line['error']['code']}: {line['error']['message']}"[:300]
         for line in _read_jsonl(batch["error_uri"])
@@ -256,6 +312,7 @@ async def trace_batch(shapes: list[TraceShape], job: JobConfig, work_dir: Path) 
         output_tokens=sum(t["output_tokens"] for t in traces),
         trace_seconds=[t["duration_s"] for t in traces],
         moved_steps=moves / transitions if transitions else float("nan"),
+        moved_recomputed_tokens=moved_recomputed,
         errors=errors,
         prefect_lag_s=lag,
         finished_s=sorted(ends.values()),

@@ -103,10 +103,13 @@ SETUP_COLUMNS = (
     ("preemptions", "preemptions"),
     ("p90 trace s", "p90_trace_s"),
     ("steps moved", "moved_steps"),
+    ("recomputed on moved steps", "moved_recomputed_tokens"),
     ("/ stock RR, no tier", "over_untiered"),
     ("recomputed / limit's", "recomputed_over_limit"),
     ("tokens loaded from the tier", "tier_loaded_tokens"),
     ("tier copy s", "tier_copy_s"),
+    ("engine busy share", "busy_share"),
+    ("running / engine", "running_per_worker"),
 )
 """The agent profiles' columns; one that no setup has a value for is left out (the tier's, without a tier)."""
 
@@ -311,7 +314,10 @@ def markdown_section(
         "completions over the window between the first and the last of the middle 80%; `/ limit` divides it by "
         "the limit's traces over its wall time (the limit starts every trace at once and never idles). "
         "Preemptions: the baseline's from vLLM's /metrics, pronk's "
-        "from its workers' /stats. Cells: median over rounds (min–max).",
+        "from its workers' /stats. Engine busy share and running requests: each engine's running-requests gauge "
+        "(the same vLLM gauge on both sides), sampled every second of the setup's run; busy = at least one request "
+        "running. Recomputed on moved steps: the prompt tokens recomputed by steps that ran on another engine "
+        "than their trace's previous step. Cells: median over rounds (min–max).",
         "",
     ]
     if tier:
@@ -319,9 +325,11 @@ def markdown_section(
             f"The job has a KV host tier of {tier / 2**20:.0f} MiB per process (`scheduling.kv_host_tier_bytes`), "
             "and every setup runs with it but one: `stock vLLM: round-robin` has the same tier behind vLLM's own LRU "
             "(what `--kv-offloading-size` gives a user), pronk's evicts by trace state, and `stock vLLM: "
-            "round-robin, no host tier` is the same job without it. Tokens loaded from the tier are vLLM's "
-            "`external_kv_transfer` prompt tokens; its copy time is the engines' loads and stores together (pronk's "
-            "workers' /stats, the stock servers' /metrics).",
+            "round-robin, no host tier` is the same job without it. With the tier a pin TTL pins nothing on the "
+            "device: it only ranks the tier's eviction (`+ pins`), and affinity keeps a trace on its engine however "
+            "full that engine's cache is, since the prefix waits on its host tier. Tokens loaded from the tier are "
+            "vLLM's `external_kv_transfer` prompt tokens; its copy time is the engines' loads and stores together "
+            "(pronk's workers' /stats, the stock servers' /metrics).",
             "",
         ]
     if setups:

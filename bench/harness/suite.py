@@ -22,7 +22,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -187,26 +187,37 @@ class Bench:
         def stock(name: str, stock_servers: VllmServers, label: str, with_tier: bool) -> Callable[[], AgentRun]:
             def one() -> AgentRun:
                 before = asyncio.run(pronk_runs.server_counters(stock_servers.urls, with_tier))
-                result = asyncio.run(
-                    replay(
-                        relabel(workload.shapes, label),
-                        OpenAIServers(stock_servers.urls, job.served_model_name),
-                        self.concurrency,
+                result, running = asyncio.run(
+                    pronk_runs.sampling(
+                        replay(
+                            relabel(workload.shapes, label),
+                            OpenAIServers(stock_servers.urls, job.served_model_name),
+                            self.concurrency,
+                        ),
+                        lambda: pronk_runs.server_running(stock_servers.urls),
                     )
                 )
                 run = AgentRun.from_replay(name, result, n)
+                run.note_load(running)
                 asyncio.run(pronk_runs.server_counters(stock_servers.urls, with_tier)).note_run(run, before)
                 return run
 
             return one
 
+        def running_on_workers() -> Awaitable[list[int]]:
+            return pronk_runs.worker_running(job, settings)
+
         def ablation(setup: pronk_runs.Ablation, label: str) -> Callable[[], AgentRun]:
             def one() -> AgentRun:
                 before = asyncio.run(pronk_runs.worker_counters(job, settings))
-                result = asyncio.run(
-                    pronk_runs.bare_loop(relabel(workload.shapes, label), job, settings, self.concurrency, setup)
+                result, running = asyncio.run(
+                    pronk_runs.sampling(
+                        pronk_runs.bare_loop(relabel(workload.shapes, label), job, settings, self.concurrency, setup),
+                        running_on_workers,
+                    )
                 )
                 run = AgentRun.from_replay(setup.name, result, n)
+                run.note_load(running)
                 asyncio.run(pronk_runs.worker_counters(job, settings)).note_run(run, before)
                 return run
 
@@ -214,10 +225,16 @@ class Bench:
 
         def batch() -> AgentRun:
             before = asyncio.run(pronk_runs.worker_counters(job, settings))
-            run = asyncio.run(
-                pronk_runs.trace_batch(relabel(workload.shapes, "batch"), job, self.work / f"agent-{workload.seed}")
+            run, running = asyncio.run(
+                pronk_runs.sampling(
+                    pronk_runs.trace_batch(
+                        relabel(workload.shapes, "batch"), job, self.work / f"agent-{workload.seed}"
+                    ),
+                    running_on_workers,
+                )
             )
             run.name = BATCH
+            run.note_load(running)
             asyncio.run(pronk_runs.worker_counters(job, settings)).note_run(run, before)
             return run
 

@@ -124,6 +124,9 @@ def test_a_tiered_job_runs_stock_with_and_without_its_tier_and_counts_the_tier(s
     for name in (BASELINE, FULL, BATCH):  # whether anything was evicted and loaded back is the workload's doing
         assert runs[name].tier_loaded_tokens is not None and runs[name].tier_copy_s is not None, name
     assert "over_untiered" in outcome["setups"][BATCH] and "recomputed_over_limit" in outcome["setups"][BATCH]
+    for name, run in runs.items():  # every serving setup's engines were sampled through its run
+        sampled = (run.busy_share, run.running_per_worker, run.moved_recomputed_tokens)
+        assert (name == LIMIT) == (None in sampled), (name, sampled)
 
     md, data, _plot = record(config, outcome, outcome["meta"], tmp_path)
     assert "<!-- bench:smoke-tiered:start -->" in md.read_text() and "KV host tier" in md.read_text()

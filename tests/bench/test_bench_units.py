@@ -27,7 +27,7 @@ from bench.harness.figures import (
     worker_moves,
 )
 from bench.harness.offline_limit import final_context, fitting_groups
-from bench.harness.pronk_runs import EngineCounters, OneOrder, counters_in_metrics
+from bench.harness.pronk_runs import EngineCounters, OneOrder, counters_in_metrics, running_in_metrics, sampling
 from bench.harness.report import END, START, goals_table, markdown_table, setups_table, write_json, write_results_md
 from bench.harness.suite import relabel
 from bench.harness.workload import PROFILES, cache_bounds, generate
@@ -115,8 +115,8 @@ def test_vllm_flags_and_progress_parsing():
 
 
 def test_worker_moves_counts_steps_that_left_their_trace_worker():
-    steps = [("a", 0, "w0"), ("a", 1, "w0"), ("a", 2, "w1"), ("b", 0, "w1"), ("b", 1, "w0")]
-    assert worker_moves(steps) == (2, 3)
+    steps = [("a", 0, "w0", 90), ("a", 1, "w0", 5), ("a", 2, "w1", 700), ("b", 0, "w1", 80), ("b", 1, "w0", 300)]
+    assert worker_moves(steps) == (2, 3, 1000)  # moved: a's step 2 and b's step 1
 
 
 def test_agent_long_profile_is_prefill_dominated_and_fits_16k():
@@ -240,6 +240,31 @@ def test_preemptions_and_host_tier_counts_from_vllm_metrics():
     assert (run.preemptions, run.tier_loaded_tokens, run.tier_copy_s) == (5, 12, 0.25)
     EngineCounters(9).note_run(run := AgentRun("y", 1.0, 2, 1, 1, 1, 0, 1, []), EngineCounters(9))
     assert (run.preemptions, run.tier_loaded_tokens, run.tier_copy_s) == (0, None, None)
+
+
+def test_engine_load_is_sampled_through_a_run_and_a_missed_sample_never_fails_it():
+    page = 'vllm:num_requests_running{engine="0",model_name="m"} 3.0\nvllm:num_requests_waiting{engine="0"} 7.0\n'
+    assert running_in_metrics(page) == 3 and running_in_metrics("") == 0
+    answers = iter([[1, 0], httpx.ConnectError("down"), [2, 1]])
+
+    async def read() -> list[int]:
+        answer = next(answers, [0, 0])
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def work() -> str:
+        await asyncio.sleep(0.2)
+        return "done"
+
+    result, samples = asyncio.run(sampling(work(), read, interval_s=0.01))
+    assert result == "done" and samples[:2] == [[1, 0], [2, 1]] and [1, 0] not in samples[2:]
+    run = AgentRun("x", 1.0, 2, 1, 1, 1, 0, 1, [])
+    run.note_load([[1, 0], [2, 1], [0, 0], [3, 0]])
+    assert run.busy_share == (3 / 4 + 1 / 4) / 2 and run.running_per_worker == 7 / 8
+    unsampled = AgentRun("y", 1.0, 2, 1, 1, 1, 0, 1, [])
+    unsampled.note_load([])  # no sample answered: the figures stay unknown
+    assert unsampled.busy_share is None and unsampled.running_per_worker is None
 
 
 def test_a_tiered_record_has_its_own_key_the_untiered_baseline_and_the_tier_goals():
