@@ -6,7 +6,8 @@ vLLM as `scheduler_cls`) takes an extra reference on the finished request's full
 the step asked for a pin (`SamplingParams.extra_args`, see `retention_hints`), which keeps them out
 of the free queue. The pin is released when the trace's next step has been scheduled (it now holds
 the blocks itself), when the trace ends (the harness calls the worker's `/release`, which reaches
-the scheduler as an internal abort of `release_request_id(trace)`), when the TTL passes, when the
+the scheduler as an internal abort of `release_request_id(trace)`), when admission pauses the trace
+(`unpin_request_id`: the trace lives on), when the TTL passes, when the
 pinned total would pass the pin share of the cache (`pin_settings`, in vLLM's `additional_config`; a full
 table refuses new pins), or before a prefix-cache reset (weight swap).
 
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 RELEASE_PREFIX = "pronk-release:"
+UNPIN_PREFIX = "pronk-unpin:"
 HOST_TIER_TOKENS_KEY = "pronk_host_tier_tokens"
 """Where a finished request's `kv_transfer_params` carry the prompt tokens the KV connector loaded for it."""
 TRACE_KEY = "pronk_trace_id"
@@ -45,6 +47,21 @@ def retention_hints(trace_id: str, ttl_s: float) -> dict[str, Any]:
 def release_request_id(trace_id: str) -> str:
     """The request id whose (internal) abort tells `PinningScheduler` the trace ended."""
     return f"{RELEASE_PREFIX}{trace_id}"
+
+
+def unpin_request_id(trace_id: str) -> str:
+    """The request id whose (internal) abort tells `PinningScheduler` to drop the trace's pin: admission paused the
+    trace, which lives on (on a host tier, its blocks stay ranked as a live trace's)."""
+    return f"{UNPIN_PREFIX}{trace_id}"
+
+
+def control_message(request_id: str) -> tuple[str, str] | None:
+    """(`trace_end` or `paused`, trace id) for the ids `release_request_id` and `unpin_request_id` make; None for a
+    request's own id."""
+    for prefix, why in ((RELEASE_PREFIX, "trace_end"), (UNPIN_PREFIX, "paused")):
+        if request_id.startswith(prefix):
+            return why, request_id.removeprefix(prefix)
+    return None
 
 
 def pin_settings(max_fraction: float) -> dict[str, Any]:
@@ -78,7 +95,7 @@ class PinTable:
         self.free = free
         self.pins: dict[str, Pin] = {}
         self.pinned_blocks = 0
-        self.released = {"next_step": 0, "trace_end": 0, "ttl": 0, "refused": 0, "reset": 0}
+        self.released = {"next_step": 0, "trace_end": 0, "paused": 0, "ttl": 0, "refused": 0, "reset": 0}
 
     def release(self, trace_id: str, why: str) -> None:
         pin = self.pins.pop(trace_id, None)
@@ -185,15 +202,15 @@ def _retention_mixin(base: type) -> type:
         def finish_requests(self, request_ids, finished_status):
             if request_ids is not None:
                 ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
-                for request_id in ids:
-                    if request_id.startswith(RELEASE_PREFIX):
-                        trace_id = request_id.removeprefix(RELEASE_PREFIX)
-                        self.pin_table.release(trace_id, "trace_end")
-                        if self.connector is not None:
-                            from engine.kv_tier_policy import trace_finished
+                messages = [(i, control_message(i)) for i in ids]
+                for message in (m for _, m in messages if m is not None):
+                    why, trace_id = message
+                    self.pin_table.release(trace_id, why)
+                    if why == "trace_end" and self.connector is not None:
+                        from engine.kv_tier_policy import trace_finished
 
-                            trace_finished(trace_id)
-                request_ids = [i for i in ids if not i.startswith(RELEASE_PREFIX)]
+                        trace_finished(trace_id)
+                request_ids = [i for i, message in messages if message is None]
             return super().finish_requests(request_ids, finished_status)
 
         def reset_prefix_cache(self, *args, **kwargs):

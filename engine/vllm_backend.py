@@ -10,7 +10,7 @@ from typing import Any
 
 from engine.admission import KvBudget
 from engine.errors import EngineError
-from engine.kv_retention import HOST_TIER_TOKENS_KEY, release_request_id, retention_hints
+from engine.kv_retention import HOST_TIER_TOKENS_KEY, release_request_id, retention_hints, unpin_request_id
 from engine.protocol import HostTierStats, SamplingSpec, StepRequest, StepResult, WorkerStats
 
 log = logging.getLogger(__name__)
@@ -186,8 +186,9 @@ class VllmBackend:
         return self.engine_kwargs.get("scheduling_policy") == "priority"
 
     def _drop_pins(self, trace_ids: list[str]) -> None:
-        """Admission paused these gapped traces: their pinned prefix blocks go back to the cache."""
-        task = asyncio.get_running_loop().create_task(self._abort_pins(trace_ids))
+        """Admission paused these gapped traces: their pinned prefix blocks go back to the cache (and on a host tier
+        their blocks stay ranked as a live trace's: only `release` says a trace ended)."""
+        task = asyncio.get_running_loop().create_task(self._abort_ids([unpin_request_id(t) for t in trace_ids]))
         self._pin_drops.add(task)
         task.add_done_callback(self._pin_drops.discard)
 
@@ -295,12 +296,12 @@ class VllmBackend:
         """Traces that ended: they leave the admission budget and their KV pins are dropped."""
         if self.budget is not None:
             self.budget.release(trace_ids)
-        await self._abort_pins(trace_ids)
+        await self._abort_ids([release_request_id(t) for t in trace_ids])
 
-    async def _abort_pins(self, trace_ids: list[str]) -> None:
-        """An abort of ids the pinning scheduler recognises, sent straight to the engine core (the output
-        processor would drop ids of requests it does not know)."""
-        await self._engine.engine_core.abort_requests_async([release_request_id(t) for t in trace_ids])
+    async def _abort_ids(self, request_ids: list[str]) -> None:
+        """An abort of ids the pinning scheduler recognises (`engine.kv_retention.control_message`), sent straight to
+        the engine core (the output processor would drop ids of requests it does not know)."""
+        await self._engine.engine_core.abort_requests_async(request_ids)
 
     def stats(self) -> WorkerStats:
         stats = WorkerStats(

@@ -96,3 +96,21 @@ def test_vllm_finds_the_policy_the_tier_config_names():
     extra = host_tier_config(1 << 30, "cpu", VLLM_CPU_VERSION)["kv_connector_extra_config"]
     found = CachePolicyFactory.get_cache_policy_cls(extra["eviction_policy"], extra["cache_policy_module_path"])
     assert found is TraceAwareCachePolicy
+
+
+def test_admission_pausing_a_trace_drops_its_pin_but_only_its_end_tells_the_host_tier(monkeypatch):
+    import engine.kv_tier_policy as kv_tier_policy
+    from engine.kv_retention import PinTable, _retention_mixin, release_request_id, unpin_request_id
+
+    class Engine:
+        def finish_requests(self, request_ids, finished_status):
+            self.aborted = request_ids
+
+    scheduler = object.__new__(_retention_mixin(Engine))  # the scheduler's abort path alone, no engine behind it
+    scheduler.pin_table, scheduler.connector = PinTable(8, lambda blocks: None), object()
+    scheduler.pin_table.add("paused", [1, 2], ttl_s=60, now=0)
+    ended: list[str] = []
+    monkeypatch.setattr(kv_tier_policy, "trace_finished", ended.append)
+    scheduler.finish_requests([unpin_request_id("paused"), release_request_id("done"), "r-1"], None)
+    assert scheduler.pin_table.pins == {} and scheduler.pin_table.released["paused"] == 1
+    assert ended == ["done"] and scheduler.aborted == ["r-1"]  # the request's own id still reaches vLLM
