@@ -21,9 +21,9 @@ LIMIT = "offline limit (LLM.generate, no gaps)"
 FULL = "pronk: + priority"  # the bare loop with every mechanism on (bench.harness.pronk_runs.ABLATIONS)
 
 
-def worker_moves(steps: list[tuple[str, int, str, int]]) -> tuple[int, int, int]:
-    """(steps that ran on a different worker than their trace's previous step, steps that had a previous step,
-    the prompt tokens the moved steps recomputed).
+def worker_moves(steps: list[tuple[str, int, str, int]]) -> tuple[float, int]:
+    """(the share of steps with a previous step that ran on a different worker than it, NaN when none had one;
+    the prompt tokens those moved steps recomputed).
 
     `steps` are (trace id, step index, worker id, recomputed prompt tokens); a move means the prefix was recomputed
     elsewhere, unless that worker still had it.
@@ -37,7 +37,7 @@ def worker_moves(steps: list[tuple[str, int, str, int]]) -> tuple[int, int, int]
                 moves += 1
                 recomputed += step_recomputed
         last[trace_id] = worker
-    return moves, transitions, recomputed
+    return (moves / transitions if transitions else math.nan), recomputed
 
 
 def step_moves(records: list[StepRecord]) -> list[tuple[str, int, str, int]]:
@@ -102,7 +102,7 @@ class AgentRun:
     @classmethod
     def from_replay(cls, name: str, result: ReplayResult, workers: int) -> AgentRun:
         steps = [r for trace in result.traces for r in trace.records if r.worker_id is not None]
-        moves, transitions, moved_recomputed = worker_moves(step_moves(steps))
+        moved, moved_recomputed = worker_moves(step_moves(steps))
         return cls(
             name=name,
             wall_s=result.wall_s,
@@ -113,7 +113,7 @@ class AgentRun:
             cached_tokens=sum(s.cached_tokens for s in steps),
             output_tokens=sum(s.output_tokens for s in steps),
             trace_seconds=[t.duration_s for t in result.traces],
-            moved_steps=moves / transitions if transitions else math.nan,
+            moved_steps=moved,
             moved_recomputed_tokens=moved_recomputed,
             errors=list(result.errors),
             finished_s=list(result.finished_s),
@@ -404,7 +404,7 @@ class CheckedRun:
         """`lines` run from `started` (time.monotonic) for `wall_s`; every attempt a worker served counts its tokens."""
         records = [r for line in lines for r in line.records]
         served = [r for r in records if r.worker_id is not None]
-        moves, transitions, moved_recomputed = worker_moves(step_moves([r for r in served if r.error is None]))
+        moved, moved_recomputed = worker_moves(step_moves([r for r in served if r.error is None]))
         completions = [line.outcome.result for line in lines if isinstance(line.outcome.result, Completion)]
         failures = [
             (line.request.custom_id, line.outcome.result)
@@ -421,7 +421,7 @@ class CheckedRun:
             cached_tokens=sum(r.cached_tokens for r in served),
             output_tokens=sum(r.output_tokens for r in served),
             trace_seconds=[c.duration_s for c in completions],
-            moved_steps=moves / transitions if transitions else math.nan,
+            moved_steps=moved,
             moved_recomputed_tokens=moved_recomputed,
             errors=[f"{custom_id}: {f.code}: {f.message}"[:300] for custom_id, f in failures],
             finished_s=sorted(line.finished_at - started for line in lines),

@@ -145,10 +145,15 @@ def counters_in_metrics(text: str, tiered: bool) -> EngineCounters:
     )
 
 
+async def metrics_pages(urls: list[str]) -> list[str]:
+    """Each stock vLLM server's Prometheus /metrics page."""
+    async with httpx.AsyncClient(timeout=10.0) as http:
+        return [(await http.get(f"{url}/metrics")).text for url in urls]
+
+
 async def server_counters(urls: list[str], tiered: bool = False) -> EngineCounters:
     """The counters so far of stock vLLM servers, from their /metrics."""
-    async with httpx.AsyncClient(timeout=10.0) as http:
-        pages = [counters_in_metrics((await http.get(f"{url}/metrics")).text, tiered) for url in urls]
+    pages = [counters_in_metrics(page, tiered) for page in await metrics_pages(urls)]
     preemptions = sum(c.preemptions for c in pages)
     if not tiered:
         return EngineCounters(preemptions)
@@ -179,8 +184,7 @@ enough that rendering stock vLLM's /metrics costs its server well under 1% of a 
 
 async def server_running(urls: list[str]) -> list[int]:
     """The requests each stock vLLM server's engine is running now (its /metrics gauge)."""
-    async with httpx.AsyncClient(timeout=10.0) as http:
-        return [running_in_metrics((await http.get(f"{url}/metrics")).text) for url in urls]
+    return [running_in_metrics(page) for page in await metrics_pages(urls)]
 
 
 def running_in_metrics(text: str) -> int:
@@ -290,7 +294,7 @@ async def trace_batch(shapes: list[TraceShape], job: JobConfig, work_dir: Path) 
     for r in steps:
         root = r.get("root_trace_id") or r["trace_id"]
         ends[root] = max(ends[root], r["started_at"] + (r.get("engine_time_s") or 0.0) - started_at)
-    moves, transitions, moved_recomputed = worker_moves(
+    moved, moved_recomputed = worker_moves(
         [
             (r["trace_id"], r["step"], r["worker_id"], r["prompt_tokens"] - r["cached_tokens"])
             for r in steps
@@ -311,7 +315,7 @@ async def trace_batch(shapes: list[TraceShape], job: JobConfig, work_dir: Path) 
         cached_tokens=sum(t["cached_tokens"] for t in traces),
         output_tokens=sum(t["output_tokens"] for t in traces),
         trace_seconds=[t["duration_s"] for t in traces],
-        moved_steps=moves / transitions if transitions else float("nan"),
+        moved_steps=moved,
         moved_recomputed_tokens=moved_recomputed,
         errors=errors,
         prefect_lag_s=lag,

@@ -116,7 +116,7 @@ def test_vllm_flags_and_progress_parsing():
 
 def test_worker_moves_counts_steps_that_left_their_trace_worker():
     steps = [("a", 0, "w0", 90), ("a", 1, "w0", 5), ("a", 2, "w1", 700), ("b", 0, "w1", 80), ("b", 1, "w0", 300)]
-    assert worker_moves(steps) == (2, 3, 1000)  # moved: a's step 2 and b's step 1
+    assert worker_moves(steps) == (2 / 3, 1000)  # moved: a's step 2 and b's step 1, of 3 with a previous step
 
 
 def test_agent_long_profile_is_prefill_dominated_and_fits_16k():
