@@ -48,13 +48,11 @@ class Registry(ABC):
         self.heartbeat_timeout_s = heartbeat_timeout_s
 
     @staticmethod
-    def from_settings(settings) -> Registry:
-        """The registry pronk's settings describe: `registry_url` (PostgreSQL) when set, else the files under
-        `registry_dir`; `heartbeat_timeout_s` either way."""
-        url = getattr(settings, "registry_url", None)
-        if url:
-            return PostgresRegistry(url, settings.heartbeat_timeout_s)
-        return FileRegistry(settings.registry_dir, settings.heartbeat_timeout_s)
+    def open(location: str | Path, heartbeat_timeout_s: float = 5.0) -> Registry:
+        """The registry at `location`: a `postgresql://` (or `postgres://`) URL, else a folder of worker files."""
+        if isinstance(location, str) and location.startswith(("postgresql://", "postgres://")):
+            return PostgresRegistry(location, heartbeat_timeout_s)
+        return FileRegistry(Path(location), heartbeat_timeout_s)
 
     @abstractmethod
     def announce(self, entry: WorkerEntry) -> None: ...

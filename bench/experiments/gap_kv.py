@@ -92,11 +92,11 @@ def write_job(folder: Path, kv_mib: int) -> None:
 
 
 async def measure(args, settings) -> list[dict]:
-    from engine.registry import Registry
     from engine.router import Router
+    from pronk.worker_registry import worker_registry
     from pronk.worker_token import worker_client
 
-    router = Router(JOB_ID, Registry.from_settings(settings), policy="trace_affinity", client=worker_client(settings))
+    router = Router(JOB_ID, worker_registry(settings), policy="trace_affinity", client=worker_client(settings))
     results = []
     try:
         await one_round(router, 4, 0.0, "warmup", 0.05, args.system_tokens, args.output_tokens)

@@ -105,8 +105,8 @@ def start_workers(job: JobConfig, settings: Settings, logs: Path, timeout_s: flo
     """pronk's engine workers for the job, waited on until every one is in the registry."""
     import os
 
-    from engine.registry import Registry
     from pronk.stack.processes import spawn
+    from pronk.worker_registry import worker_registry
 
     env = {**os.environ, "PRONK_DATA_DIR": str(settings.data_dir), "PRONK_JOBS_DIR": str(settings.jobs_dir)}
     pids = [
@@ -119,7 +119,7 @@ def start_workers(job: JobConfig, settings: Settings, logs: Path, timeout_s: flo
         for i in range(job.workers)
     ]
     deadline = time.monotonic() + timeout_s
-    while len(Registry.from_settings(settings).live(job.job_id)) < job.workers:
+    while len(worker_registry(settings).live(job.job_id)) < job.workers:
         if time.monotonic() > deadline:
             raise TimeoutError(f"pronk workers not up after {timeout_s}s; see {logs}")
         time.sleep(1.0)

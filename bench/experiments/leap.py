@@ -27,6 +27,7 @@ from pathlib import Path
 
 from bench.experiments import scratch_stack
 from bench.harness.report import record_section
+from pronk.worker_registry import worker_registry
 
 BENCH_DIR = Path(__file__).resolve().parent.parent
 JOBS = {
@@ -130,12 +131,11 @@ def switch_times(job_id: str, versions: tuple[int, int], rounds: int) -> dict[st
 async def _stream(job_id: str, settings, requests: int, leap_version: int | None) -> dict[str, float]:
     """`requests` greedy steps of 64 tokens at concurrency 32 through the router; optionally a Leap after a quarter."""
     from engine.protocol import SamplingSpec, StepRequest
-    from engine.registry import Registry
     from engine.router import Router
     from flows.leap import leap
     from pronk.worker_token import worker_client
 
-    router = Router(job_id, Registry.from_settings(settings), client=worker_client(settings))
+    router = Router(job_id, worker_registry(settings), client=worker_client(settings))
     slots = asyncio.Semaphore(32)
     done: list[tuple[float, int]] = []
     started = time.monotonic()

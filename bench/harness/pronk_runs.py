@@ -30,6 +30,7 @@ from pronk.jobs import JobConfig
 from pronk.protocol.bodies import REPLAY_URL
 from pronk.protocol.shapes import TraceShape
 from pronk.settings import Settings
+from pronk.worker_registry import worker_registry
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,13 +71,12 @@ class OneOrder:
 
 
 def pronk_router(job: JobConfig, settings: Settings, admission: str | None = None):
-    from engine.registry import Registry
     from engine.router import Router
     from pronk.worker_token import worker_client
 
     return Router(
         job.job_id,
-        Registry.from_settings(settings),
+        worker_registry(settings),
         client=worker_client(settings),
         policy=job.scheduling.routing,
         admission=admission or job.scheduling.admission,
@@ -164,12 +164,11 @@ async def server_counters(urls: list[str], tiered: bool = False) -> EngineCounte
 
 async def live_worker_stats(job: JobConfig, settings: Settings) -> list[WorkerStats]:
     """The /stats of every live pronk worker of the job."""
-    from engine.registry import Registry
     from pronk.worker_token import worker_client
 
     client = worker_client(settings)
     try:
-        return [await client.stats(w.url) for w in Registry.from_settings(settings).live(job.job_id)]
+        return [await client.stats(w.url) for w in worker_registry(settings).live(job.job_id)]
     finally:
         await client.aclose()
 

@@ -59,6 +59,7 @@ from engine.worker import cores_for
 from pronk.jobs import JobConfig, get_job
 from pronk.protocol.shapes import TraceShape
 from pronk.settings import PROJECT_ROOT, Settings
+from pronk.worker_registry import worker_registry
 
 log = logging.getLogger(__name__)
 
@@ -407,12 +408,11 @@ def record(
 @contextlib.contextmanager
 def pronk_fleet(settings: Settings, job: JobConfig):
     """pronk's stack (Prefect server and the job's workers): reuse a running one, or start one and stop it after."""
-    from engine.registry import Registry
     from pronk.stack import embedded as stack
 
     owned = not stack.read_state(settings)
     try:  # a start that fails half way stops what it started too
-        if len(Registry.from_settings(settings).live(job.job_id)) < job.workers or owned:
+        if len(worker_registry(settings).live(job.job_id)) < job.workers or owned:
             stack.up(settings, job.job_id, mlflow_ui=False, deploy=False)
         yield
     finally:

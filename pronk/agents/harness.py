@@ -21,7 +21,6 @@ from typing import Any
 
 from engine.client import ContextTooLong, StepRejected
 from engine.protocol import ChatMessage, SamplingSpec, StepRequest, StepResult
-from engine.registry import Registry
 from engine.router import NoWorkerAvailable, Router
 from pronk import paths
 from pronk.agents.completions import engine_error_code, failed_outcome, run_request
@@ -38,6 +37,7 @@ from pronk.protocol.error_codes import ErrorCode
 from pronk.protocol.ids import new_id
 from pronk.protocol.lines import ValidRequest
 from pronk.settings import Settings
+from pronk.worker_registry import worker_registry
 from pronk.worker_token import worker_client
 
 TOOL_RESULT_CHARS = 1200
@@ -48,7 +48,7 @@ def job_router(job: JobConfig, settings: Settings, only: list[str] | None = None
     `options` are the Router's own (an admission timeout, say)."""
     return Router(
         job.job_id,
-        Registry.from_settings(settings),
+        worker_registry(settings),
         policy=job.scheduling.routing,
         admission=job.scheduling.admission,
         client=worker_client(settings),

@@ -10,6 +10,7 @@ import typer
 
 from pronk.cli.terminal import fail
 from pronk.settings import get_settings
+from pronk.worker_registry import worker_registry
 
 weights_app = typer.Typer(no_args_is_help=True, help="Register checkpoints as model versions.")
 leap_app = typer.Typer(help="Leap: swap a running job's weights to a model version in place.")
@@ -105,13 +106,12 @@ def leap_status(
     ] = None,
 ) -> None:
     """Each live worker's version and Leap state, and the job's latest Leap."""
-    from engine.registry import Registry
     from pronk.jobs import get_job
     from pronk.models.leap import LeapStore
 
     settings = get_settings()
     job_id = get_job(job or settings.default_job).job_id
-    for entry in Registry.from_settings(settings).live(job_id):
+    for entry in worker_registry(settings).live(job_id):
         staged = f"  staged {entry.stats.staged_version}" if entry.stats.staged_version else ""
         typer.echo(f"{entry.worker_id:24} {entry.stats.leap_state:10} {entry.stats.model_version}{staged}")
     record = LeapStore(settings).latest(job_id)

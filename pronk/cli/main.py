@@ -16,6 +16,7 @@ from pronk.cli.herd import register as register_herd_commands
 from pronk.cli.leap import register as register_leap_commands
 from pronk.cli.terminal import batch_progress, fail
 from pronk.settings import get_settings
+from pronk.worker_registry import worker_registry
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 stack_app = typer.Typer(no_args_is_help=True, help="Start and stop the embedded stack.")
@@ -91,7 +92,6 @@ def stack_down() -> None:
 @stack_app.command("status")
 def stack_status() -> None:
     """Show the stack's processes, what the supervisor makes of each worker, and the live workers of each job."""
-    from engine.registry import Registry
     from pronk.jobs import load_jobs
     from pronk.stack import embedded as stack
     from pronk.stack.processes import alive
@@ -109,7 +109,7 @@ def stack_status() -> None:
         if worker.last_failure:
             line += f"  last failure: {worker.last_failure}"
         typer.echo(line)
-    registry = Registry.from_settings(settings)
+    registry = worker_registry(settings)
     for job_id in load_jobs():
         for entry in registry.live(job_id):
             typer.echo(
@@ -248,7 +248,6 @@ def batch_run(
 
     settings = get_settings()
     configure_prefect(settings)
-    from engine.registry import Registry
     from pronk.jobs import get_job
     from pronk.protocol.ids import new_id
 
@@ -256,7 +255,7 @@ def batch_run(
         job_config = get_job(job or settings.default_job)
     except (KeyError, ValueError) as exc:
         fail(str(exc))
-    if not Registry.from_settings(settings).live(job_config.job_id):
+    if not worker_registry(settings).live(job_config.job_id):
         fail(f"no live workers for {job_config.job_id}; start them with `pronk stack up --job {job_config.name}`")
     local_input = "://" not in input
     if local_input and not Path(input).is_file():

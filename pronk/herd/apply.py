@@ -11,12 +11,12 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.registry import Registry
 from pronk.herd.trial import restart_key
 from pronk.herd.versions import JobVersion, current_version, save_version, set_current_version
 from pronk.jobs import get_job, merge_sections
 from pronk.settings import Settings
 from pronk.stack.rolling import rolling_restart
+from pronk.worker_registry import worker_registry
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ def roll_out(job_id: str, before_key: str, settings: Settings) -> Applied:
     after = get_job(job_id)
     version = current_version(job_id)
     number = version.version if version else 0
-    running = Registry.from_settings(settings).live(job_id)
+    running = worker_registry(settings).live(job_id)
     if restart_key(after) == before_key or not running:
         return Applied(number, "live")
     logger.info("job %s: configuration version %d needs new workers: rolling restart", job_id, number)

@@ -23,7 +23,6 @@ from typing import Any
 
 import yaml
 
-from engine.registry import Registry
 from engine.router import Router
 from pronk.agents.harness import Harness, job_router
 from pronk.agents.replay import TraceRecord, run_shape
@@ -38,6 +37,7 @@ from pronk.settings import Settings
 from pronk.stack.fleet import wait_for_workers
 from pronk.stack.processes import spawn, stop
 from pronk.stack.state import worker_name
+from pronk.worker_registry import worker_registry
 
 logger = logging.getLogger(__name__)
 
@@ -221,7 +221,7 @@ class TrialFleet:
             if not stop(pid):
                 logger.error("trial worker %s (process group %d) outlived SIGKILL", name, pid)
         if self.job is not None:
-            registry = Registry.from_settings(self.settings)
+            registry = worker_registry(self.settings)
             for name in self.pids:
                 registry.withdraw(self.job.job_id, name)
             shutil.rmtree(self.settings.data_dir / "herd" / "trial_jobs" / self.job.job_id, ignore_errors=True)

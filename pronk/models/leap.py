@@ -26,7 +26,6 @@ import httpx
 from pydantic import BaseModel, Field
 
 from engine.auth import auth_headers
-from engine.registry import Registry
 from engine.tls import verify_context
 from pronk import storage
 from pronk.batches.schemas import CheckCounts
@@ -37,6 +36,7 @@ from pronk.models.registry import is_models_uri, models_uri, parse_models_uri, s
 from pronk.models.versions import check_version_fits, resolve_version
 from pronk.protocol.ids import new_id
 from pronk.settings import Settings, get_settings
+from pronk.worker_registry import worker_registry
 
 LeapStatus = Literal["queued", "canary", "staging", "reloading", "completed", "rolled_back", "failed", "refused"]
 WorkerLeapState = Literal["ready", "uploading", "reloading", "failed", "rolled_back"]
@@ -298,7 +298,7 @@ def begin(
         raise LeapRefused(f"job {job.job_id} serves {job.model!r}; Leap needs an MLflow model (models:/NAME@ALIAS)")
     name, job_alias, _ = parse_models_uri(job.model)
     target = target_version(name, version, alias, settings)
-    workers = Registry.from_settings(settings).live(job.job_id)
+    workers = worker_registry(settings).live(job.job_id)
     record = LeapRecord(
         job_id=job.job_id,
         model=name,

@@ -6,12 +6,12 @@ import sys
 import time
 from collections.abc import Sequence
 
-from engine.registry import Registry
 from pronk.errors import PronkError
 from pronk.jobs import JobConfig
 from pronk.settings import Settings
 from pronk.stack.processes import alive, spawn
 from pronk.stack.state import worker_name
+from pronk.worker_registry import worker_registry
 
 
 class FleetStartError(PronkError, RuntimeError):
@@ -35,7 +35,7 @@ def start_worker(job_id: str, index: int, settings: Settings) -> int:
 
 
 def wait_for_workers(job: JobConfig, settings: Settings, pids: dict[str, int], timeout_s: float = 300.0) -> None:
-    registry = Registry.from_settings(settings)
+    registry = worker_registry(settings)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         live = {entry.worker_id for entry in registry.live(job.job_id)}

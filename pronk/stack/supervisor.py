@@ -24,12 +24,12 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from engine.registry import Registry
 from pronk.settings import Settings, get_settings
 from pronk.stack.fleet import start_worker
 from pronk.stack.processes import alive, kill_group, reap
 from pronk.stack.restart_policy import RestartHistory, RestartPolicy
 from pronk.stack.state import read_state, worker_of, write_json, write_state
+from pronk.worker_registry import worker_registry
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +222,7 @@ def _poll(pid: int) -> tuple[bool, int | None]:
 
 def stack_supervisor(settings: Settings) -> Supervisor:
     """A supervisor over the real processes and registry of the stack `settings` describe."""
-    registry = Registry.from_settings(settings)
+    registry = worker_registry(settings)
 
     def spawn(worker_id: str) -> int:
         job_id, index = worker_of(worker_id) or ("", 0)

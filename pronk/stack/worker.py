@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from engine.kv_retention import pin_settings, scheduler_class
-from engine.registry import Registry
 from engine.tls import TlsFileError, server_context
 from engine.vllm_backend import VllmBackend
 from engine.weight_swap import IncompatibleWeights, StagedWeights
@@ -30,6 +29,7 @@ from pronk.models.checkpoints import CheckpointMismatch, check_compatible, read_
 from pronk.models.registry import resolve_model
 from pronk.settings import get_settings
 from pronk.stack.state import worker_name
+from pronk.worker_registry import worker_registry
 from pronk.worker_token import worker_token
 
 
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     serve(
         backend,
-        Registry.from_settings(settings),
+        worker_registry(settings),
         stage_checkpoint,
         sock,
         url,

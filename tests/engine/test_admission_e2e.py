@@ -8,10 +8,10 @@ import logging
 import pytest
 
 from engine.client import WorkerClient
-from engine.registry import Registry
 from engine.router import Router
 from pronk.agents.replay import run_shape
 from pronk.protocol.shapes import TraceShape
+from pronk.worker_registry import worker_registry
 from pronk.worker_token import worker_token
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ def shape(trace_id: str) -> TraceShape:
 async def one_run(settings, name: str):
     router = Router(
         JOB,
-        Registry.from_settings(settings),
+        worker_registry(settings),
         policy="trace_affinity",
         admission="kv_budget",
         token=worker_token(settings),
@@ -46,7 +46,7 @@ async def one_run(settings, name: str):
 async def worker_stats(settings):
     client = WorkerClient(worker_token(settings), timeout_s=10)
     try:
-        return [await client.stats(w.url) for w in Registry.from_settings(settings).live(JOB)]
+        return [await client.stats(w.url) for w in worker_registry(settings).live(JOB)]
     finally:
         await client.aclose()
 

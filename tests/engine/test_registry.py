@@ -17,6 +17,7 @@ from engine.registry import FileRegistry, PostgresRegistry, Registry, RegistryUn
 from engine.router import Router
 from pronk.settings import Settings
 from pronk.stack.postgres import PostgresServer
+from pronk.worker_registry import worker_registry
 
 
 def entry(job_id: str, worker_id: str, heartbeat_at: float, in_flight: int = 0) -> WorkerEntry:
@@ -82,11 +83,16 @@ def test_live_keeps_fresh_heartbeats_only(registry: Registry, job_id):
     assert "fresh" in [e.worker_id for e in registry.live(job_id)]  # now defaults to the clock
 
 
-def test_from_settings_picks_the_registry_by_url(tmp_path, postgres_server):
-    files = Registry.from_settings(Settings(data_dir=tmp_path, heartbeat_timeout_s=7.0))
+def test_registry_opens_by_location(tmp_path, postgres_server):
+    assert isinstance(Registry.open(tmp_path), FileRegistry) and isinstance(Registry.open(str(tmp_path)), FileRegistry)
+    assert isinstance(Registry.open("postgres://u@127.0.0.1/db"), PostgresRegistry)
+
+
+def test_worker_registry_picks_the_registry_by_url(tmp_path, postgres_server):
+    files = worker_registry(Settings(data_dir=tmp_path, heartbeat_timeout_s=7.0))
     assert isinstance(files, FileRegistry) and files.root == tmp_path / "registry" and files.heartbeat_timeout_s == 7.0
     url = postgres_server.url("pronk")
-    database = Registry.from_settings(Settings(data_dir=tmp_path, registry_url=url))
+    database = worker_registry(Settings(data_dir=tmp_path, registry_url=url))
     assert isinstance(database, PostgresRegistry) and database.url == url
     with pytest.raises(ValueError, match="postgresql://"):
         Settings(registry_url="mysql://nope")

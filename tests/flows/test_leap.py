@@ -36,6 +36,7 @@ from pronk.models.registry import (
     resolve_model,
 )
 from pronk.settings import get_settings
+from pronk.worker_registry import worker_registry
 from pronk.worker_token import worker_token
 
 pytestmark = pytest.mark.e2e
@@ -46,7 +47,7 @@ LONG_PROMPT = list(range(200, 1000))
 
 
 def registry(settings) -> Registry:
-    return Registry.from_settings(settings)
+    return worker_registry(settings)
 
 
 def fleet(settings):

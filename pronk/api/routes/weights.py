@@ -15,7 +15,6 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Query
 from fastapi.concurrency import run_in_threadpool
 
-from engine.registry import Registry
 from pronk.api.deps import AdminDep, OwnerDep, RunsDep, SettingsDep
 from pronk.api.errors import ApiError
 from pronk.api.runs import start_leap
@@ -27,6 +26,7 @@ from pronk.models.schemas import JobWeights, LeapList, LeapStarted, WeightsStatu
 from pronk.models.versions import ModelMismatch, NotLeapable, UploadResult, leap_model, leap_target, upload_checkpoint
 from pronk.protocol.ids import new_id
 from pronk.settings import Settings
+from pronk.worker_registry import worker_registry
 
 router = APIRouter(prefix="/weights", tags=["weights"])
 
@@ -54,7 +54,7 @@ def upload(body: WeightsUpload, owner: AdminDep, settings: SettingsDep) -> Uploa
 def _validated_target(job: JobConfig, served: str, uri: str, settings: Settings) -> int | None:
     """The version `uri` names for `job`, checked against what its live workers serve; None when it has none."""
     try:
-        serving = {w.stats.model_version for w in Registry.from_settings(settings).live(job.job_id)}
+        serving = {w.stats.model_version for w in worker_registry(settings).live(job.job_id)}
         return leap_target(job, uri, serving, settings) if serving else None
     except NotLeapable as exc:
         raise ApiError(400, str(exc), param=served, code="not_leapable") from exc
@@ -128,7 +128,7 @@ def status(
     jobs = load_jobs(settings.jobs_dir)
     if job_id is not None and job_id not in jobs:
         raise ApiError(404, f"No job {job_id!r}.", param="job_id", code="not_found")
-    registry = Registry.from_settings(settings)
+    registry = worker_registry(settings)
     store = LeapStore(settings)
     data = []
     for job in jobs.values():

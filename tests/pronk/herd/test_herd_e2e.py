@@ -13,7 +13,6 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from engine.registry import Registry
 from pronk.batches.labelled import labelled_lines
 from pronk.batches.schemas import CheckCounts
 from pronk.batches.store import BatchStore
@@ -26,6 +25,7 @@ from pronk.stack.embedded import read_state
 from pronk.stack.processes import alive
 from pronk.stack.rolling import rolling_restart
 from pronk.stack.state import SUPERVISOR
+from pronk.worker_registry import worker_registry
 
 pytestmark = pytest.mark.e2e
 JOB = "job-c0ffee01"
@@ -86,7 +86,7 @@ def test_herd_tunes_within_budget_on_temporary_workers_with_a_task_run_per_trial
 
     # the job's own workers were never touched, and no trial worker is left
     assert {k: v for k, v in read_state(stack).items() if k.startswith(JOB)} == workers_before
-    registry = Registry.from_settings(stack)
+    registry = worker_registry(stack)
     trial_jobs = [p.name for p in stack.registry_dir.iterdir() if p.is_dir() and p.name != JOB]
     assert all(not registry.live(job_id) for job_id in trial_jobs)
 
@@ -174,4 +174,4 @@ def test_rolling_restart_with_a_batch_running(stack, tmp_path):
     assert steps.height >= 16 * 10 and steps["error"].null_count() == steps.height  # no step failed, none retried
     state = read_state(stack)
     assert alive(state[SUPERVISOR]) and {n: state[n] for n in restarted} == restarted
-    assert len(Registry.from_settings(stack).live(JOB)) == 2
+    assert len(worker_registry(stack).live(JOB)) == 2

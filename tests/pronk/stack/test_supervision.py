@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.registry import Registry
 from pronk.stack.processes import alive, group_members
 from pronk.stack.state import read_state
 from pronk.stack.supervisor import WorkerState, read_report
+from pronk.worker_registry import worker_registry
 
 pytestmark = pytest.mark.e2e
 JOB = "job-c0ffee01"
@@ -55,7 +55,7 @@ def test_a_sigkilled_worker_leaves_no_children_and_is_restarted_while_a_batch_co
 
     state = read_state(stack)
     assert alive(state["supervisor"])
-    registry = Registry.from_settings(stack)
+    registry = worker_registry(stack)
     wait_for(lambda: {e.worker_id for e in registry.live(JOB)} >= {WORKER, f"{JOB}-w1"}, 120, "both workers live")
     pid = state[WORKER]
     children = set(group_members(pid)) - {pid}
