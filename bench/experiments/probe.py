@@ -35,7 +35,8 @@ from pathlib import Path
 
 from bench.harness import pronk_runs
 from bench.harness.figures import FULL, AgentRun, over_limit, run_figures
-from bench.harness.suite import CPU_BLOCK_SIZE, limit_run, pronk_fleet, relabel
+from bench.harness.fleet import limit_run, pronk_fleet
+from bench.harness.suite import CPU_BLOCK_SIZE, relabel
 from bench.harness.workload import cache_bounds, generate
 from engine.protocol import WorkerStats
 from pronk.jobs import JobConfig, get_job

@@ -1,5 +1,5 @@
-"""`pronk bench --profile agent-real`: the job's labelled agent tasks as long-context traces on a real model, checked,
-pronk against stock vLLM round-robin, beside the offline limit.
+"""`python -m bench --profile agent-real`: the job's labelled agent tasks as long-context traces on a real model,
+checked, pronk against stock vLLM round-robin, beside the offline limit.
 
 Each round draws its traces from the job's labelled set (`workload.labelled_traces`, seed + round: every trace a
 document of its own in front of its task) and runs them on both setups, in an order rotated each round. Both run
@@ -23,6 +23,7 @@ from typing import cast
 from bench.harness import pronk_runs
 from bench.harness.agent_loop import OpenAIServers
 from bench.harness.baseline import VllmServers
+from bench.harness.config import BenchConfig
 from bench.harness.figures import (
     BASELINE,
     HARNESS,
@@ -32,17 +33,17 @@ from bench.harness.figures import (
     Comparison,
     checked_goals,
     checked_table,
-)
-from bench.harness.report import CHECKED_COLUMNS, checked_section, goals_table, setups_table, text_table
-from bench.harness.suite import (
-    BenchConfig,
-    job_model_dir,
-    kv_tokens_per_worker,
-    limit_run,
     median_run,
-    pronk_fleet,
+)
+from bench.harness.fleet import job_model_dir, kv_tokens_per_worker, limit_run, pronk_fleet
+from bench.harness.report import (
+    CHECKED_COLUMNS,
+    checked_section,
+    goals_table,
     record,
     run_meta,
+    setups_table,
+    text_table,
 )
 from bench.harness.workload import LABELLED_PROFILES, LabelledProfile, labelled_traces, relabelled
 from engine.router import Router

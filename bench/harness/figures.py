@@ -221,6 +221,36 @@ class Comparison:
         }
 
 
+def median_run(runs: list[AgentRun]) -> AgentRun:
+    """A run whose every figure is the median over rounds (completion times pooled for percentiles)."""
+    if len(runs) == 1:
+        return runs[0]
+    by_rate = sorted(runs, key=lambda r: (math.isnan(r.steady_traces_per_s), r.steady_traces_per_s))
+    med = lambda get: statistics.median(get(r) for r in runs)  # noqa: E731
+    first = runs[0]
+    total = lambda get: sum(get(r) for r in runs)  # noqa: E731
+    scale = med(lambda r: r.wall_s) / max(total(lambda r: r.wall_s), 1e-9)
+    overheads = [r.orchestration_overhead for r in runs if r.orchestration_overhead is not None]
+    lags = [r.prefect_lag_s for r in runs if r.prefect_lag_s is not None]
+    return AgentRun(
+        name=first.name,
+        wall_s=med(lambda r: r.wall_s),
+        workers=first.workers,
+        traces=round(med(lambda r: r.traces)),
+        steps=round(med(lambda r: r.steps)),
+        prompt_tokens=round(total(lambda r: r.prompt_tokens) * scale),
+        cached_tokens=round(total(lambda r: r.cached_tokens) * scale),
+        output_tokens=round(med(lambda r: r.output_tokens)),
+        trace_seconds=[s for r in runs for s in r.trace_seconds],
+        moved_steps=med(lambda r: r.moved_steps),
+        errors=[e for r in runs for e in r.errors],
+        orchestration_overhead=statistics.median(overheads) if overheads else None,
+        prefect_lag_s=statistics.median(lags) if lags else None,
+        finished_s=by_rate[(len(runs) - 1) // 2].finished_s,
+        preemptions=round(med(lambda r: r.preemptions or 0)),
+    )
+
+
 def agent_comparisons(pronk: AgentRun, bare: AgentRun, baseline: AgentRun, price: float) -> list[Comparison]:
     rows = [
         ("traces per second (steady state)", "traces/s", lambda r: r.steady_traces_per_s, True),

@@ -1,5 +1,5 @@
 """The benchmark's outputs: the printed table, `bench/results/results.json`, the main section of `bench/RESULTS.md`,
-the plot.
+the plot; `record` writes a profile's three, with `run_meta` (the run they came from).
 
 `RESULTS.md` is shared with other sections (`## Gap KV`, `## Leap`, `## Calibration`): this module only
 rewrites the text between a profile's two markers, and puts that block first when it writes it for the first
@@ -10,12 +10,20 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import platform
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
-from bench.harness.figures import AgentRun, Comparison, percentile
+from bench.harness.config import BenchConfig
+from bench.harness.figures import AgentRun, Comparison, percentile, record_key
+from pronk.jobs import JobConfig
+from pronk.settings import PROJECT_ROOT
 
 START, END = "<!-- bench:main:start -->", "<!-- bench:main:end -->"
 TITLE = "# Benchmark results"
+BENCH_DIR = PROJECT_ROOT / "bench"
 
 
 def markers(profile: str) -> tuple[str, str]:
@@ -363,3 +371,48 @@ def record_section(path: Path, section: str) -> None:
         end = text.find("\n## ", start + 1)
         text = text[:start] + section + (text[end + 1 :] if end >= 0 else "")
     path.write_text(text)
+
+
+def run_meta(config: BenchConfig, job: JobConfig, rounds: int) -> dict:
+    """What every profile's record says of the run: when, where, the command, the job and the rounds."""
+    return {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": (
+            f"{platform.node()}: {platform.machine()}, {len(os.sched_getaffinity(0))} cores, {platform.platform()}"
+        ),
+        "command": config.command,
+        "job": job.job_id,
+        "workers": job.workers,
+        "price_per_worker_hour": job.price_per_worker_hour,
+        "kv_cache_memory_bytes": job.engine.kv_cache_memory_bytes,
+        "max_model_len": job.engine.max_model_len,
+        "profile": config.profile,
+        "record": record_key(config.profile, bool(job.scheduling.kv_host_tier_bytes)),
+        "kv_host_tier_bytes": job.scheduling.kv_host_tier_bytes,
+        "rounds": rounds,
+        "rounds_asked": config.rounds,
+        "seed": config.seed,
+        "concurrency": job.scheduling.max_concurrency,
+    }
+
+
+def record(
+    config: BenchConfig,
+    outcome: dict,
+    info: dict,
+    out_dir: Path = BENCH_DIR,
+    section: Callable[..., str] = markdown_section,
+) -> list[Path]:
+    """Write results/results.json, the plot under results/ and the profile's section of RESULTS.md (`section` writes
+    its text from the meta, the comparisons, the plot's link, the setups and the goals)."""
+    comparisons: list[Comparison] = outcome["comparisons"]
+    key = info.get("record", config.profile)
+    suffix = "" if key == "cpu" else f"_{key}"
+    results = out_dir / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    plot = plot_completion_times(results / f"completion_times{suffix}.png", outcome["runs"])
+    data = write_json(results / "results.json", comparisons, info, outcome["setups"], outcome["goals"])
+    plot_link = f"{results.name}/{plot.name}"
+    text = section(info, comparisons, plot_link, outcome["setups"], outcome["goals"])
+    md = write_results_md(out_dir / "RESULTS.md", text, key)
+    return [md, data, plot]

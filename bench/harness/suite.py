@@ -1,4 +1,4 @@
-"""`pronk bench`: run the baseline and pronk side by side on one workload, then print and record the table.
+"""`python -m bench`: run the baseline and pronk side by side on one workload, then print and record the table.
 
 One round draws a workload (seed + round) and replays it on every setup, in an order rotated by one
 each round: N stock vLLM servers behind round-robin (the baseline); pronk's workers through the same bare
@@ -17,20 +17,14 @@ import contextlib
 import functools
 import json
 import logging
-import math
-import os
-import platform
-import statistics
 import time
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from pathlib import Path
 
-from pydantic import BaseModel, Field
-
-from bench.harness import offline_limit, pronk_runs, report
+from bench.harness import agent_real, pronk_runs, report
 from bench.harness.agent_loop import OpenAIServers, replay
 from bench.harness.baseline import VllmServers, run_vllm_batch, untiered
+from bench.harness.config import BenchConfig
 from bench.harness.figures import (
     BASELINE,
     BATCH,
@@ -38,54 +32,25 @@ from bench.harness.figures import (
     LIMIT,
     UNTIERED,
     AgentRun,
-    Comparison,
     SingleStepRun,
     agent_comparisons,
     goals,
+    median_run,
     record_key,
     rounds_table,
     single_step_comparisons,
 )
+from bench.harness.fleet import job_model_dir, kv_tokens_per_worker, limit_run, pronk_fleet
 from bench.harness.pronk_runs import ABLATIONS
-from bench.harness.workload import (
-    LABELLED_PROFILES,
-    PROFILES,
-    Workload,
-    cache_bounds,
-    generate,
-    write_single_step_file,
-)
-from engine.worker import cores_for
+from bench.harness.report import record, run_meta
+from bench.harness.workload import LABELLED_PROFILES, Workload, cache_bounds, generate, write_single_step_file
 from pronk.jobs import JobConfig, get_job
 from pronk.protocol.shapes import TraceShape
-from pronk.settings import PROJECT_ROOT, Settings
-from pronk.worker_registry import worker_registry
+from pronk.settings import Settings
 
 log = logging.getLogger(__name__)
 
-BENCH_DIR = PROJECT_ROOT / "bench"
 CPU_BLOCK_SIZE = 128  # vLLM's default KV block size on CPU (the job leaves block_size unset)
-
-
-class BenchConfig(BaseModel):
-    """What `pronk bench` runs."""
-
-    job: str = Field(
-        default="job-c0ffee01", description="Job whose model, engine args, workers and price both sides use."
-    )
-    profile: str = Field(
-        default="cpu", description=f"Workload profile: one of {sorted(PROFILES) + sorted(LABELLED_PROFILES)}."
-    )
-    traces: int | None = Field(default=None, ge=1, description="Root traces per round (default: the profile's).")
-    seed: int = Field(default=0, description="Workload seed; round r uses seed + r.")
-    rounds: int = Field(default=3, ge=1, description="Rounds; every round is kept, with min/median/max.")
-    single_step_requests: int = Field(
-        default=64, ge=0, description="Lines in the single-step batch file (0: no single-step comparison)."
-    )
-    limit: bool = Field(default=True, description="Also run the offline limit (vLLM LLM.generate, no tool gaps).")
-    work_dir: Path = Field(description="Scratch folder: workload files, outputs, logs.")
-    record: bool = Field(default=False, description="Write bench/RESULTS.md, bench/results/results.json and the plot.")
-    command: str = Field(default="pronk bench", description="The command line, for the record.")
 
 
 def relabel(shapes: list[TraceShape], label: str) -> list[TraceShape]:
@@ -96,70 +61,6 @@ def relabel(shapes: list[TraceShape], label: str) -> list[TraceShape]:
         return shape.model_copy(update={"trace_id": f"{label}-{shape.trace_id}", "steps": steps})
 
     return [one(shape) for shape in shapes]
-
-
-def median_run(runs: list[AgentRun]) -> AgentRun:
-    """A run whose every figure is the median over rounds (completion times pooled for percentiles)."""
-    if len(runs) == 1:
-        return runs[0]
-    by_rate = sorted(runs, key=lambda r: (math.isnan(r.steady_traces_per_s), r.steady_traces_per_s))
-    med = lambda get: statistics.median(get(r) for r in runs)  # noqa: E731
-    first = runs[0]
-    total = lambda get: sum(get(r) for r in runs)  # noqa: E731
-    scale = med(lambda r: r.wall_s) / max(total(lambda r: r.wall_s), 1e-9)
-    overheads = [r.orchestration_overhead for r in runs if r.orchestration_overhead is not None]
-    lags = [r.prefect_lag_s for r in runs if r.prefect_lag_s is not None]
-    return AgentRun(
-        name=first.name,
-        wall_s=med(lambda r: r.wall_s),
-        workers=first.workers,
-        traces=round(med(lambda r: r.traces)),
-        steps=round(med(lambda r: r.steps)),
-        prompt_tokens=round(total(lambda r: r.prompt_tokens) * scale),
-        cached_tokens=round(total(lambda r: r.cached_tokens) * scale),
-        output_tokens=round(med(lambda r: r.output_tokens)),
-        trace_seconds=[s for r in runs for s in r.trace_seconds],
-        moved_steps=med(lambda r: r.moved_steps),
-        errors=[e for r in runs for e in r.errors],
-        orchestration_overhead=statistics.median(overheads) if overheads else None,
-        prefect_lag_s=statistics.median(lags) if lags else None,
-        finished_s=by_rate[(len(runs) - 1) // 2].finished_s,
-        preemptions=round(med(lambda r: r.preemptions or 0)),
-    )
-
-
-def limit_run(job: JobConfig, model_dir: Path, shapes: list[TraceShape], work_dir: Path) -> AgentRun:
-    """The offline limit of `shapes` on the job's cores, engine args and KV bytes, grouping traces into 90% of the
-    cache (the admission budget at its default 10% headroom; a job's own `kv_budget_headroom` is not read here)."""
-    capacity = kv_tokens_per_worker(job, model_dir)
-    out = offline_limit.run_limit(
-        shapes,
-        model_dir,
-        job.engine.as_vllm_kwargs(),
-        int(capacity * 0.9),
-        [cores_for(i, job.cpu_cores_per_worker) for i in range(job.workers)],
-        work_dir,
-    )
-    return AgentRun(
-        name=LIMIT,
-        wall_s=out["wall_s"],
-        workers=job.workers,
-        traces=out["traces"],
-        steps=out["steps"],
-        prompt_tokens=out["prompt_tokens"],
-        cached_tokens=out["cached_tokens"],
-        output_tokens=out["output_tokens"],
-        trace_seconds=[],
-        finished_s=out["finished_s"],
-    )
-
-
-def job_model_dir(job: JobConfig, settings: Settings) -> Path:
-    """The local directory of the job's model (an MLflow model is resolved, and fetched the first time): what every
-    setup loads. Ask it once the stack is up, which registers the job's model."""
-    from pronk.models.registry import resolve_model
-
-    return resolve_model(job.model, settings).path
 
 
 class Bench:
@@ -327,29 +228,6 @@ class Bench:
         }
 
 
-def run_meta(config: BenchConfig, job: JobConfig, rounds: int) -> dict:
-    """What every profile's record says of the run: when, where, the command, the job and the rounds."""
-    return {
-        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": (
-            f"{platform.node()}: {platform.machine()}, {len(os.sched_getaffinity(0))} cores, {platform.platform()}"
-        ),
-        "command": config.command,
-        "job": job.job_id,
-        "workers": job.workers,
-        "price_per_worker_hour": job.price_per_worker_hour,
-        "kv_cache_memory_bytes": job.engine.kv_cache_memory_bytes,
-        "max_model_len": job.engine.max_model_len,
-        "profile": config.profile,
-        "record": record_key(config.profile, bool(job.scheduling.kv_host_tier_bytes)),
-        "kv_host_tier_bytes": job.scheduling.kv_host_tier_bytes,
-        "rounds": rounds,
-        "rounds_asked": config.rounds,
-        "seed": config.seed,
-        "concurrency": job.scheduling.max_concurrency,
-    }
-
-
 def meta(config: BenchConfig, job: JobConfig, outcome: dict) -> dict:
     workload: Workload = outcome["workloads"][0]
     return {
@@ -363,15 +241,6 @@ def meta(config: BenchConfig, job: JobConfig, outcome: dict) -> dict:
     }
 
 
-def kv_tokens_per_worker(job: JobConfig, model_dir: Path) -> int:
-    """Tokens one engine process's KV cache holds: the job's KV bytes over the model's bytes per token."""
-    config = json.loads((model_dir / "config.json").read_text())
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    dtype_bytes = {"float32": 4, "float16": 2, "bfloat16": 2}.get(job.engine.dtype, 2)
-    per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * dtype_bytes
-    return (job.engine.kv_cache_memory_bytes or 0) // per_token
-
-
 def kv_summary(job: JobConfig, model_dir: Path, workload: Workload, concurrency: int) -> dict:
     """KV capacity per process against the workload's working set, and the no-eviction cached ratio."""
     mean_context, ideal = cache_bounds(workload, job.engine.block_size or CPU_BLOCK_SIZE)
@@ -383,49 +252,10 @@ def kv_summary(job: JobConfig, model_dir: Path, workload: Workload, concurrency:
     }
 
 
-def record(
-    config: BenchConfig,
-    outcome: dict,
-    info: dict,
-    out_dir: Path = BENCH_DIR,
-    section: Callable[..., str] = report.markdown_section,
-) -> list[Path]:
-    """Write results/results.json, the plot under results/ and the profile's section of RESULTS.md (`section` writes
-    its text from the meta, the comparisons, the plot's link, the setups and the goals)."""
-    comparisons: list[Comparison] = outcome["comparisons"]
-    key = info.get("record", config.profile)
-    suffix = "" if key == "cpu" else f"_{key}"
-    results = out_dir / "results"
-    results.mkdir(parents=True, exist_ok=True)
-    plot = report.plot_completion_times(results / f"completion_times{suffix}.png", outcome["runs"])
-    data = report.write_json(results / "results.json", comparisons, info, outcome["setups"], outcome["goals"])
-    plot_link = f"{results.name}/{plot.name}"
-    text = section(info, comparisons, plot_link, outcome["setups"], outcome["goals"])
-    md = report.write_results_md(out_dir / "RESULTS.md", text, key)
-    return [md, data, plot]
-
-
-@contextlib.contextmanager
-def pronk_fleet(settings: Settings, job: JobConfig):
-    """pronk's stack (Prefect server and the job's workers): reuse a running one, or start one and stop it after."""
-    from pronk.stack import embedded as stack
-
-    owned = not stack.read_state(settings)
-    try:  # a start that fails half way stops what it started too
-        if len(worker_registry(settings).live(job.job_id)) < job.workers or owned:
-            stack.up(settings, job.job_id, mlflow_ui=False, deploy=False)
-        yield
-    finally:
-        if owned:
-            stack.down(settings)
-
-
 def run_bench(config: BenchConfig, settings: Settings, echo=print) -> dict:
     """Run everything, print the table, and (with `record`) write the results files, after every round too. A
     labelled profile (`agent-real`) runs real agent tasks instead (`bench.harness.agent_real`)."""
     if config.profile in LABELLED_PROFILES:
-        from bench.harness import agent_real  # it builds on this module
-
         return agent_real.run_real_bench(config, settings, echo)
     bench = Bench(config, settings)
     started = time.monotonic()

@@ -11,10 +11,11 @@ import math
 
 import pytest
 
+from bench.harness.config import BenchConfig
 from bench.harness.figures import BASELINE, BATCH, FULL, HARNESS, LIMIT, UNTIERED, Comparison
 from bench.harness.pronk_runs import ABLATIONS
-from bench.harness.report import CHECKED_COLUMNS, checked_section
-from bench.harness.suite import BenchConfig, record, run_bench
+from bench.harness.report import CHECKED_COLUMNS, checked_section, record
+from bench.harness.suite import run_bench
 
 pytestmark = [pytest.mark.e2e, pytest.mark.bench_smoke]
 
