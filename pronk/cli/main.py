@@ -1,4 +1,4 @@
-"""The `pronk` command line: the embedded stack, models, workers, batches, enrichments, Leap, API keys, benchmarks."""
+"""The `pronk` command line: the embedded stack, models, workers, batches, enrichments, Leap, API keys."""
 
 from __future__ import annotations
 
@@ -367,54 +367,6 @@ def api(
     uvicorn.run(create_app(settings), host="127.0.0.1", port=port or settings.api_port, log_level="warning")
 
 
-@app.command("bench")
-def bench(
-    job: JobOption = None,
-    profile: Annotated[
-        str,
-        typer.Option(
-            help="Workload profile (bench/harness/workload.py): cpu, agent-long, agent-real, smoke or reference."
-        ),
-    ] = "cpu",
-    traces: Annotated[int | None, typer.Option(min=1, help="Root traces per round (default: the profile's).")] = None,
-    rounds: Annotated[
-        int, typer.Option(min=1, help="Rounds (seed + round each, setups rotated); every round is kept.")
-    ] = 3,
-    seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
-    single_step_requests: Annotated[
-        int, typer.Option(min=0, help="Lines of the single-step batch file (0: skip the single-step comparison).")
-    ] = 64,
-    limit: Annotated[bool, typer.Option(help="Also run the offline limit (vLLM LLM.generate, no tool gaps).")] = True,
-    work_dir: Annotated[Path | None, typer.Option(help="Scratch folder (default: <data dir>/bench).")] = None,
-    record: Annotated[
-        bool,
-        typer.Option(help="Write bench/RESULTS.md, bench/results/results.json and bench/results/completion_times.png."),
-    ] = False,
-) -> None:
-    """pronk against N stock vLLM servers on the same agent traces and single-step file; prints the table."""
-    from pronk.settings import PROJECT_ROOT
-    from pronk.stack.prefect_env import configure_prefect
-
-    settings = get_settings()
-    configure_prefect(settings)
-    sys.path.insert(0, str(PROJECT_ROOT))  # bench/ lives in the checkout, not in the installed package
-    from bench.harness.suite import BenchConfig, run_bench
-
-    config = BenchConfig(
-        job=job or settings.default_job,
-        profile=profile,
-        traces=traces,
-        rounds=rounds,
-        seed=seed,
-        single_step_requests=single_step_requests,
-        limit=limit,
-        work_dir=work_dir or settings.data_dir / "bench",
-        record=record,
-        command="pronk " + " ".join(sys.argv[1:]),
-    )
-    run_bench(config, settings, echo=typer.echo)
-
-
 @keys_app.command("create")
 def keys_create(
     owner: Annotated[
@@ -461,8 +413,8 @@ def main() -> None:
     """The `pronk` command. When it ends, the objects it made are frozen out of the garbage collector: the
     interpreter's exit would otherwise walk every object of the ~3,000 modules a flow command imports (Prefect,
     MLflow, pandas), ~1 s of a 5 s `pronk leap` on 2 cores, for memory the process is about to hand back anyway.
-    Not after a command that ran vLLM in its own process (the benchmarks): triton's bindings (nanobind) list every
-    object still alive at their teardown as a leak, hundreds of lines, and such a command runs for minutes anyway."""
+    Not after a command that ran vLLM in its own process (`pronk worker start`): triton's bindings (nanobind) list
+    every object still alive at their teardown as a leak, hundreds of lines, and such a command runs for long anyway."""
     try:
         app()
     finally:
