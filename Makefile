@@ -43,7 +43,7 @@ typecheck: install
 down:
 	$(BIN)/pronk stack down
 
-# `pronk bench` and `python -m bench.experiments.herd` end to end on a tiny workload: every setup and figure exists.
+# `python -m bench` and `python -m bench.experiments.herd` end to end on a tiny workload: every setup and figure exists.
 bench-smoke: install
 	$(BIN)/python -m pytest -m bench_smoke
 
@@ -52,7 +52,7 @@ bench-smoke: install
 # (agent-real); records bench/RESULTS.md and bench/results/results.json. agent-long runs twice: as is, and with a
 # KV host tier on both sides beside stock vLLM without one (the agent-long-tiered record).
 bench: install bench-smoke
-	$(BIN)/pronk bench --record --job agent-long --profile agent-long --rounds 3 --single-step-requests 0
-	$(BIN)/pronk bench --record --job agent-long-tiered --profile agent-long --rounds 3 --single-step-requests 0
-	$(BIN)/pronk bench --record --job tiny-cpu-herd --profile cpu --rounds 3 --traces 96
-	$(BIN)/pronk bench --record --job agent-real --profile agent-real --rounds 3
+	$(BIN)/python -m bench --record --job agent-long --profile agent-long --rounds 3 --single-step-requests 0
+	$(BIN)/python -m bench --record --job agent-long-tiered --profile agent-long --rounds 3 --single-step-requests 0
+	$(BIN)/python -m bench --record --job tiny-cpu-herd --profile cpu --rounds 3 --traces 96
+	$(BIN)/python -m bench --record --job agent-real --profile agent-real --rounds 3

@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.bench_smoke]
 
 
 def one_round(stack, tmp_path, **fields) -> tuple[BenchConfig, dict]:
-    """One round of `pronk bench` with `fields`, on the test stack; its config and outcome."""
+    """One round of `python -m bench` with `fields`, on the test stack; its config and outcome."""
     config = BenchConfig(rounds=1, work_dir=tmp_path / "work", command="pytest smoke", **fields)
     return config, run_bench(config, stack, echo=lambda _line: None)
 
