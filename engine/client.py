@@ -1,15 +1,25 @@
-"""HTTP client of the engine workers; every request carries the workers' shared token (`engine.auth`), and an
-`https://` worker is verified against the callers' CA bundle or the system's trust store (`engine.tls`)."""
+"""HTTP client of the engine workers: steps, and a Leap's weight calls (stage, reload). Every request carries the
+workers' shared token (`engine.auth`), and an `https://` worker is verified against the callers' CA bundle or the
+system's trust store (`engine.tls`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import httpx
+from pydantic import BaseModel
 
 from engine.auth import auth_headers
 from engine.errors import EngineError
-from engine.protocol import StepRequest, StepResult, WorkerStats
+from engine.protocol import (
+    ReloadRequest,
+    ReloadResult,
+    StageRequest,
+    StageResult,
+    StepRequest,
+    StepResult,
+    WorkerStats,
+)
 from engine.tls import verify_context
 
 
@@ -27,6 +37,11 @@ class NotAdmitted(EngineError):
 
 class WorkerUnavailable(EngineError):
     """The worker died or could not serve: the step can go to another worker."""
+
+
+class WeightsRefused(EngineError):
+    """The worker refused to stage the checkpoint (it does not fit the weights served, or cannot be read): another
+    attempt cannot make it fit."""
 
 
 class WorkerClient:
@@ -79,5 +94,43 @@ class WorkerClient:
         response.raise_for_status()
         return WorkerStats.model_validate_json(response.content)
 
+    async def stage_weights(self, url: str, model_uri: str) -> StageResult:
+        """Have the worker download and validate `model_uri` while it keeps serving (`engine.weight_swap`).
+
+        `WeightsRefused` when the worker refuses the checkpoint (HTTP 409: it does not fit; 400: it cannot be read).
+        """
+        return StageResult.model_validate_json(
+            await self._weights_call(url, "/weights/stage", StageRequest(model_uri=model_uri), refusals=(400, 409))
+        )
+
+    async def reload_weights(self, url: str, version: str) -> ReloadResult:
+        """Have the worker swap to a staged version at a step boundary (drain, reload, reset prefix cache, resume)."""
+        return ReloadResult.model_validate_json(
+            await self._weights_call(url, "/weights/reload", ReloadRequest(version=version))
+        )
+
+    async def _weights_call(self, url: str, path: str, body: BaseModel, refusals: tuple[int, ...] = ()) -> bytes:
+        """The answer's body; `WorkerUnavailable` when the worker cannot be reached, `WeightsRefused` for a status in
+        `refusals`, an `EngineError` naming the call for any other HTTP error."""
+        try:
+            response = await self._http.post(
+                f"{url}{path}", content=body.model_dump_json(), headers={"content-type": "application/json"}
+            )
+        except httpx.TransportError as exc:
+            raise WorkerUnavailable(f"{url}: {type(exc).__name__} on {path}: {exc}") from exc
+        if response.status_code in refusals:
+            raise WeightsRefused(f"{url}: {_detail(response)}")
+        if response.status_code >= 400:
+            raise EngineError(f"{url}: HTTP {response.status_code} on {path}: {response.text[:300]}")
+        return response.content
+
     async def aclose(self) -> None:
         await self._http.aclose()
+
+
+def _detail(response: httpx.Response) -> str:
+    """FastAPI's `detail` of an error answer, else its text."""
+    try:
+        return str(response.json()["detail"])
+    except (ValueError, KeyError, TypeError):
+        return response.text[:300]

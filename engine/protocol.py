@@ -1,4 +1,5 @@
-"""The wire format between the router and an engine worker: one step in, one step result out."""
+"""The wire format between the router and an engine worker: one step in, one step result out; and a Leap's two
+calls to a worker, stage new weights and reload them (`engine.weight_swap` serves them)."""
 
 from __future__ import annotations
 
@@ -162,3 +163,29 @@ class WorkerStats(BaseModel):
         default_factory=dict, description="Cumulative: admitted, waited, timed_out, refused, paused."
     )
     host_tier: HostTierStats | None = Field(default=None, description="The KV host tier, where the job has one.")
+
+
+class StageRequest(BaseModel):
+    model_uri: str = Field(min_length=1, description="What to stage: `models:/NAME/N`, a local dir or s3://.")
+
+
+class StageResult(BaseModel):
+    worker_id: str
+    version: str = Field(description="Version label of the staged weights.")
+    path: str
+    seconds: float = Field(description="Download and validation time.")
+
+
+class ReloadRequest(BaseModel):
+    version: str = Field(
+        min_length=1, description="A version staged on this worker (or the one it serves, to re-load it)."
+    )
+
+
+class ReloadResult(BaseModel):
+    worker_id: str
+    from_version: str
+    to_version: str
+    pause_requested_at: float = Field(description="Unix time the pause was asked for.")
+    paused_at: float = Field(description="Unix time in-flight generations had drained.")
+    resumed_at: float = Field(description="Unix time generation resumed on the new weights.")

@@ -4,6 +4,7 @@
 the weights being served (same architecture, dtype, parameter shapes), all while generation goes
 on. `POST /weights/reload` swaps to the staged version at a step boundary. The worker's state
 (`ready → uploading → reloading → ready`, or `failed`) rides on its heartbeat for `pronk leap status`.
+Their bodies are in `engine.protocol`; callers make them with `WorkerClient.stage_weights` and `reload_weights`.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastapi import FastAPI, HTTPException
-from pydantic import BaseModel, Field
 
 from engine.errors import EngineError
+from engine.protocol import ReloadRequest, ReloadResult, StageRequest, StageResult
 from engine.vllm_backend import VllmBackend
 
 
@@ -33,32 +34,6 @@ class StagedWeights:
 # Resolve `model_uri` onto local disk and check it fits the checkpoint at `current_path` (serving `current_version`);
 # raises IncompatibleWeights, FileNotFoundError or ValueError. Supplied by whoever starts the worker.
 Stager = Callable[[str, str, str], StagedWeights]
-
-
-class StageRequest(BaseModel):
-    model_uri: str = Field(min_length=1, description="What to stage: `models:/NAME/N`, a local dir or s3://.")
-
-
-class StageResult(BaseModel):
-    worker_id: str
-    version: str = Field(description="Version label of the staged weights.")
-    path: str
-    seconds: float = Field(description="Download and validation time.")
-
-
-class ReloadRequest(BaseModel):
-    version: str = Field(
-        min_length=1, description="A version staged on this worker (or the one it serves, to re-load it)."
-    )
-
-
-class ReloadResult(BaseModel):
-    worker_id: str
-    from_version: str
-    to_version: str
-    pause_requested_at: float = Field(description="Unix time the pause was asked for.")
-    paused_at: float = Field(description="Unix time in-flight generations had drained.")
-    resumed_at: float = Field(description="Unix time generation resumed on the new weights.")
 
 
 class WeightSwapper:

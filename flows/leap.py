@@ -1,7 +1,7 @@
 """The Leap flow: swap a job's running fleet to an MLflow model version in place, in seconds, with no redeploy.
 
-A recipe over `pronk.models.leap`: check the target against the fleet, switch one worker first and hold the rest
-back unless its success rate on the job's labelled set holds (`pronk.models.canary`, when the job has one), stage
+A recipe over `pronk.leap.sequence`: check the target against the fleet, switch one worker first and hold the rest
+back unless its success rate on the job's labelled set holds (`pronk.leap.canary`, when the job has one), stage
 the target on every worker, swap every worker at a step boundary, roll back what switched if the fleet cannot all
 switch, and move the job's alias only when the whole fleet serves the new version. The record is published as a
 table artifact whatever happened.
@@ -17,13 +17,14 @@ from prefect.artifacts import acreate_table_artifact
 from pronk.batches.schemas import CheckCounts
 from pronk.batches.traces import scratch_dir
 from pronk.jobs import get_job
-from pronk.models import canary as canaries
-from pronk.models import leap as leaps
-from pronk.models.leap import LeapFailed, LeapRecord, LeapRefused
+from pronk.leap import canary as canaries
+from pronk.leap import sequence as leaps
+from pronk.leap.records import LeapRecord, LeapStore
+from pronk.leap.sequence import LeapFailed, LeapRefused
 from pronk.protocol.lines import ValidRequest
 from pronk.settings import get_settings
 from pronk.stack.prefect_env import show_pronk_logs
-from pronk.worker_token import worker_token
+from pronk.worker_token import worker_client
 from tasks.leap import measure_labelled, reload_weights, stage_weights
 
 __all__ = ["LeapFailed", "LeapRefused", "leap"]
@@ -56,13 +57,14 @@ async def leap(
     flow_run_id = str(runtime.flow_run.id) if runtime.flow_run.id else None
     try:
         record = await asyncio.to_thread(leaps.begin, job_id, version, alias, settings, leap_id, flow_run_id)
-        job = await asyncio.to_thread(get_job, record.job_id)
+        job = await asyncio.to_thread(get_job, record.job_id, settings.jobs_dir)
         lines = await asyncio.to_thread(canaries.labelled_set, job, record, canary, settings)
     except LeapRefused as exc:
         if exc.record is not None:
             await _publish(exc.record)
         raise
-    run = leaps.LeapRun(record, leaps.LeapStore(settings), worker_token(settings), ca_file=settings.worker_tls_ca)
+    workers = worker_client(settings, timeout_s=leaps.WORKER_TIMEOUT_S)
+    run = leaps.LeapRun(record, LeapStore(settings), workers)
 
     async def measure(labelled: list[ValidRequest], worker_ids: list[str]) -> CheckCounts:
         return await measure_labelled(job, labelled, worker_ids, settings, scratch_dir(settings, record.id))
@@ -82,5 +84,5 @@ async def leap(
         raise
     finally:
         await run.save()
-        await run.aclose()
+        await workers.aclose()
         await _publish(record)

@@ -12,10 +12,11 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from engine.client import WeightsRefused
 from pronk.batches.schemas import CheckCounts
 from pronk.jobs import JobConfig
-from pronk.models import canary
-from pronk.models.leap import LeapRun, WeightsRefused
+from pronk.leap import canary
+from pronk.leap.sequence import LeapRun
 from pronk.protocol.lines import ValidRequest
 from pronk.settings import Settings
 

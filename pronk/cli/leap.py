@@ -107,7 +107,7 @@ def leap_status(
 ) -> None:
     """Each live worker's version and Leap state, and the job's latest Leap."""
     from pronk.jobs import get_job
-    from pronk.models.leap import LeapStore
+    from pronk.leap.records import LeapStore
 
     settings = get_settings()
     job_id = get_job(job or settings.default_job).job_id

@@ -28,7 +28,7 @@ from engine.protocol import SamplingSpec, StepRequest, WorkerStats
 from engine.registry import Registry, WorkerEntry
 from engine.worker import free_port
 from pronk.jobs import get_job
-from pronk.models.leap import LeapStore
+from pronk.leap.records import LeapStore
 from pronk.models.registry import (
     alias_version,
     latest_version,

@@ -3,7 +3,7 @@
 `POST /v1/weights/reload` takes a body mapping a served model name to a checkpoint URI
 (`{"pronk-tiny": "models:/pronk-tiny/2"}`, or a directory / `s3://` path, which is validated and
 registered first). Each job serving that name gets a Leap, run by the `leap` Prefect deployment.
-Checks live in `pronk.models.versions`, bodies in `pronk.models.schemas`; handlers that touch MLflow,
+Checks live in `pronk.models.versions`, Leap's bodies in `pronk.leap.schemas`; handlers that touch MLflow,
 the store or the worker registry are plain `def`s (FastAPI runs them in its threadpool) or hand those
 calls to the threadpool.
 """
@@ -20,10 +20,18 @@ from pronk.api.errors import ApiError
 from pronk.api.runs import start_leap
 from pronk.api.weight_sources import allowed_source
 from pronk.jobs import JobConfig, load_jobs
+from pronk.leap.records import LeapRecord, LeapStore
+from pronk.leap.schemas import JobWeights, LeapList, LeapStarted, WeightsStatus, WorkerWeights
 from pronk.models.checkpoints import CheckpointMismatch
-from pronk.models.leap import LeapRecord, LeapStore
-from pronk.models.schemas import JobWeights, LeapList, LeapStarted, WeightsStatus, WeightsUpload, WorkerWeights
-from pronk.models.versions import ModelMismatch, NotLeapable, UploadResult, leap_model, leap_target, upload_checkpoint
+from pronk.models.versions import (
+    ModelMismatch,
+    NotLeapable,
+    UploadResult,
+    WeightsUpload,
+    leap_model,
+    leap_target,
+    upload_checkpoint,
+)
 from pronk.protocol.ids import new_id
 from pronk.settings import Settings
 from pronk.worker_registry import worker_registry

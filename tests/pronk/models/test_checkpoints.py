@@ -17,7 +17,6 @@ from pronk.models.checkpoints import (
     checkpoint_tags,
     read_spec,
 )
-from pronk.models.leap import LeapRecord, WorkerLeap
 
 SHAPES = {"model.embed_tokens.weight": (16, 8), "model.layers.0.mlp.up_proj.weight": (12, 8), "lm_head.weight": (16, 8)}
 
@@ -68,17 +67,6 @@ def test_a_checkpoint_that_does_not_fit_is_refused_naming_the_first_mismatch(tmp
         check_compatible(candidate, reference, "new", "pronk-tiny/1")
     assert "checkpoint new does not fit pronk-tiny/1" in str(caught.value)
     check_compatible(reference, reference, "ref", "pronk-tiny/1")
-
-
-def test_leap_record_switch_time_spans_first_pause_to_last_resume():
-    record = LeapRecord(job_id="job-c0ffee01", model="m", to_version="m/2")
-    record.workers = {
-        "w0": WorkerLeap(worker_id="w0", url="u", version="m/2", paused_at=10.0, resumed_at=10.2),
-        "w1": WorkerLeap(worker_id="w1", url="u", version="m/2", paused_at=10.1, resumed_at=10.5),
-    }
-    record.finish("completed", "ok")
-    assert record.switch_seconds == pytest.approx(0.5)
-    assert [row["paused → resumed s"] for row in record.table()] == [0.2, 0.4]
 
 
 def test_upload_reads_a_checkpoint_from_s3_and_registers_nothing_that_does_not_fit(settings, tmp_path):
@@ -217,7 +205,7 @@ def test_upload_registers_nothing_from_a_corrupt_checkpoint(tmp_path):
 
 
 def test_leap_refuses_a_corrupt_version_registered_before_the_check(tmp_path):
-    from pronk.models.leap import LeapRefused, check_fits
+    from pronk.leap.sequence import LeapRefused, check_fits
     from pronk.models.registry import register_model_dir
     from pronk.settings import Settings
 

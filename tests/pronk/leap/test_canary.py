@@ -6,11 +6,13 @@ import json
 
 import pytest
 
+from engine.client import WorkerClient
 from pronk.batches.labelled import labelled_lines
 from pronk.batches.schemas import CheckCounts
 from pronk.jobs import get_job
-from pronk.models import canary
-from pronk.models.leap import LeapFailed, LeapRecord, LeapRefused, LeapRun, LeapStore, WorkerLeap, conclude, switch
+from pronk.leap import canary
+from pronk.leap.records import LeapRecord, LeapStore, WorkerLeap
+from pronk.leap.sequence import LeapFailed, LeapRefused, LeapRun, conclude, switch
 from pronk.settings import Settings
 
 OLD, NEW = "pronk-tiny/1", "pronk-tiny/2"
@@ -47,7 +49,7 @@ def leap_run(settings, workers: list[str]) -> LeapRun:
         to_version=NEW,
         workers={w: WorkerLeap(worker_id=w, url=f"http://{w}", version=OLD) for w in workers},
     )
-    return LeapRun(record, LeapStore(settings), token="t")
+    return LeapRun(record, LeapStore(settings), WorkerClient("t"))
 
 
 class Fleet:

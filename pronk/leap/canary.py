@@ -19,17 +19,8 @@ from pronk.agents.step_records import StepRecorder
 from pronk.batches.labelled import LabelledSetError, compare_success, labelled_lines, run_labelled
 from pronk.batches.schemas import CheckCounts
 from pronk.jobs import JobConfig
-from pronk.models.leap import (
-    CanaryRecord,
-    LeapFailed,
-    LeapRecord,
-    LeapRefused,
-    LeapRun,
-    LeapStore,
-    ReloadStep,
-    StageStep,
-    roll_back,
-)
+from pronk.leap.records import CanaryRecord, LeapRecord, LeapStore
+from pronk.leap.sequence import LeapFailed, LeapRefused, LeapRun, ReloadStep, StageStep, roll_back
 from pronk.models.registry import models_uri
 from pronk.protocol.lines import ValidRequest
 from pronk.settings import Settings
@@ -67,7 +58,7 @@ async def trial(
     run: LeapRun, job: JobConfig, lines: list[ValidRequest], stage: StageStep, reload: ReloadStep, measure: Measure
 ) -> list[str]:
     """Switch the canary (the first worker by id) and measure it beside the others; return the workers that could
-    not switch (the canary, or none), for `pronk.models.leap.conclude`.
+    not switch (the canary, or none), for `pronk.leap.sequence.conclude`.
 
     The baseline runs on the other workers, still on the current version, while the canary runs; a job with one
     worker measures the baseline on it before it switches. A worse canary goes back, and the Leap ends `refused`

@@ -1,33 +1,17 @@
-"""The weights resource on the wire (`/v1/weights`): what an upload asks, what a Leap started, what the fleets serve.
+"""Leap on the wire (`/v1/weights`): what a Leap started, what the fleets serve and each job's latest Leap.
 
-As `pronk.batches.schemas` holds the batches', these are the API's request and response bodies; the routes only
-handle them. `UploadResult` (an upload's answer) lives with the upload in `pronk.models.versions`.
+As `pronk.batches.schemas` holds the batches', these are the API's response bodies; the routes only handle them.
+An upload's body and answer (`WeightsUpload`, `UploadResult`) live with the upload in `pronk.models.versions`.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from engine.protocol import WorkerStats
-from pronk.models.leap import LeapRecord
-
-
-class WeightsUpload(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    source: str = Field(
-        min_length=1, description="Checkpoint directory (Hugging Face format): a path on the server or s3://…."
-    )
-    model: str = Field(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", description="Registered model name, e.g. `pronk-tiny`."
-    )
-    job_id: str | None = Field(
-        default=None,
-        pattern=r"^job-[0-9a-f]{8}$",
-        description="Validate against this job's current model; default: the newest version.",
-    )
+from pronk.leap.records import LeapRecord
 
 
 class LeapStarted(BaseModel):
