@@ -407,7 +407,7 @@ def test_the_canary_refuses_a_worse_version_and_lets_an_equal_one_through(stack,
     v1, _ = on_v1
     job = get_job(JOB)
     quality = job.quality.model_copy(update={"labelled_set": str(answers_anything(tmp_path / "labelled.jsonl"))})
-    monkeypatch.setattr(flows.leap, "get_job", lambda job_id: job.model_copy(update={"quality": quality}))
+    monkeypatch.setattr(flows.leap, "get_job", lambda job_id, jobs_dir: job.model_copy(update={"quality": quality}))
     worse = register_model_dir(speechless_checkpoint(stack, v1, tmp_path / "worse"), MODEL, settings=stack)
     same = register_model_dir(resolve_model(f"models:/{MODEL}/{v1}", stack).path, MODEL, settings=stack)
     try:
