@@ -30,6 +30,7 @@ from pronk.agents.step_records import StepRecord, StepRecorder, summarise
 from pronk.agents.tool_calls import parse_call, step_schema, system_prompt, tool_call_validity
 from pronk.agents.tool_gaps import ToolGaps
 from pronk.agents.tools import SPAWN_SUBAGENTS, Tool, ToolContext, job_tools, run_tool
+from pronk.agents.transcripts import Transcript, TranscriptRecorder
 from pronk.errors import PronkError
 from pronk.jobs import HarnessConfig, JobConfig
 from pronk.protocol.bodies import ChatCompletionBody, NamedToolChoice, ReplayBody
@@ -114,13 +115,22 @@ def tool_views(body: ChatCompletionBody, tools: dict[str, Tool]) -> dict[str, To
 
 
 class Harness:
-    """Runs one batch's lines: agent traces, plain one-step chats and replays, recording every step."""
+    """Runs one batch's lines: agent traces, plain one-step chats and replays, recording every step (and, given a
+    `TranscriptRecorder`, every agent trace's conversation)."""
 
-    def __init__(self, router: Router, job: JobConfig, recorder: StepRecorder, scratch_root: Path):
+    def __init__(
+        self,
+        router: Router,
+        job: JobConfig,
+        recorder: StepRecorder,
+        scratch_root: Path,
+        transcripts: TranscriptRecorder | None = None,
+    ):
         self.router = router
         self.job = job
         self.recorder = recorder
         self.scratch_root = scratch_root
+        self.transcripts = transcripts
         self.tools = job_tools(job)
         self.gaps = ToolGaps(job.scheduling.kv_pin_ttl_s) if job.scheduling.kv_pin_ttl == "auto" else None
 
@@ -199,9 +209,11 @@ class Harness:
         except _ContextFull:
             pass
         except TraceFailed as exc:
+            root.finish_reason = "error"
             return failed_outcome(request, exc.code, f"trace {root.trace_id}: {exc}")
         finally:
             await self.router.finish(root.trace_id)  # its worker drops its pin and admission now
+            self._keep_transcript(family, root)
         return self._outcome(request, family, root, time.monotonic() - started)
 
     def _pin_ttl(self, family: Family, tools: list[ToolView]) -> float:
@@ -333,9 +345,23 @@ class Harness:
             except TraceFailed as exc:
                 child.finish_reason, child.answer = "error", str(exc)
             await self.router.finish(child.trace_id)
+            self._keep_transcript(family, child)
             return {"trace_id": child.trace_id, "finish_reason": child.finish_reason, "answer": child.answer}
 
         return json.dumps(await asyncio.gather(*(child_run(c) for c in children)))
+
+    def _keep_transcript(self, family: Family, state: TraceState) -> None:
+        if self.transcripts is not None:
+            self.transcripts.add(
+                Transcript(
+                    family.custom_id,
+                    state.trace_id,
+                    state.parent_id,
+                    list(state.messages),
+                    state.finish_reason,
+                    state.answer,
+                )
+            )
 
     def _outcome(self, request: ValidRequest, family: Family, root: TraceState, seconds: float) -> RequestOutcome:
         summary = summarise(family.records)

@@ -12,7 +12,7 @@ import asyncio
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pronk import storage
 from pronk.agents.checks import run_check
@@ -21,6 +21,7 @@ from pronk.agents.outcomes import Completion, RequestOutcome
 from pronk.agents.step_records import StepRecord
 from pronk.agents.tools import project_path
 from pronk.agents.tools.python_exec import PythonTool
+from pronk.agents.transcripts import Transcript
 from pronk.batches.input import validate_input
 from pronk.batches.schemas import CheckCounts
 from pronk.errors import PronkError
@@ -102,13 +103,15 @@ def labelled_lines(job: JobConfig, settings: Settings | None = None) -> list[Val
 @dataclass(frozen=True, slots=True)
 class CheckedLine:
     """One labelled line run through the harness: its outcome, its check's verdict, its step records (every attempt
-    of its trace family) and when it finished (time.monotonic)."""
+    of its trace family), when it finished (time.monotonic) and, if the harness keeps them, its traces'
+    transcripts (the root's last)."""
 
     request: ValidRequest
     outcome: RequestOutcome
     check: CheckResult
     records: list[StepRecord]
     finished_at: float
+    transcripts: list[Transcript] = field(default_factory=list)
 
 
 async def check_lines(lines: list[ValidRequest], harness: Harness) -> list[CheckedLine]:
@@ -123,8 +126,10 @@ async def check_lines(lines: list[ValidRequest], harness: Harness) -> list[Check
             outcome = await harness.run_line(request)
             finished_at = time.monotonic()
         records = harness.recorder.take_line(request.custom_id)
+        transcripts = [] if harness.transcripts is None else harness.transcripts.take_line(request.custom_id)
         answer = outcome.result.text if isinstance(outcome.result, Completion) else None
-        return CheckedLine(request, outcome, await run_check(request.check, answer, python), records, finished_at)
+        check = await run_check(request.check, answer, python)
+        return CheckedLine(request, outcome, check, records, finished_at, transcripts)
 
     return list(await asyncio.gather(*(one(r) for r in lines)))
 

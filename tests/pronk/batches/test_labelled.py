@@ -75,6 +75,7 @@ class _Harness:
         self.job = job
         self.answers = answers
         self.recorder = _Recorder()
+        self.transcripts = None
 
     async def run_line(self, request):
         text = self.answers[request.custom_id]

@@ -1,0 +1,65 @@
+"""Rollouts: every training line run k times through the harness at temperature > 0, each sample checked.
+
+The k samples of a line share its messages, so its prompt (system prompt, tools, question) is one prefix the
+workers' prefix cache computes once; they differ by seed (sample i: `seed + i`) and by custom id (`ID#i`), and run
+one line after another so a line's samples are in flight together. Running and checking is
+`pronk.batches.labelled.check_lines`, the canary's own; a sample carries its step records and transcripts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pronk.agents.harness import Harness
+from pronk.agents.transcripts import Transcript
+from pronk.batches.labelled import CheckedLine, check_lines
+from pronk.protocol.bodies import ChatCompletionBody
+from pronk.protocol.lines import ValidRequest
+
+SAMPLE_SEPARATOR = "#"
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One rollout of a training line: which line, which sample, and its checked run."""
+
+    task_id: str
+    index: int
+    run: CheckedLine
+
+    @property
+    def passed(self) -> bool:
+        return self.run.check.status == "passed"
+
+    @property
+    def transcript(self) -> Transcript | None:
+        """The root trace's transcript (None: the line failed before its trace ran)."""
+        return next((t for t in reversed(self.run.transcripts) if t.is_root), None)
+
+
+def sample_requests(
+    lines: list[ValidRequest], samples_per_task: int, temperature: float, seed: int
+) -> list[tuple[str, int, ValidRequest]]:
+    """(task id, sample index, request) for each of the k samples of each agent line, line by line."""
+    if temperature <= 0:
+        raise ValueError(f"rollouts sample at a temperature above 0, not {temperature}")
+    requests = []
+    for line in lines:
+        if not isinstance(line.body, ChatCompletionBody):
+            raise ValueError(f"line {line.custom_id!r} is a replay: only chat and agent lines can be rolled out")
+        for index in range(samples_per_task):
+            body = line.body.model_copy(update={"temperature": temperature, "seed": seed + index})
+            custom_id = f"{line.custom_id}{SAMPLE_SEPARATOR}{index}"
+            requests.append((line.custom_id, index, ValidRequest(line.line, custom_id, body, line.check)))
+    return requests
+
+
+async def rollout(
+    lines: list[ValidRequest], harness: Harness, samples_per_task: int, temperature: float, seed: int
+) -> list[Sample]:
+    """Run every line `samples_per_task` times through `harness` (which must keep transcripts) and check each."""
+    if harness.transcripts is None:
+        raise ValueError("rollouts need a Harness with a TranscriptRecorder: selection trains on transcripts")
+    requests = sample_requests(lines, samples_per_task, temperature, seed)
+    checked = await check_lines([request for _, _, request in requests], harness)
+    return [Sample(task_id, index, run) for (task_id, index, _), run in zip(requests, checked, strict=True)]

@@ -1,0 +1,63 @@
+"""Selection by rejection sampling (STaR / RFT): the passed rollouts' transcripts, whole, become training examples.
+
+A sample is kept when its check passed and its trace ended with a final answer (a check that passes on a trace cut
+off by `max_steps` passed on a tool call's text, not an answer). Identical passes of a task (the same conversation
+word for word) count once, and at most `cap_per_task` distinct passes of a task are kept, the first samples first,
+so tasks the model already solves every time do not outweigh the rest.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+from pydantic import BaseModel, Field
+
+from pronk.learn.rollouts import Sample
+from pronk.learn.training import TrainingExample
+from pronk.learn.training_tasks import task_family
+
+
+class SelectionCounts(BaseModel):
+    """Tasks rolled out, samples run, samples passed (and answered), distinct passes kept after the cap."""
+
+    tasks: int = 0
+    samples: int = 0
+    passed: int = 0
+    kept: int = 0
+
+
+class SelectionReport(SelectionCounts):
+    families: dict[str, SelectionCounts] = Field(default_factory=dict)
+    """The same counts by task family (`arith`, `lookup`, `search`)."""
+
+
+def select(samples: Iterable[Sample], cap_per_task: int) -> tuple[list[TrainingExample], SelectionReport]:
+    """The training examples (root transcripts of distinct passes, at most `cap_per_task` a task) and the counts."""
+    if cap_per_task < 1:
+        raise ValueError(f"cap_per_task must be at least 1, not {cap_per_task}")
+    report = SelectionReport()
+    examples: list[TrainingExample] = []
+    seen: dict[str, set[str]] = {}
+    for sample in sorted(samples, key=lambda s: (s.task_id, s.index)):
+        family = report.families.setdefault(task_family(sample.task_id), SelectionCounts())
+        kept = seen.get(sample.task_id)
+        if kept is None:
+            kept = seen[sample.task_id] = set()
+            report.tasks += 1
+            family.tasks += 1
+        report.samples += 1
+        family.samples += 1
+        transcript = sample.transcript
+        if not (sample.passed and transcript is not None and transcript.finish_reason == "stop"):
+            continue
+        report.passed += 1
+        family.passed += 1
+        key = json.dumps(transcript.messages, sort_keys=True)
+        if key in kept or len(kept) >= cap_per_task:
+            continue
+        kept.add(key)
+        report.kept += 1
+        family.kept += 1
+        examples.append(TrainingExample(sample.task_id, sample.run.request.custom_id, transcript.messages))
+    return examples, report

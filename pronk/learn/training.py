@@ -1,0 +1,222 @@
+"""Bounded full fine-tuning on selected transcripts, writing a checkpoint the served model accepts.
+
+Each transcript is rendered with the model's own chat template and tokenized exactly as the worker renders a
+prompt (`engine.vllm_backend`: `apply_chat_template(..., tokenize=False)`, then `encode` without special tokens),
+so the text trained on is the text served. The loss is on the assistant's tokens only: each assistant message's
+content and the end-of-turn token that stopped it, found as the tokens between the prompt the worker sent for that
+step (`add_generation_prompt=True`) and the conversation through that message; everything else is -100.
+
+Training stops at `max_steps` or `max_seconds`, whichever comes first. `train` runs it in a spawned child process,
+niced and with `threads` torch threads, so it neither starves the engine workers sharing the machine's cores nor
+changes the caller's own priority or threads. The checkpoint has the parent's architecture, dtype and parameter
+names (a tied `lm_head` stays left out, as the import leaves it), one safetensors file, and every other file of the
+parent's directory (config, tokenizer, chat template) as it was; it is checked against the parent before returning.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import shutil
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from pronk.errors import PronkError
+from pronk.learn.config import TrainingBudget
+from pronk.models.checkpoints import CheckpointMismatch, check_compatible, read_spec
+
+IGNORE = -100
+"""The label of a token the loss skips."""
+WEIGHTS_FILE = "model.safetensors"
+
+
+class TemplateMismatch(PronkError, ValueError):
+    """The chat template does not render a step's prompt as a prefix of the whole conversation, so no token span is
+    that step's output (a template that rewrites earlier turns, say)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingExample:
+    """One selected transcript: its task, the sample it came from, its messages as the worker rendered them."""
+
+    task_id: str
+    custom_id: str
+    messages: list[dict[str, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedExample:
+    input_ids: list[int]
+    labels: list[int]
+    """`input_ids` where the loss counts, IGNORE elsewhere."""
+
+    @property
+    def trained_tokens(self) -> int:
+        return sum(1 for label in self.labels if label != IGNORE)
+
+
+class TrainingResult(BaseModel):
+    """What one training run did and where its checkpoint is."""
+
+    checkpoint_dir: str
+    steps: int
+    seconds: float
+    stopped_by: Literal["max_steps", "max_seconds"]
+    examples: int
+    """Examples trained on (those longer than the budget's `max_tokens` left out)."""
+    skipped: int
+    tokens: int
+    """Tokens of the batches run, padding left out."""
+    trained_tokens: int
+    """Of those, the assistant's tokens the loss counted."""
+    losses: list[float]
+    threads: int
+    nice: int
+
+
+def render(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:
+    """Token ids of `messages` as the worker makes a prompt of them."""
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def encode_example(tokenizer: Any, messages: list[dict[str, str]]) -> EncodedExample:
+    """The conversation's tokens, labelled on each assistant message's content and the end-of-turn token after it."""
+    ids = render(tokenizer, messages, add_generation_prompt=False)
+    labels = [IGNORE] * len(ids)
+    for index, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        prompt = render(tokenizer, messages[:index], add_generation_prompt=True)
+        through = render(tokenizer, messages[: index + 1], add_generation_prompt=False)
+        if ids[: len(prompt)] != prompt or ids[: len(through)] != through:
+            raise TemplateMismatch(f"message {index}: the chat template's prompt for it is no prefix of the whole")
+        start, end = len(prompt), len(through)
+        stops = [i for i in range(start, end) if ids[i] == tokenizer.eos_token_id]
+        end = stops[-1] + 1 if stops else end  # what follows the end-of-turn token (a newline) is never generated
+        labels[start:end] = ids[start:end]
+    return EncodedExample(ids, labels)
+
+
+def _batches(encoded: list[EncodedExample], batch_size: int, seed: int):
+    """Batches of examples, reshuffled each epoch, forever."""
+    rng = random.Random(seed)
+    order: list[int] = []
+    while True:
+        if len(order) < batch_size:
+            more = list(range(len(encoded)))
+            rng.shuffle(more)
+            order += more
+        yield [encoded[i] for i in order[:batch_size]]
+        del order[:batch_size]
+
+
+def _tensors(batch: list[EncodedExample], pad_id: int) -> dict[str, Any]:
+    import torch
+
+    width = max(len(e.input_ids) for e in batch)
+    ids = [e.input_ids + [pad_id] * (width - len(e.input_ids)) for e in batch]
+    labels = [e.labels + [IGNORE] * (width - len(e.labels)) for e in batch]
+    mask = [[1] * len(e.input_ids) + [0] * (width - len(e.input_ids)) for e in batch]
+    return {
+        "input_ids": torch.tensor(ids, dtype=torch.long),
+        "labels": torch.tensor(labels, dtype=torch.long),
+        "attention_mask": torch.tensor(mask, dtype=torch.long),
+    }
+
+
+def write_checkpoint(model: Any, parent_dir: Path, out_dir: Path) -> None:
+    """Save `model` as a checkpoint that fits `parent_dir`'s: its parameter names and dtype, its other files."""
+    import torch
+    from safetensors.torch import save_file
+
+    spec = read_spec(parent_dir)
+    state = model.state_dict()
+    missing = sorted(set(spec.parameters) - set(state))
+    if missing:
+        raise CheckpointMismatch(f"parameter {missing[0]!r}", "present", "missing", str(out_dir), str(parent_dir))
+    dtype = getattr(torch, spec.dtype)
+    out_dir.mkdir(parents=True)
+    for path in sorted(parent_dir.iterdir()):
+        if path.is_file() and not path.name.endswith((".safetensors", ".safetensors.index.json")):
+            shutil.copy2(path, out_dir / path.name)
+    tensors = {name: state[name].detach().to(dtype=dtype, copy=True).contiguous() for name in spec.parameters}
+    save_file(tensors, str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
+    check_compatible(read_spec(out_dir), spec, str(out_dir), str(parent_dir))
+
+
+def fine_tune(
+    base_model_dir: Path, examples: list[TrainingExample], out_dir: Path, budget: TrainingBudget
+) -> TrainingResult:
+    """Train every parameter of `base_model_dir`'s model on `examples` in this process, within `budget`'s steps and
+    seconds, and write the checkpoint to `out_dir` (which must not exist yet)."""
+    started = time.monotonic()
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if out_dir.exists():
+        raise FileExistsError(f"{out_dir} exists: a checkpoint is written to a new directory")
+    torch.manual_seed(budget.seed)
+    tokenizer = AutoTokenizer.from_pretrained(base_model_dir)
+    encoded = [encode_example(tokenizer, example.messages) for example in examples]
+    usable = [e for e in encoded if len(e.input_ids) <= budget.max_tokens and e.trained_tokens]
+    if not usable:
+        raise ValueError(f"no example to train on ({len(encoded)} given, none with assistant tokens within budget)")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    model = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=torch.float32)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=budget.learning_rate)
+    losses: list[float] = []
+    tokens = trained = 0
+    batches = _batches(usable, min(budget.batch_size, len(usable)), budget.seed)
+    while len(losses) < budget.max_steps and time.monotonic() - started < budget.max_seconds:
+        batch = next(batches)
+        loss = model(**_tensors(batch, pad_id)).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+        tokens += sum(len(e.input_ids) for e in batch)
+        trained += sum(e.trained_tokens for e in batch)
+    write_checkpoint(model, base_model_dir, out_dir)
+    return TrainingResult(
+        checkpoint_dir=str(out_dir),
+        steps=len(losses),
+        seconds=round(time.monotonic() - started, 3),
+        stopped_by="max_steps" if len(losses) >= budget.max_steps else "max_seconds",
+        examples=len(usable),
+        skipped=len(encoded) - len(usable),
+        tokens=tokens,
+        trained_tokens=trained,
+        losses=losses,
+        threads=torch.get_num_threads(),
+        nice=os.nice(0),
+    )
+
+
+def _limit_cores(threads: int, nice: int) -> None:
+    """In the training process, before torch starts its thread pools: `threads` threads, priority lowered."""
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[variable] = str(threads)
+    os.nice(nice)
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.set_num_interop_threads(1)
+
+
+def train(
+    base_model_dir: Path, examples: list[TrainingExample], out_dir: Path, budget: TrainingBudget
+) -> TrainingResult:
+    """`fine_tune` in a spawned child process, niced by `budget.nice`, with `budget.threads` torch threads."""
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(
+        max_workers=1, mp_context=context, initializer=_limit_cores, initargs=(budget.threads, budget.nice)
+    ) as pool:
+        return pool.submit(fine_tune, Path(base_model_dir), list(examples), Path(out_dir), budget).result()

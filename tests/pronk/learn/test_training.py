@@ -1,0 +1,146 @@
+"""Training on the tiny model: assistant-only labels, a few bounded steps, a checkpoint that fits its parent.
+
+Nothing here asserts what a model writes: only labels, losses, budgets and checkpoint layouts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from pronk.learn.config import ImproveConfig, TrainingBudget
+from pronk.learn.training import (
+    IGNORE,
+    TemplateMismatch,
+    TrainingExample,
+    encode_example,
+    fine_tune,
+    train,
+)
+from pronk.models.checkpoints import check_compatible, read_spec
+from pronk.models.tiny_model import make_tiny_model
+
+CALL = '{"tool": "python", "arguments": {"code": "2 * 3"}}'
+FINAL = '{"final": "6"}'
+MESSAGES = [
+    {"role": "system", "content": "You are an agent. Tools: python."},
+    {"role": "system", "content": "Call the tool once, then answer."},
+    {"role": "user", "content": "Use python to compute 2 * 3."},
+    {"role": "assistant", "content": CALL},
+    {"role": "tool", "content": "[python ok] 6"},
+    {"role": "assistant", "content": FINAL},
+]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="module")
+def tied(tmp_path_factory, tiny) -> Path:
+    """A smaller model laid out as an imported SmolLM2: tied embeddings (no lm_head saved), bf16 safetensors."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = tmp_path_factory.mktemp("tied") / "model"
+    config = json.loads((tiny / "config.json").read_text())
+    small = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "tie_word_embeddings": True}
+    model = LlamaForCausalLM(LlamaConfig(**{**config, **small}))
+    model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(tiny / name, out / name)
+    return out
+
+
+def tokenizer(model_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def trained_spans(encoded, tok) -> list[str]:
+    spans, current = [], []
+    for token, label in zip(encoded.input_ids, encoded.labels, strict=True):
+        if label != IGNORE:
+            assert label == token
+            current.append(token)
+        elif current:
+            spans.append(tok.decode(current))
+            current = []
+    return [*spans, tok.decode(current)] if current else spans
+
+
+def test_only_the_assistant_outputs_and_their_end_of_turn_are_trained_on(tiny):
+    tok = tokenizer(tiny)
+    encoded = encode_example(tok, MESSAGES)
+    assert trained_spans(encoded, tok) == [CALL + "<|end|>", FINAL + "<|end|>"]
+    # The whole text is the worker's rendering; each step's prompt, as the worker sent it, is a prefix of it.
+    text = tok.apply_chat_template(MESSAGES, tokenize=False)
+    assert encoded.input_ids == tok.encode(text, add_special_tokens=False)
+    prompt = tok.apply_chat_template(MESSAGES[:5], add_generation_prompt=True, tokenize=False)
+    assert text.startswith(prompt) and encoded.trained_tokens == sum(1 for x in encoded.labels if x != IGNORE)
+
+
+def test_a_template_that_does_not_extend_the_prompt_is_refused(tiny):
+    tok = tokenizer(tiny)
+    tok.chat_template = (
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}>{% endif %}"
+    )
+    with pytest.raises(TemplateMismatch, match="message 3"):
+        encode_example(tok, MESSAGES)
+
+
+def examples(n: int = 3) -> list[TrainingExample]:
+    return [TrainingExample(f"arith-{i}", f"arith-{i}#0", MESSAGES) for i in range(n)]
+
+
+def test_a_few_steps_write_a_checkpoint_that_fits_its_parent(tiny, tmp_path):
+    budget = TrainingBudget(max_steps=2, max_seconds=120, learning_rate=1e-3, batch_size=2)
+    result = fine_tune(tiny, examples(), tmp_path / "ckpt", budget)
+
+    assert (result.steps, result.stopped_by, result.examples, result.skipped) == (2, "max_steps", 3, 0)
+    assert len(result.losses) == 2 and all(math.isfinite(loss) for loss in result.losses)
+    assert 0 < result.trained_tokens < result.tokens
+    out = Path(result.checkpoint_dir)
+    check_compatible(read_spec(out), read_spec(tiny), str(out), str(tiny))
+    assert {p.name for p in tiny.iterdir()} == {p.name for p in out.iterdir()}
+    assert (out / "tokenizer.json").read_bytes() == (tiny / "tokenizer.json").read_bytes()
+    before, after = load_file(tiny / "model.safetensors"), load_file(out / "model.safetensors")
+    assert any(not torch.equal(before[name], after[name]) for name in before)
+
+
+def test_a_tied_bf16_parent_gets_a_tied_bf16_checkpoint(tied, tmp_path):
+    assert "lm_head.weight" not in read_spec(tied).parameters
+    budget = TrainingBudget(max_steps=1, max_seconds=120, learning_rate=1e-3)
+    out = Path(fine_tune(tied, examples(1), tmp_path / "ckpt", budget).checkpoint_dir)
+    spec = read_spec(out)
+    check_compatible(spec, read_spec(tied), str(out), str(tied))
+    assert spec.dtype == "bfloat16" and "lm_head.weight" not in spec.parameters
+
+
+def test_the_time_budget_stops_training_before_its_steps(tiny, tmp_path):
+    budget = TrainingBudget(max_steps=10_000, max_seconds=0.5, learning_rate=1e-3)
+    result = fine_tune(tiny, examples(), tmp_path / "ckpt", budget)
+    assert result.stopped_by == "max_seconds" and result.steps < 10_000
+    check_compatible(read_spec(tmp_path / "ckpt"), read_spec(tiny), "ckpt", "tiny")
+
+
+def test_an_example_over_the_token_budget_is_left_out_and_none_left_is_refused(tiny, tmp_path):
+    with pytest.raises(ValueError, match="no example to train on"):
+        fine_tune(tiny, examples(), tmp_path / "ckpt", TrainingBudget(max_steps=1, max_tokens=16))
+
+
+def test_train_runs_in_a_niced_child_with_its_threads_and_leaves_the_caller_as_it_was(tiny, tmp_path):
+    niceness, threads = os.nice(0), torch.get_num_threads()
+    budget = ImproveConfig(max_steps=1, threads=1, nice=5, learning_rate=1e-3).budget()
+    result = train(tiny, examples(1), tmp_path / "ckpt", budget)
+    assert (result.steps, result.threads) == (1, 1)
+    assert result.nice == min(niceness + 5, 19)
+    assert (os.nice(0), torch.get_num_threads()) == (niceness, threads)

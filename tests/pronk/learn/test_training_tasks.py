@@ -1,0 +1,91 @@
+"""The agent training set: what its script writes, valid for the job, shaped as the held-out set, disjoint from it."""
+
+from __future__ import annotations
+
+import ast
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from pronk.agents.tools import job_tools
+from pronk.batches.input import validate_input
+from pronk.jobs import get_job
+from pronk.learn import config
+from pronk.learn.config import ImproveConfig
+from pronk.learn.training_tasks import HELD_OUT, TRAINING_SET, evaluate, task_family, training_lines
+
+
+def read(path) -> list[dict]:
+    return [json.loads(raw) for raw in path.read_text().splitlines() if raw.strip()]
+
+
+@pytest.fixture(scope="module")
+def held_out() -> list[dict]:
+    return read(HELD_OUT)
+
+
+@pytest.fixture(scope="module")
+def training() -> list[dict]:
+    return read(TRAINING_SET)
+
+
+def question(line: dict) -> str:
+    return line["body"]["messages"][-1]["content"]
+
+
+def test_the_committed_set_is_what_the_script_writes(held_out, training):
+    assert training_lines(job_tools(get_job("smollm2-cpu")), held_out, seed=0) == training
+
+
+def test_it_is_large_every_line_valid_for_the_job_and_checked(training):
+    assert len(training) >= 180
+    assert set(Counter(task_family(line["custom_id"]) for line in training)) == {"arith", "lookup", "search"}
+    validated = validate_input(TRAINING_SET.read_bytes(), get_job("smollm2-cpu"))
+    assert validated.errors == [] and len(validated.requests) == len(training)
+    assert all(request.check is not None for request in validated.requests)
+    assert len({line["custom_id"] for line in training}) == len(training)
+
+
+def test_it_shares_nothing_with_the_held_out_set(held_out, training):
+    held_out_questions = {question(line) for line in held_out}
+    held_out_lines = {json.dumps(line, sort_keys=True) for line in held_out}
+    assert not held_out_questions & {question(line) for line in training}
+    assert not held_out_lines & {json.dumps(line, sort_keys=True) for line in training}
+    assert not {line["custom_id"] for line in held_out} & {line["custom_id"] for line in training}
+
+
+def test_each_line_is_a_held_out_line_of_its_family_but_for_its_question_and_check(held_out, training):
+    templates = {}
+    for line in held_out:
+        templates.setdefault(task_family(line["custom_id"]), []).append(line)
+    for line in training:
+        family = templates[task_family(line["custom_id"])]
+        template = family[0]
+        assert list(line) == list(template)
+        assert {k: v for k, v in line["body"].items() if k != "messages"} == {
+            k: v for k, v in template["body"].items() if k != "messages"
+        }
+        assert line["body"]["messages"][:-1] == template["body"]["messages"][:-1]
+        assert line["check"]["type"] in {other["check"]["type"] for other in family}
+
+
+def test_arithmetic_answers_are_the_expressions_values(training):
+    for line in training:
+        if task_family(line["custom_id"]) == "arith":
+            expression = question(line).removeprefix("Use python to compute ")
+            expression = expression.removesuffix(". Then answer with the number.")
+            assert evaluate(expression) == pytest.approx(line["check"]["expected"])
+            assert evaluate(expression) == eval(compile(ast.parse(expression, mode="eval"), "<arith>", "eval"))
+
+
+def test_improve_config_holds_the_budget_and_imports_only_pydantic():
+    improve = ImproveConfig(max_steps=7, max_seconds=30, threads=2, nice=3, learning_rate=2e-5, batch_size=8)
+    budget = improve.budget()
+    assert (budget.max_steps, budget.max_seconds, budget.threads, budget.nice) == (7, 30, 2, 3)
+    assert (budget.learning_rate, budget.batch_size) == (2e-5, 8)
+    tree = ast.parse(Path(config.__file__).read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert imported == {"__future__", "pydantic"}
