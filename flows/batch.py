@@ -28,7 +28,8 @@ from pronk.batches.traces import scratch_dir
 from pronk.control.artifacts import ProgressArtifact, publish_batch_report, publish_summary
 from pronk.control.trace_sample import publish_traces
 from pronk.errors import PronkError
-from pronk.jobs import MAX_TRACE_SAMPLE, get_job
+from pronk.jobs.files import get_job
+from pronk.jobs.schema import MAX_TRACE_SAMPLE
 from pronk.settings import get_settings
 from pronk.stack.prefect_env import show_pronk_logs
 from tasks.chunks import run_chunk

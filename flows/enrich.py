@@ -23,7 +23,7 @@ from pronk.enrich import run as enrich_run
 from pronk.enrich.history import EnrichRun, summary_markdown
 from pronk.enrich.spec import EnrichSpec
 from pronk.enrich.table import results_uri
-from pronk.jobs import JobConfig
+from pronk.jobs.schema import JobConfig
 from pronk.protocol.ids import new_id
 from pronk.settings import Settings, get_settings
 from pronk.stack.prefect_env import show_pronk_logs

@@ -8,7 +8,7 @@ from prefect.cache_policies import NO_CACHE
 from pronk import storage
 from pronk.batches.input import BatchInputError, ValidatedInput, validate_input
 from pronk.batches.prompt_length import input_limits
-from pronk.jobs import JobConfig
+from pronk.jobs.schema import JobConfig
 
 
 @task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)

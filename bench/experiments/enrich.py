@@ -66,7 +66,7 @@ async def plain_batch(spec_path: Path, folder: Path, tag: str, settings) -> floa
     from pronk.enrich.lines import input_file
     from pronk.enrich.spec import load_spec
     from pronk.enrich.table import read_rows
-    from pronk.jobs import get_job
+    from pronk.jobs.files import get_job
 
     spec = load_spec(spec_path)
     job = get_job(spec.job)

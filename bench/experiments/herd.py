@@ -36,7 +36,9 @@ from bench.harness.workload import PROFILES, generate
 from pronk.herd.shapes import relabel
 from pronk.herd.trial import Measurement, TrialFleet, replay_sample
 from pronk.herd.tuner import KNOBS, LIVE_KNOBS, TuneConfig, Tuner, run_coroutine
-from pronk.jobs import JobConfig, get_job, with_changes
+from pronk.jobs.files import get_job
+from pronk.jobs.schema import JobConfig
+from pronk.jobs.versions import with_changes
 from pronk.settings import PROJECT_ROOT, Settings, get_settings
 
 log = logging.getLogger(__name__)

@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
 
     settings = get_settings()
     configure_prefect(settings)
-    from pronk.jobs import get_job
+    from pronk.jobs.files import get_job
     from pronk.models.registry import resolve_model
     from pronk.stack import embedded as stack
     from pronk.stack.processes import stop

@@ -38,7 +38,8 @@ from bench.harness.figures import FULL, AgentRun, over_limit, run_figures
 from bench.harness.suite import CPU_BLOCK_SIZE, limit_run, pronk_fleet, relabel
 from bench.harness.workload import cache_bounds, generate
 from engine.protocol import WorkerStats
-from pronk.jobs import JobConfig, get_job
+from pronk.jobs.files import get_job
+from pronk.jobs.schema import JobConfig
 from pronk.settings import Settings
 
 

@@ -51,7 +51,8 @@ from pronk.agents.step_records import StepRecord, StepRecorder, record_order, st
 from pronk.batches.labelled import check_lines, labelled_lines
 from pronk.herd.profile import scan_steps
 from pronk.herd.shapes import shapes_from_steps
-from pronk.jobs import JobConfig, get_job
+from pronk.jobs.files import get_job
+from pronk.jobs.schema import JobConfig
 from pronk.protocol.lines import ValidRequest
 from pronk.protocol.shapes import TraceShape
 from pronk.settings import Settings

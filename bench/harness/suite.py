@@ -56,7 +56,8 @@ from bench.harness.workload import (
     write_single_step_file,
 )
 from engine.worker import cores_for
-from pronk.jobs import JobConfig, get_job
+from pronk.jobs.files import get_job
+from pronk.jobs.schema import JobConfig
 from pronk.protocol.shapes import TraceShape
 from pronk.settings import PROJECT_ROOT, Settings
 from pronk.worker_registry import worker_registry

@@ -24,7 +24,7 @@ from pronk.agents.tools.python_exec import PythonTool
 from pronk.batches.input import validate_input
 from pronk.batches.schemas import CheckCounts
 from pronk.errors import PronkError
-from pronk.jobs import JobConfig
+from pronk.jobs.schema import JobConfig
 from pronk.protocol.checks import CheckResult, PythonCheck
 from pronk.protocol.lines import ValidRequest
 from pronk.settings import Settings

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pronk.batches.input import InputLimits
-from pronk.jobs import JobConfig
+from pronk.jobs.schema import JobConfig
 from pronk.protocol.bodies import ChatCompletionBody
 from pronk.settings import get_settings
 

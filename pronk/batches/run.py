@@ -26,7 +26,8 @@ from pronk.batches.results import FinishedLine, ResultParts, RunRecord, jsonl, n
 from pronk.batches.schemas import TERMINAL_STATUSES, Batch, BatchErrorData, BatchErrors, BatchUsage, CheckCounts
 from pronk.batches.store import BatchStore
 from pronk.batches.traces import trace_row
-from pronk.jobs import JobConfig, get_job
+from pronk.jobs.files import get_job
+from pronk.jobs.schema import JobConfig
 from pronk.protocol.checks import CheckResult
 from pronk.protocol.error_codes import ErrorCode
 from pronk.protocol.ids import new_id

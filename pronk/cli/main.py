@@ -92,7 +92,7 @@ def stack_down() -> None:
 @stack_app.command("status")
 def stack_status() -> None:
     """Show the stack's processes, what the supervisor makes of each worker, and the live workers of each job."""
-    from pronk.jobs import load_jobs
+    from pronk.jobs.files import load_jobs
     from pronk.stack import embedded as stack
     from pronk.stack.processes import alive
     from pronk.stack.supervisor import read_report
@@ -183,7 +183,7 @@ def worker_start(
 @job_app.command("list")
 def job_list() -> None:
     """List the jobs in the catalog."""
-    from pronk.jobs import load_jobs
+    from pronk.jobs.files import load_jobs
 
     for job in load_jobs().values():
         typer.echo(f"{job.job_id}  {job.name:16} {job.served_model_name:16} {job.model}  workers={job.workers}")
@@ -194,7 +194,7 @@ def job_show(job: JobOption = None) -> None:
     """Print a job whole, as it runs: its base merged in, its current configuration version applied, defaults filled."""
     import yaml
 
-    from pronk.jobs import get_job
+    from pronk.jobs.files import get_job
 
     try:
         config = get_job(job or get_settings().default_job)
@@ -213,7 +213,8 @@ def job_migrate(
     """
     import yaml
 
-    from pronk.jobs import flat_keys, load_job_file, migrate_flat
+    from pronk.jobs.files import load_job_file
+    from pronk.jobs.sections import flat_keys, migrate_flat
 
     for path in files:
         try:
@@ -248,7 +249,7 @@ def batch_run(
 
     settings = get_settings()
     configure_prefect(settings)
-    from pronk.jobs import get_job
+    from pronk.jobs.files import get_job
     from pronk.protocol.ids import new_id
 
     try:

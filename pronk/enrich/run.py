@@ -19,7 +19,8 @@ from pronk.enrich.history import EnrichRun, History
 from pronk.enrich.lines import check_job, input_file
 from pronk.enrich.spec import EnrichSpec, EnrichSpecError, load_spec
 from pronk.enrich.table import Plan, merge, write_version
-from pronk.jobs import JobConfig, get_job
+from pronk.jobs.files import get_job
+from pronk.jobs.schema import JobConfig
 from pronk.protocol.ids import new_id
 from pronk.settings import Settings
 

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pronk.herd.trial import restart_key
-from pronk.herd.versions import JobVersion, current_version, save_version, set_current_version
-from pronk.jobs import get_job, merge_sections
+from pronk.jobs.files import get_job
+from pronk.jobs.sections import merge_sections
+from pronk.jobs.versions import JobVersion, current_version, save_version, set_current_version
 from pronk.settings import Settings
 from pronk.stack.rolling import rolling_restart
 from pronk.worker_registry import worker_registry

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from pronk.errors import PronkError
-from pronk.jobs import JobConfig
+from pronk.jobs.schema import JobConfig
 from pronk.models.checkpoints import check_compatible, checkpoint_tags, read_spec
 from pronk.models.registry import (
     alias_version,

@@ -24,7 +24,8 @@ from engine.worker import (
     run_model_in_engine_process,
     serve,
 )
-from pronk.jobs import JobConfig, get_job
+from pronk.jobs.files import get_job
+from pronk.jobs.schema import JobConfig
 from pronk.models.checkpoints import CheckpointMismatch, check_compatible, read_spec
 from pronk.models.registry import resolve_model
 from pronk.settings import get_settings

@@ -25,7 +25,7 @@ from pronk.agents.outcomes import Completion, LineFailure, RequestOutcome, Usage
 from pronk.agents.step_records import StepRecord, ToolCallCounts
 from pronk.batches.labelled import CheckedLine, labelled_lines
 from pronk.batches.schemas import CheckCounts
-from pronk.jobs import get_job
+from pronk.jobs.files import get_job
 from pronk.protocol.checks import CheckResult
 
 

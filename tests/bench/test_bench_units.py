@@ -33,7 +33,7 @@ from bench.harness.suite import relabel
 from bench.harness.workload import PROFILES, cache_bounds, generate
 from engine.protocol import ChatMessage, SamplingSpec, StepRequest
 from engine.worker import COMPACT_JSON_OUTPUTS
-from pronk.jobs import get_job
+from pronk.jobs.files import get_job
 from tests.pronk.agents.test_replay import EchoRouter
 
 

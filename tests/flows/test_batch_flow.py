@@ -18,7 +18,7 @@ import pytest
 
 from engine.auth import auth_headers
 from pronk.batches.store import BatchStore
-from pronk.jobs import get_job
+from pronk.jobs.files import get_job
 from pronk.stack.state import worker_name
 from pronk.worker_token import worker_token
 from tests.conftest import DATA

@@ -27,7 +27,7 @@ from engine.client import WorkerClient
 from engine.protocol import SamplingSpec, StepRequest, WorkerStats
 from engine.registry import Registry, WorkerEntry
 from engine.worker import free_port
-from pronk.jobs import get_job
+from pronk.jobs.files import get_job
 from pronk.models.leap import LeapStore
 from pronk.models.registry import (
     alias_version,

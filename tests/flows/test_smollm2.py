@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from pronk.jobs import get_job
+from pronk.jobs.files import get_job
 from pronk.models.imports import import_model
 from pronk.settings import PROJECT_ROOT
 from pronk.stack.fleet import start_workers, wait_for_workers

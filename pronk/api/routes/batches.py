@@ -17,7 +17,8 @@ from pronk.api.run_starts import RunStarts
 from pronk.batches.files import FileRecord, FileStore
 from pronk.batches.schemas import TERMINAL_STATUSES, Batch
 from pronk.batches.store import BatchStore
-from pronk.jobs import JobConfig, load_jobs
+from pronk.jobs.files import load_jobs
+from pronk.jobs.schema import JobConfig
 from pronk.protocol.bodies import SERVED_URLS
 
 router = APIRouter(prefix="/batches", tags=["batches"])

@@ -13,7 +13,7 @@ from pronk.agents.tool_calls import parse_call as _parse
 from pronk.agents.tool_calls import step_schema
 from pronk.agents.tools import job_tools
 from pronk.batches.input import validate_input
-from pronk.jobs import get_job
+from pronk.jobs.files import get_job
 from pronk.protocol.error_codes import ErrorCode
 from pronk.settings import PROJECT_ROOT
 from tests.conftest import DATA

@@ -7,7 +7,7 @@ from engine.registry import FileRegistry
 from engine.router import Router
 from pronk.agents.completions import run_request
 from pronk.agents.step_records import StepRecorder
-from pronk.jobs import get_job
+from pronk.jobs.files import get_job
 from pronk.protocol.bodies import ChatCompletionBody
 from pronk.protocol.lines import ValidRequest
 from tests.engine.test_admission import JOB, BudgetClient, entry, run_async

@@ -13,7 +13,7 @@ from pronk.agents.harness import Harness
 from pronk.agents.step_records import StepRecorder, ToolCallCounts, summarise
 from pronk.agents.tool_calls import parse_call, tool_call_validity
 from pronk.batches.input import validate_input
-from pronk.jobs import get_job
+from pronk.jobs.files import get_job
 
 SQL = {
     "type": "object",

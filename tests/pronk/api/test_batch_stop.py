@@ -7,7 +7,7 @@ import time
 from pronk.batches.run import BatchRun
 from pronk.batches.schemas import Batch
 from pronk.batches.store import BatchStore
-from pronk.jobs import get_job
+from pronk.jobs.files import get_job
 from pronk.protocol.bodies import ChatCompletionBody
 from pronk.protocol.lines import ValidRequest
 from pronk.settings import Settings

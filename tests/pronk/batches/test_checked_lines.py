@@ -11,7 +11,7 @@ from pronk.batches.input import validate_input
 from pronk.batches.results import FinishedLine
 from pronk.batches.run import BatchRun
 from pronk.batches.schemas import Batch
-from pronk.jobs import get_job
+from pronk.jobs.files import get_job
 from pronk.protocol.error_codes import ErrorCode
 
 JOB = "job-c0ffee01"

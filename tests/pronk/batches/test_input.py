@@ -4,7 +4,7 @@ import pytest
 
 from pronk.batches.input import BatchInputError, InputLimits, validate_input
 from pronk.batches.prompt_length import PromptLength
-from pronk.jobs import get_job
+from pronk.jobs.files import get_job
 from pronk.protocol.error_codes import ErrorCode
 from tests.conftest import DATA
 

@@ -6,7 +6,7 @@ import pytest
 from pronk.agents.outcomes import Completion, LineFailure, RequestOutcome, Usage
 from pronk.batches.labelled import LabelledSetError, compare_success, labelled_lines, run_labelled
 from pronk.batches.schemas import CheckCounts
-from pronk.jobs import get_job
+from pronk.jobs.files import get_job
 
 
 def _line(custom_id: str, check: dict | None, model: str = "some-other-model") -> str:

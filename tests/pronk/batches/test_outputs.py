@@ -17,7 +17,7 @@ from pronk.agents.step_records import StepRecorder
 from pronk.batches.input import validate_input
 from pronk.batches.outputs import output_line
 from pronk.batches.traces import trace_row
-from pronk.jobs import get_job
+from pronk.jobs.files import get_job
 
 TOP = ["id", "object", "created", "model", "system_fingerprint", "choices", "usage", "pronk"]
 REPLAY_TOP = ["id", "object", "created", "model", "usage", "pronk"]

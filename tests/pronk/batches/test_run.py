@@ -14,7 +14,7 @@ from pronk.batches.results import FinishedLine, ResultParts
 from pronk.batches.run import BatchRun, end_batch, finish_run
 from pronk.batches.schemas import Batch
 from pronk.batches.store import BatchStore
-from pronk.jobs import get_job
+from pronk.jobs.files import get_job
 from pronk.protocol.lines import OutputLine
 from pronk.settings import Settings
 

@@ -18,7 +18,7 @@ from pronk.enrich import open_run
 from pronk.enrich.open_run import EnrichRunning, OpenRun, check_earlier, close, read_open_run, take_over
 from pronk.enrich.run import lines_file
 from pronk.enrich.table import plan
-from pronk.jobs import get_job
+from pronk.jobs.files import get_job
 from pronk.protocol.lines import OutputLine
 from pronk.settings import Settings
 from tests.pronk.enrich.test_table import SPEC, rows

@@ -15,7 +15,7 @@ from pronk.enrich.lines import agent_line, check_job, system_message
 from pronk.enrich.run import batch_answers, write_lines
 from pronk.enrich.spec import EnrichSpec, EnrichSpecError
 from pronk.enrich.table import CURRENT, merge, plan, read_current, read_labels, write_version
-from pronk.jobs import get_job
+from pronk.jobs.files import get_job
 from pronk.settings import Settings
 
 SPEC = EnrichSpec.model_validate(

@@ -19,7 +19,8 @@ from pronk.batches.store import BatchStore
 from pronk.herd.guard import judge
 from pronk.herd.profile import scan_steps
 from pronk.herd.trial import restart_key, run_labelled_set
-from pronk.jobs import get_job, with_changes
+from pronk.jobs.files import get_job
+from pronk.jobs.versions import with_changes
 from pronk.settings import PROJECT_ROOT
 from pronk.stack.embedded import read_state
 from pronk.stack.processes import alive

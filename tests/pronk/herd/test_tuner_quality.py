@@ -17,7 +17,8 @@ from pronk.batches.labelled import LabelledSetError
 from pronk.batches.schemas import CheckCounts
 from pronk.herd import tuner
 from pronk.herd.trial import Measurement, restart_key
-from pronk.jobs import JobConfig, QualityConfig, get_job
+from pronk.jobs.files import get_job
+from pronk.jobs.schema import JobConfig, QualityConfig
 from pronk.protocol.shapes import ShapeStep, TraceShape
 from pronk.settings import Settings
 from tests.bench.test_herd_bench import measurement

@@ -8,7 +8,9 @@ from pronk.agents.replay import TraceRecord
 from pronk.agents.step_records import StepRecord
 from pronk.herd.trial import measure, restart_key
 from pronk.herd.tuner import KNOBS, LIVE_KNOBS, TuneConfig, Tuner, changes_of, chosen_knobs, fit_to_cores
-from pronk.jobs import get_job, merge_sections, with_changes
+from pronk.jobs.files import get_job
+from pronk.jobs.sections import merge_sections
+from pronk.jobs.versions import with_changes
 
 
 def test_knobs_become_job_changes():

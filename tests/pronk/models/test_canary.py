@@ -8,7 +8,7 @@ import pytest
 
 from pronk.batches.labelled import labelled_lines
 from pronk.batches.schemas import CheckCounts
-from pronk.jobs import get_job
+from pronk.jobs.files import get_job
 from pronk.models import canary
 from pronk.models.leap import LeapFailed, LeapRecord, LeapRefused, LeapRun, LeapStore, WorkerLeap, conclude, switch
 from pronk.settings import Settings

@@ -7,8 +7,9 @@ import shutil
 
 import pytest
 
-from pronk.herd.versions import current_version, job_versions, save_version, set_current_version
-from pronk.jobs import JobFileError, get_job, versions_dir
+from pronk.jobs.files import get_job
+from pronk.jobs.schema import JobFileError
+from pronk.jobs.versions import current_version, job_versions, save_version, set_current_version, versions_dir
 
 JOB = "job-abcdef12"
 JOB_FILE = f"""

@@ -3,7 +3,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pronk.jobs import JobFileError, get_job, load_job_file, load_jobs
+from pronk.jobs.files import get_job, load_job_file, load_jobs
+from pronk.jobs.schema import JobFileError
 from pronk.settings import Settings
 
 GOOD = """

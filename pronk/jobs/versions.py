@@ -1,7 +1,9 @@
 """A job's configuration versions: the Herd tuner's winners, kept as changes over the job file, which stays the base.
 
-Each version is `v<N>.json` under `pronk.jobs.versions_dir(job_id)`; `current` names the one in force, which
-`pronk.jobs.get_job` merges over the job file on every load (0 or no file: the job file alone).
+Each version is `v<N>.json` under `versions_dir(job_id)`; `current` names the one in force, which
+`pronk.jobs.files.get_job` merges over the job file on every load (0 or no file: the job file alone). The reader
+(`current_changes`, `with_changes`) and the writer (`save_version`, `set_current_version`) of that folder live here
+together.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from pronk.jobs import JobConfig, JobFileError, current_version_path, versions_dir, with_changes
+from pronk.jobs.schema import JobConfig, JobFileError
+from pronk.jobs.sections import merge_sections, migrate_flat
+from pronk.settings import get_settings
 
 TUNABLE_KEYS = frozenset(
     {"engine", "scheduling", "harness", "tools", "observability", "workers", "cpu_cores_per_worker"}
@@ -31,6 +35,53 @@ class JobVersion(BaseModel):
     mlflow_run_id: str | None = Field(default=None, description="The tuning run the version came from.")
     created_at: float = Field(default_factory=time.time)
     note: str = ""
+
+
+def versions_dir(job_id: str) -> Path:
+    """Where the Herd keeps a job's configuration versions: `<data dir>/job_versions/<id>/`, with `current` naming
+    the version in force and `v<N>.json` holding each version's changes."""
+    return get_settings().data_dir / "job_versions" / job_id
+
+
+def current_version_path(job_id: str) -> Path | None:
+    """The file of the job's configuration version in force, or None when the job runs as its file says."""
+    folder = versions_dir(job_id)
+    try:
+        number = int((folder / "current").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return folder / f"v{number}.json" if number else None
+
+
+def current_changes(job_id: str) -> dict[str, Any]:
+    """The changes of the job's configuration version in force (empty when the job runs as its file says); a version
+    written before job files had sections is read in sections (`migrate_flat`)."""
+    path = current_version_path(job_id)
+    if path is None:
+        return {}
+    try:
+        changes = json.loads(path.read_text())["changes"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise JobFileError(f"{path}: the current configuration version of {job_id} is unreadable: {exc}") from exc
+    if not isinstance(changes, dict):
+        raise JobFileError(f"{path}: the current configuration version of {job_id} has no mapping of changes")
+    return migrate_flat(changes)
+
+
+def with_changes(job: JobConfig, changes: dict[str, Any]) -> JobConfig:
+    """`job` with `changes` merged over it (`merge_sections`), validated like a job file.
+
+    A CPU worker with more cores costs more: the price scales with `cpu_cores_per_worker` when it changes.
+    """
+    merged = merge_sections(job.model_dump(), changes)
+    if merged["device"] == "cpu" and "price_per_worker_hour" not in changes:
+        merged["price_per_worker_hour"] = (
+            job.price_per_worker_hour * merged["cpu_cores_per_worker"] / job.cpu_cores_per_worker
+        )
+    try:
+        return JobConfig.model_validate(merged)
+    except ValueError as exc:
+        raise JobFileError(f"job {job.job_id}: configuration changes {changes} are invalid: {exc}") from exc
 
 
 def job_versions(job_id: str) -> list[JobVersion]:
