@@ -34,7 +34,7 @@ def herd(
     show_pronk_logs()
     logger = get_run_logger()
     settings = get_settings()
-    job = get_job(job_id)
+    job = get_job(job_id, settings)
     profile_job(job.job_id, settings, runs)
     config = TuneConfig(
         budget_minutes=budget_minutes,

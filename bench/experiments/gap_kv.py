@@ -163,7 +163,7 @@ def main() -> None:
     get_settings.cache_clear()
     settings = get_settings()
     ensure_tiny_model(settings)
-    job = get_job(JOB_ID)
+    job = get_job(JOB_ID, get_settings())
     pids = start_workers(job, settings)
     try:
         wait_for_workers(job, settings, pids)

@@ -108,7 +108,7 @@ def replay_on(job: JobConfig, shapes, label: str, settings: Settings, config: He
 
 
 def bench_profile(profile: str, config: HerdBenchConfig, settings: Settings, echo=print) -> dict[str, Any]:
-    default = get_job(config.job or PROFILE_JOBS.get(profile, "tiny-cpu"), versions=False)
+    default = get_job(config.job or PROFILE_JOBS.get(profile, "tiny-cpu"), get_settings(), versions=False)
     tuner = Tuner(
         default,
         settings,

@@ -59,7 +59,7 @@ from engine.worker import cores_for
 from pronk.jobs.files import get_job
 from pronk.jobs.schema import JobConfig
 from pronk.protocol.shapes import TraceShape
-from pronk.settings import PROJECT_ROOT, Settings
+from pronk.settings import PROJECT_ROOT, Settings, get_settings
 from pronk.worker_registry import worker_registry
 
 log = logging.getLogger(__name__)
@@ -167,7 +167,7 @@ class Bench:
     def __init__(self, config: BenchConfig, settings: Settings):
         self.config = config
         self.settings = settings
-        self.job: JobConfig = get_job(config.job)
+        self.job: JobConfig = get_job(config.job, get_settings())
         self.concurrency = (
             self.job.scheduling.max_concurrency
         )  # what pronk's batch keeps in flight; every setup gets the same

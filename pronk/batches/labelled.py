@@ -79,7 +79,7 @@ def _addressed_to(data: bytes, job: JobConfig) -> bytes:
     return b"\n".join(lines)
 
 
-def labelled_lines(job: JobConfig, settings: Settings | None = None) -> list[ValidRequest]:
+def labelled_lines(job: JobConfig, settings: Settings) -> list[ValidRequest]:
     """The job's labelled set, validated for the job; LabelledSetError names the first bad line."""
     uri = job.quality.labelled_set
     if uri is None:

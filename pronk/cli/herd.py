@@ -18,7 +18,8 @@ def _job(job: str | None):
     from pronk.jobs.files import get_job
 
     try:
-        return get_job(job or get_settings().default_job)
+        settings = get_settings()
+        return get_job(job or settings.default_job, settings)
     except KeyError as exc:
         fail(str(exc.args[0]))
 
@@ -107,8 +108,9 @@ def herd_versions(job: JobArg = None) -> None:
     from pronk.jobs.versions import current_version, job_versions
 
     config = _job(job)
-    current = current_version(config.job_id)
-    for version in job_versions(config.job_id):
+    settings = get_settings()
+    current = current_version(config.job_id, settings)
+    for version in job_versions(config.job_id, settings):
         mark = "*" if current and current.version == version.version else " "
         typer.echo(f"{mark} v{version.version}  run {version.mlflow_run_id}  {json.dumps(version.changes)}")
     if current is None:
@@ -149,7 +151,7 @@ def register(app: typer.Typer) -> None:
         from pronk.jobs.files import load_jobs
 
         settings = get_settings()
-        job_ids = [_job(job).job_id] if job else sorted(load_jobs())
+        job_ids = [_job(job).job_id] if job else sorted(load_jobs(settings))
         rows = recent_runs(settings, job_ids, limit)
         if as_json:
             for row in rows:

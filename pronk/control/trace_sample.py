@@ -165,7 +165,7 @@ async def log_sample_to_mlflow(order: SampleOrder, settings: Settings) -> dict[s
 
     MLflow trouble is logged, never a reason to skip the rest of the drawing.
     """
-    job = get_job(order.job_id)
+    job = get_job(order.job_id, settings)
     if not order.traces or not job.observability.mlflow_traces:
         return {}
     records = [StepRecord(**row) for t in order.traces for row in t.steps]

@@ -34,11 +34,11 @@ def new_run_id() -> str:
     return f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{new_id('enrich')[-8:]}"
 
 
-def load_checked(spec_path: str) -> tuple[EnrichSpec, JobConfig]:
+def load_checked(spec_path: str, settings: Settings) -> tuple[EnrichSpec, JobConfig]:
     """The enrichment and its job, refused (`EnrichSpecError`, naming what is wrong) when they do not fit."""
     enrichment = load_spec(spec_path)
     try:
-        job = get_job(enrichment.job)
+        job = get_job(enrichment.job, settings)
     except KeyError as exc:
         raise EnrichSpecError(f"spec {enrichment.name}: job {enrichment.job!r}: {exc}") from exc
     problems = check_job(enrichment, job)

@@ -17,7 +17,7 @@ from pronk.config_files import describe, read_mapping
 from pronk.jobs.schema import JobConfig, JobFileError
 from pronk.jobs.sections import FLAT_KEYS, flat_keys, merge_sections
 from pronk.jobs.versions import current_changes, with_changes
-from pronk.settings import get_settings
+from pronk.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -76,28 +76,28 @@ def _read_catalog(folder: Path) -> tuple[dict[str, JobConfig], list[JobFileError
     return jobs, broken
 
 
-def load_jobs(jobs_dir: Path | None = None, versions: bool = True) -> dict[str, JobConfig]:
-    """Every job in the folder, by job id, with its current configuration version applied unless `versions`
+def load_jobs(settings: Settings, versions: bool = True) -> dict[str, JobConfig]:
+    """Every job of `settings.jobs_dir`, by job id, with its current configuration version applied unless `versions`
     is false (the job files alone); a file that cannot be read, or a duplicate id, is an error."""
-    jobs, broken = _read_catalog(jobs_dir or get_settings().jobs_dir)
+    jobs, broken = _read_catalog(settings.jobs_dir)
     if broken:
         raise broken[0]
     if not versions:
         return jobs
-    return {job_id: with_changes(job, current_changes(job_id)) for job_id, job in jobs.items()}
+    return {job_id: with_changes(job, current_changes(job_id, settings)) for job_id, job in jobs.items()}
 
 
-def get_job(job: str, jobs_dir: Path | None = None, versions: bool = True) -> JobConfig:
+def get_job(job: str, settings: Settings, versions: bool = True) -> JobConfig:
     """A job by id or by name, with its current configuration version unless `versions` is false.
 
     Another job file that cannot be read does not stop this one (a batch must not fail for a neighbour's typo);
     it is logged, and named when the job is not found.
     """
-    jobs, broken = _read_catalog(jobs_dir or get_settings().jobs_dir)
+    jobs, broken = _read_catalog(settings.jobs_dir)
     found = jobs.get(job) or next((candidate for candidate in jobs.values() if candidate.name == job), None)
     if found is None:
         unreadable = "".join(f"; unreadable: {exc}" for exc in broken)
         raise KeyError(f"no job {job!r}; known: {', '.join(sorted(jobs)) or 'none'}{unreadable}")
     for exc in broken:
         logger.warning("job file skipped: %s", exc)
-    return with_changes(found, current_changes(found.job_id)) if versions else found
+    return with_changes(found, current_changes(found.job_id, settings)) if versions else found

@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from pronk.jobs.schema import JobConfig, JobFileError
 from pronk.jobs.sections import merge_sections, migrate_flat
-from pronk.settings import get_settings
+from pronk.settings import Settings
 
 TUNABLE_KEYS = frozenset(
     {"engine", "scheduling", "harness", "tools", "observability", "workers", "cpu_cores_per_worker"}
@@ -37,15 +37,15 @@ class JobVersion(BaseModel):
     note: str = ""
 
 
-def versions_dir(job_id: str) -> Path:
+def versions_dir(job_id: str, settings: Settings) -> Path:
     """Where the Herd keeps a job's configuration versions: `<data dir>/job_versions/<id>/`, with `current` naming
     the version in force and `v<N>.json` holding each version's changes."""
-    return get_settings().data_dir / "job_versions" / job_id
+    return settings.data_dir / "job_versions" / job_id
 
 
-def current_version_path(job_id: str) -> Path | None:
+def current_version_path(job_id: str, settings: Settings) -> Path | None:
     """The file of the job's configuration version in force, or None when the job runs as its file says."""
-    folder = versions_dir(job_id)
+    folder = versions_dir(job_id, settings)
     try:
         number = int((folder / "current").read_text().strip())
     except (OSError, ValueError):
@@ -53,10 +53,10 @@ def current_version_path(job_id: str) -> Path | None:
     return folder / f"v{number}.json" if number else None
 
 
-def current_changes(job_id: str) -> dict[str, Any]:
+def current_changes(job_id: str, settings: Settings) -> dict[str, Any]:
     """The changes of the job's configuration version in force (empty when the job runs as its file says); a version
     written before job files had sections is read in sections (`migrate_flat`)."""
-    path = current_version_path(job_id)
+    path = current_version_path(job_id, settings)
     if path is None:
         return {}
     try:
@@ -84,9 +84,9 @@ def with_changes(job: JobConfig, changes: dict[str, Any]) -> JobConfig:
         raise JobFileError(f"job {job.job_id}: configuration changes {changes} are invalid: {exc}") from exc
 
 
-def job_versions(job_id: str) -> list[JobVersion]:
+def job_versions(job_id: str, settings: Settings) -> list[JobVersion]:
     """Every configuration version of the job, oldest first."""
-    folder = versions_dir(job_id)
+    folder = versions_dir(job_id, settings)
     versions = []
     for path in sorted(folder.glob("v*.json"), key=lambda p: int(p.stem[1:]) if p.stem[1:].isdigit() else 0):
         try:
@@ -96,9 +96,9 @@ def job_versions(job_id: str) -> list[JobVersion]:
     return versions
 
 
-def current_version(job_id: str) -> JobVersion | None:
+def current_version(job_id: str, settings: Settings) -> JobVersion | None:
     """The version in force (named by `current`), or None when the job runs as its file says."""
-    path = current_version_path(job_id)
+    path = current_version_path(job_id, settings)
     if path is None:
         return None
     try:
@@ -115,16 +115,18 @@ def check_tunable(job: JobConfig, changes: dict[str, Any]) -> JobConfig:
     return with_changes(job, changes)
 
 
-def save_version(job: JobConfig, changes: dict[str, Any], mlflow_run_id: str | None, note: str = "") -> JobVersion:
+def save_version(
+    job: JobConfig, changes: dict[str, Any], mlflow_run_id: str | None, settings: Settings, note: str = ""
+) -> JobVersion:
     """Record `changes` to the job file `job` as its next configuration version and make it current.
 
     The changes are checked against the job file first; each file is written whole (write, then rename).
     """
     check_tunable(job, changes)
     job_id = job.job_id
-    folder = versions_dir(job_id)
+    folder = versions_dir(job_id, settings)
     folder.mkdir(parents=True, exist_ok=True)
-    existing = job_versions(job_id)
+    existing = job_versions(job_id, settings)
     version = JobVersion(
         job_id=job_id,
         version=(existing[-1].version if existing else 0) + 1,
@@ -133,13 +135,13 @@ def save_version(job: JobConfig, changes: dict[str, Any], mlflow_run_id: str | N
         note=note,
     )
     _write_whole(folder / f"v{version.version}.json", version.model_dump_json(indent=2))
-    set_current_version(job_id, version.version)
+    set_current_version(job_id, version.version, settings)
     return version
 
 
-def set_current_version(job_id: str, number: int) -> None:
+def set_current_version(job_id: str, number: int, settings: Settings) -> None:
     """Make version `number` current (0: the job file alone)."""
-    folder = versions_dir(job_id)
+    folder = versions_dir(job_id, settings)
     folder.mkdir(parents=True, exist_ok=True)
     if number and not (folder / f"v{number}.json").exists():
         raise JobFileError(f"job {job_id} has no configuration version {number}")

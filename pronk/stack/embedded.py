@@ -201,7 +201,7 @@ def up(
         worker_token(settings)  # made once here, before any worker or flow run races to make it
         ensure_tiny_model(settings)
         database_url = prefect_database_url(settings, state)  # PostgreSQL first: the workers may announce in it
-        job = get_job(job_name or settings.default_job)
+        job = get_job(job_name or settings.default_job, settings)
         # The workers load their model (the longest start) while Prefect, MLflow and the API start beside them.
         workers = spawn_job(job, settings, state)
         start_prefect_server(settings, state, database_url)

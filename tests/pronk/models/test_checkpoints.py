@@ -18,6 +18,7 @@ from pronk.models.checkpoints import (
     read_spec,
 )
 from pronk.models.leap import LeapRecord, WorkerLeap
+from pronk.settings import get_settings
 
 SHAPES = {"model.embed_tokens.weight": (16, 8), "model.layers.0.mlp.up_proj.weight": (12, 8), "lm_head.weight": (16, 8)}
 
@@ -235,5 +236,5 @@ def test_a_worker_refuses_to_stage_a_corrupt_checkpoint(tmp_path):
     served = raw_checkpoint(tmp_path / "served")
     truncated = corrupt_checkpoint(tmp_path / "truncated", "truncated")
     with pytest.raises(IncompatibleWeights, match=re.escape(CORRUPT["truncated"][2])):
-        stage_checkpoint(str(truncated), str(served), "local:served")
-    assert stage_checkpoint(str(served), str(served), "local:served").path == str(served)
+        stage_checkpoint(str(truncated), str(served), "local:served", get_settings())
+    assert stage_checkpoint(str(served), str(served), "local:served", get_settings()).path == str(served)
