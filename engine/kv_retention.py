@@ -3,7 +3,7 @@
 vLLM frees a finished request's KV blocks into an LRU free queue, so while a trace waits on a tool
 other traffic can evict its prefix and the next step recomputes it. `PinningScheduler` (passed to
 vLLM as `scheduler_cls`) takes an extra reference on the finished request's full, cached blocks when
-the step asked for a pin (`SamplingParams.extra_args`, see `retention_hints`), which keeps them out
+the step asked for a pin (`SamplingParams.extra_args`, see `engine.trace_hints`), which keeps them out
 of the free queue. The pin is released when the trace's next step has been scheduled (it now holds
 the blocks itself), when the trace ends (the harness calls the worker's `/release`, which reaches
 the scheduler as an internal abort of `release_request_id(trace)`), when admission pauses the trace
@@ -18,7 +18,7 @@ when the trace is expected back (`engine.kv_tier_policy`). The scheduler also te
 its prompt tokens were loaded through the connector (`HOST_TIER_TOKENS_KEY`).
 
 The vLLM classes are built on first attribute access (`__getattr__`), so importing this module for
-`retention_hints` stays free of vLLM.
+its request ids and settings stays free of vLLM.
 """
 
 from __future__ import annotations
@@ -27,21 +27,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.trace_hints import read_hints
+
 RELEASE_PREFIX = "pronk-release:"
 UNPIN_PREFIX = "pronk-unpin:"
 HOST_TIER_TOKENS_KEY = "pronk_host_tier_tokens"
 """Where a finished request's `kv_transfer_params` carry the prompt tokens the KV connector loaded for it."""
-TRACE_KEY = "pronk_trace_id"
-TTL_KEY = "pronk_pin_ttl_s"
 MAX_FRACTION_KEY = "pronk_kv_pin_max_fraction"
-
-
-def retention_hints(trace_id: str, ttl_s: float) -> dict[str, Any]:
-    """The per-request hints `PinningScheduler` reads from `SamplingParams.extra_args`; the same hints ride in the
-    request's `kv_transfer_params`, the only per-request data the host tier's cache policy gets
-    (`engine.kv_tier_policy`)."""
-    hints = {TRACE_KEY: trace_id, TTL_KEY: float(ttl_s)}
-    return {**hints, "kv_transfer_params": dict(hints)}
 
 
 def release_request_id(trace_id: str) -> str:
@@ -76,8 +68,7 @@ def scheduler_class(device: str) -> str:
 
 
 def _hints(request: Any) -> tuple[str | None, float]:
-    extra = getattr(request.sampling_params, "extra_args", None) or {}
-    return extra.get(TRACE_KEY), float(extra.get(TTL_KEY, 0.0) or 0.0)
+    return read_hints(getattr(request.sampling_params, "extra_args", None) or {})
 
 
 @dataclass(slots=True)

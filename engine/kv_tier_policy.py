@@ -18,7 +18,7 @@ abandoned traces ahead of every live one.
 
 A chunk shared by several traces (a common system prompt, a parent's prefix under its fan-out) counts as live while
 any of them is. The trace hints reach the policy in the request's `kv_transfer_params`
-(`engine.kv_retention.retention_hints`), the only per-request data vLLM hands a cache policy. vLLM builds the policy
+(`engine.trace_hints`), the only per-request data vLLM hands a cache policy. vLLM builds the policy
 by name in the engine core process (`cache_policy_module_path`); the scheduler there tells it about finished traces
 through `trace_finished`, so one engine per process is assumed, as vLLM's engine core process is.
 
@@ -33,13 +33,12 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
 
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
 from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
 
-from engine.kv_retention import TRACE_KEY, TTL_KEY
+from engine.trace_hints import read_hints
 
 RECENTLY_FINISHED = 4096
 """Finished traces remembered, so a request's report arriving after its trace's release cannot revive the trace."""
@@ -75,11 +74,10 @@ class TraceAwareCachePolicy(LRUCachePolicy):
         req_context: ReqContext,
     ) -> None:
         super().on_request_finished(key_groups, insertion_only_keys, reused_keys, req_context)
-        hints: dict[str, Any] = req_context.kv_transfer_params or {}
-        trace_id = hints.get(TRACE_KEY)
-        if not isinstance(trace_id, str) or trace_id in self.finished:
+        trace_id, gap = read_hints(req_context.kv_transfer_params or {})
+        if trace_id is None or trace_id in self.finished:
             return
-        now, gap = time.monotonic(), float(hints.get(TTL_KEY) or 0.0)
+        now = time.monotonic()
         self.next_use[trace_id] = (now + gap, now + 2 * gap)
         keys = self.keys_of.setdefault(trace_id, set())
         for group in key_groups:

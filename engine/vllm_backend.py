@@ -10,8 +10,9 @@ from typing import Any
 
 from engine.admission import KvBudget
 from engine.errors import EngineError
-from engine.kv_retention import HOST_TIER_TOKENS_KEY, release_request_id, retention_hints, unpin_request_id
+from engine.kv_retention import HOST_TIER_TOKENS_KEY, release_request_id, unpin_request_id
 from engine.protocol import HostTierStats, SamplingSpec, StepRequest, StepResult, WorkerStats
+from engine.trace_hints import retention_hints
 
 log = logging.getLogger(__name__)
 

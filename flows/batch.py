@@ -28,7 +28,8 @@ from pronk.batches.traces import scratch_dir
 from pronk.control.artifacts import ProgressArtifact, publish_batch_report, publish_summary
 from pronk.control.trace_sample import publish_traces
 from pronk.errors import PronkError
-from pronk.jobs import MAX_TRACE_SAMPLE, get_job
+from pronk.jobs.files import get_job
+from pronk.jobs.schema import MAX_TRACE_SAMPLE
 from pronk.settings import get_settings
 from pronk.stack.prefect_env import show_pronk_logs
 from tasks.chunks import run_chunk
@@ -42,8 +43,9 @@ class BatchFailed(PronkError, RuntimeError):
 def _end_batch(flow_run, status: Literal["failed", "cancelled"], message: str) -> None:
     parameters = flow_run.parameters
     if batch_id := parameters.get("batch_id"):
-        limits = input_limits(get_job(parameters["job_id"]))
-        end_batch(batch_id, status, message, parameters.get("input_uri"), limits=limits)
+        settings = get_settings()
+        limits = input_limits(get_job(parameters["job_id"], settings), settings)
+        end_batch(batch_id, status, message, settings, parameters.get("input_uri"), limits=limits)
 
 
 def _end_on_failure(flow, flow_run, state) -> None:
@@ -98,7 +100,7 @@ async def run_batch(
     logger = get_run_logger()
     settings = get_settings()
     store = BatchStore(settings)
-    job = get_job(job_id)
+    job = get_job(job_id, settings)
     flow_run_id = str(runtime.flow_run.id) if runtime.flow_run.id else None
     if batch_id is None and flow_run_id is not None:
         batch_id = batch_id_of_flow_run(flow_run_id)
@@ -108,7 +110,7 @@ async def run_batch(
         return batch.model_dump(mode="json")
 
     try:
-        validated = validate_lines(read_input_file(input_uri), job)
+        validated = validate_lines(read_input_file(input_uri, settings), job, settings)
     except Exception as exc:  # any failure to read the input ends the batch `failed`, never stuck `validating`
         if not isinstance(exc, BatchInputError):
             logger.exception("batch %s: reading its input failed", batch.id)

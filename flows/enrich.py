@@ -23,7 +23,7 @@ from pronk.enrich import run as enrich_run
 from pronk.enrich.history import EnrichRun, summary_markdown
 from pronk.enrich.spec import EnrichSpec
 from pronk.enrich.table import results_uri
-from pronk.jobs import JobConfig
+from pronk.jobs.schema import JobConfig
 from pronk.protocol.ids import new_id
 from pronk.settings import Settings, get_settings
 from pronk.stack.prefect_env import show_pronk_logs
@@ -38,7 +38,7 @@ async def enrich_table(spec: str, limit: int | None = None, batch_id: str | None
     show_pronk_logs()
     logger = get_run_logger()
     settings = get_settings()
-    enrichment, job = enrich_run.load_checked(spec)
+    enrichment, job = enrich_run.load_checked(spec, settings)
     results = results_uri(enrichment, settings)
     flow_run_id = str(runtime.flow_run.id) if runtime.flow_run.id else None
     # A run that died without ending (SIGKILL, OOM) left its marker: refuse while it lives, else take over its work.
@@ -114,7 +114,7 @@ async def _run(
             )
         except BaseException as exc:  # as run_batch's failure hook does: the batch ends with what finished
             try:
-                end_batch(batch_id, "failed", f"the enrich run raised: {type(exc).__name__}: {exc}")
+                end_batch(batch_id, "failed", f"the enrich run raised: {type(exc).__name__}: {exc}", settings)
             except Exception:  # the API's reconcile loop ends it later; keep the first error
                 logger.exception("enrichment %s: ending batch %s failed", enrichment.name, batch_id)
             raise

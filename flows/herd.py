@@ -11,7 +11,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from pronk.herd.tuner import TuneConfig, Tuner, chosen_knobs
-from pronk.jobs import get_job
+from pronk.jobs.files import get_job
 from pronk.settings import get_settings
 from pronk.stack.prefect_env import show_pronk_logs
 from tasks.herd import apply_winner, herd_trial, profile_job
@@ -34,7 +34,7 @@ def herd(
     show_pronk_logs()
     logger = get_run_logger()
     settings = get_settings()
-    job = get_job(job_id)
+    job = get_job(job_id, settings)
     profile_job(job.job_id, settings, runs)
     config = TuneConfig(
         budget_minutes=budget_minutes,

@@ -16,7 +16,7 @@ from prefect.artifacts import acreate_table_artifact
 
 from pronk.batches.schemas import CheckCounts
 from pronk.batches.traces import scratch_dir
-from pronk.jobs import get_job
+from pronk.jobs.files import get_job
 from pronk.leap import canary as canaries
 from pronk.leap import sequence as leaps
 from pronk.leap.records import LeapRecord, LeapStore
@@ -57,7 +57,7 @@ async def leap(
     flow_run_id = str(runtime.flow_run.id) if runtime.flow_run.id else None
     try:
         record = await asyncio.to_thread(leaps.begin, job_id, version, alias, settings, leap_id, flow_run_id)
-        job = await asyncio.to_thread(get_job, record.job_id, settings.jobs_dir)
+        job = await asyncio.to_thread(get_job, record.job_id, settings)
         lines = await asyncio.to_thread(canaries.labelled_set, job, record, canary, settings)
     except LeapRefused as exc:
         if exc.record is not None:

@@ -9,11 +9,10 @@ from typing import Any
 
 import fsspec
 
-from pronk.settings import Settings, get_settings
+from pronk.settings import Settings
 
 
-def storage_options(uri: str, settings: Settings | None = None) -> dict[str, Any]:
-    settings = settings or get_settings()
+def storage_options(uri: str, settings: Settings) -> dict[str, Any]:
     if not uri.startswith("s3://"):
         return {}
     # Other processes write the same bucket: a cached listing would hide their objects.
@@ -23,17 +22,17 @@ def storage_options(uri: str, settings: Settings | None = None) -> dict[str, Any
     return options
 
 
-def filesystem(uri: str, settings: Settings | None = None) -> fsspec.AbstractFileSystem:
+def filesystem(uri: str, settings: Settings) -> fsspec.AbstractFileSystem:
     protocol = uri.split("://", 1)[0] if "://" in uri else "file"
     return fsspec.filesystem(protocol, **storage_options(uri, settings))
 
 
-def read_bytes(uri: str, settings: Settings | None = None) -> bytes:
+def read_bytes(uri: str, settings: Settings) -> bytes:
     """One whole GET: unlike a file object's ranged reads, it cannot fail when another process rewrites the object."""
     return filesystem(uri, settings).cat_file(uri)
 
 
-def write_bytes(uri: str, data: bytes, settings: Settings | None = None) -> None:
+def write_bytes(uri: str, data: bytes, settings: Settings) -> None:
     """Replace the object at once: an S3 PUT is atomic, a local file is written beside it and renamed."""
     fs = filesystem(uri, settings)
     if "://" in uri and not uri.startswith("file://"):
@@ -50,22 +49,22 @@ def join(base: str, *parts: str) -> str:
     return "/".join([base.rstrip("/"), *parts])
 
 
-def exists(uri: str, settings: Settings | None = None) -> bool:
+def exists(uri: str, settings: Settings) -> bool:
     return filesystem(uri, settings).exists(uri)
 
 
-def size(uri: str, settings: Settings | None = None) -> int:
+def size(uri: str, settings: Settings) -> int:
     return int(filesystem(uri, settings).size(uri))
 
 
-def delete(uri: str, settings: Settings | None = None) -> None:
+def delete(uri: str, settings: Settings) -> None:
     """Remove one object; a missing one is fine."""
     fs = filesystem(uri, settings)
     if fs.exists(uri):
         fs.rm_file(uri)
 
 
-def list_names(prefix: str, settings: Settings | None = None) -> list[str]:
+def list_names(prefix: str, settings: Settings) -> list[str]:
     """Names (last path part) of the objects directly under `prefix`, sorted; none when it does not exist."""
     fs = filesystem(prefix, settings)
     try:
@@ -74,7 +73,7 @@ def list_names(prefix: str, settings: Settings | None = None) -> list[str]:
         return []
 
 
-def read_many(uris: list[str], settings: Settings | None = None) -> list[bytes | None]:
+def read_many(uris: list[str], settings: Settings) -> list[bytes | None]:
     """Read several objects of one folder at once (s3fs fetches them concurrently); None for a missing one."""
     if not uris:
         return []
@@ -83,7 +82,7 @@ def read_many(uris: list[str], settings: Settings | None = None) -> list[bytes |
     return [by_name.get(uri.rsplit("/", 1)[-1]) for uri in uris]
 
 
-def iter_chunks(uri: str, settings: Settings | None = None, chunk_size: int = 1 << 20):
+def iter_chunks(uri: str, settings: Settings, chunk_size: int = 1 << 20):
     """Yield the object's bytes a chunk at a time, so large files never sit in memory whole."""
     with fsspec.open(uri, "rb", **storage_options(uri, settings)) as f:
         while chunk := f.read(chunk_size):

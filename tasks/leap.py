@@ -14,7 +14,7 @@ from prefect.cache_policies import NO_CACHE
 
 from engine.client import WeightsRefused
 from pronk.batches.schemas import CheckCounts
-from pronk.jobs import JobConfig
+from pronk.jobs.schema import JobConfig
 from pronk.leap import canary
 from pronk.leap.sequence import LeapRun
 from pronk.protocol.lines import ValidRequest

@@ -39,8 +39,9 @@ from bench.harness.fleet import limit_run, pronk_fleet
 from bench.harness.suite import CPU_BLOCK_SIZE, relabel
 from bench.harness.workload import cache_bounds, generate
 from engine.protocol import WorkerStats
-from pronk.jobs import JobConfig, get_job
-from pronk.settings import Settings
+from pronk.jobs.files import get_job
+from pronk.jobs.schema import JobConfig
+from pronk.settings import Settings, get_settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +159,7 @@ def main() -> None:
     args = parser.parse_args()
 
     settings = Settings()
-    job = get_job(args.job)
+    job = get_job(args.job, get_settings())
     with pronk_fleet(settings, job):
         for seed in (int(s) for s in args.seeds.split(",")):
             round_ = Round(args.profile, args.traces, seed, args.setup, args.gap_scale, args.limit)

@@ -52,10 +52,11 @@ from pronk.agents.step_records import StepRecord, StepRecorder, record_order, st
 from pronk.batches.labelled import check_lines, labelled_lines
 from pronk.herd.profile import scan_steps
 from pronk.herd.shapes import shapes_from_steps
-from pronk.jobs import JobConfig, get_job
+from pronk.jobs.files import get_job
+from pronk.jobs.schema import JobConfig
 from pronk.protocol.lines import ValidRequest
 from pronk.protocol.shapes import TraceShape
-from pronk.settings import Settings
+from pronk.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ def shapes_of(records: list[StepRecord], path: Path) -> list[TraceShape]:
     file at `path` read as the Herd reads a job's records."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(steps_ndjson(sorted(records, key=record_order)))
-    return shapes_from_steps(scan_steps([str(path)]))
+    return shapes_from_steps(scan_steps([str(path)], get_settings()))
 
 
 class RealBench:
@@ -83,7 +84,7 @@ class RealBench:
     def __init__(self, config: BenchConfig, settings: Settings):
         self.config = config
         self.settings = settings
-        self.job: JobConfig = get_job(config.job)
+        self.job: JobConfig = get_job(config.job, get_settings())
         self.profile: LabelledProfile = LABELLED_PROFILES[config.profile]
         self.lines = labelled_lines(self.job, settings)
         self.work = config.work_dir

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from engine.kv_tier import host_tier_config
 from engine.worker import COMPACT_JSON_OUTPUTS, cores_for, free_port
-from pronk.jobs import JobConfig
+from pronk.jobs.schema import JobConfig
 from pronk.stack.processes import spawn, stop, wait_healthy
 
 

@@ -26,7 +26,7 @@ from bench.harness.agent_loop import ReplayResult, replay
 from bench.harness.figures import FULL, AgentRun, worker_moves
 from engine.protocol import StepRequest, StepResult, WorkerStats
 from pronk.agents.tool_gaps import ToolGaps
-from pronk.jobs import JobConfig
+from pronk.jobs.schema import JobConfig
 from pronk.protocol.bodies import REPLAY_URL
 from pronk.protocol.shapes import TraceShape
 from pronk.settings import Settings

@@ -10,7 +10,7 @@ from engine.protocol import SamplingSpec, StepRequest, StepResult
 from engine.router import NoWorkerAvailable, Router
 from pronk.agents.outcomes import Completion, LineFailure, RequestOutcome, Usage
 from pronk.agents.step_records import StepRecord, StepRecorder
-from pronk.jobs import JobConfig
+from pronk.jobs.schema import JobConfig
 from pronk.protocol.bodies import ChatCompletionBody
 from pronk.protocol.error_codes import ErrorCode
 from pronk.protocol.ids import new_id

@@ -32,7 +32,7 @@ from pronk.agents.tool_gaps import ToolGaps
 from pronk.agents.tools import SPAWN_SUBAGENTS, Tool, ToolContext, job_tools, run_tool
 from pronk.agents.transcripts import Transcript, TranscriptRecorder
 from pronk.errors import PronkError
-from pronk.jobs import HarnessConfig, JobConfig
+from pronk.jobs.schema import HarnessConfig, JobConfig
 from pronk.protocol.bodies import ChatCompletionBody, NamedToolChoice, ReplayBody
 from pronk.protocol.error_codes import ErrorCode
 from pronk.protocol.ids import new_id

@@ -232,7 +232,7 @@ def log_mlflow_traces(
     return experiment_id, logged
 
 
-def steps_frame(uri: str, schema: Any, settings: Settings | None = None) -> pl.LazyFrame:
+def steps_frame(uri: str, schema: Any, settings: Settings) -> pl.LazyFrame:
     """One step-records file as a lazy frame. An `s3://` file is read through pronk's store (its endpoint and
     credentials): polars' own object store does not take fsspec's options and would dial AWS instead."""
     if uri.startswith("s3://"):

@@ -7,7 +7,7 @@ import json
 
 from jsonschema import Draft202012Validator, SchemaError
 
-from pronk.jobs import JobConfig
+from pronk.jobs.schema import JobConfig
 from pronk.protocol.bodies import HarnessRequest, NamedToolChoice, ToolChoice, ToolSpec
 from pronk.protocol.error_codes import ErrorCode
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from pronk import storage
 from pronk.batches.owner_index import check_owner
-from pronk.settings import Settings, get_settings
+from pronk.settings import Settings
 
 KEY_PREFIX = "pk-"
 KEY_PATTERN = re.compile(r"pk-[A-Za-z0-9_-]{16,128}")
@@ -40,8 +40,8 @@ def key_hash(key: str) -> str:
 
 
 class ApiKeyStore:
-    def __init__(self, settings: Settings | None = None):
-        self.settings = settings or get_settings()
+    def __init__(self, settings: Settings):
+        self.settings = settings
         self.root = storage.join(self.settings.store_uri, "api_keys")
 
     def _uri(self, digest: str) -> str:

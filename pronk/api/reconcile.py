@@ -80,7 +80,7 @@ class Reconciler:
             why += f" (run {runs} of at most {self.settings.max_batch_runs})"
         input_uri = flow_run.parameters.get("input_uri")
         await run_in_threadpool(
-            end_batch, batch_id, status, why, input_uri if isinstance(input_uri, str) else None, self.settings
+            end_batch, batch_id, status, why, self.settings, input_uri if isinstance(input_uri, str) else None
         )
         return True
 

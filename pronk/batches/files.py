@@ -20,7 +20,7 @@ from pronk.batches.input import parse_line
 from pronk.batches.owner_index import OwnerIndex, Page
 from pronk.batches.schemas import Batch, FileObject, FilePurpose
 from pronk.errors import PronkError
-from pronk.settings import Settings, get_settings
+from pronk.settings import Settings
 
 
 class UploadRejected(PronkError, ValueError):
@@ -70,8 +70,8 @@ def summarize_input(source: BinaryIO, max_lines: int) -> InputSummary:
 
 
 class FileStore:
-    def __init__(self, settings: Settings | None = None):
-        self.settings = settings or get_settings()
+    def __init__(self, settings: Settings):
+        self.settings = settings
         self.root = storage.join(self.settings.store_uri, "files")
         self.owners = OwnerIndex(storage.join(self.root, "owners"), self.settings)
 

@@ -25,7 +25,7 @@ from pronk.agents.transcripts import Transcript
 from pronk.batches.input import validate_input
 from pronk.batches.schemas import CheckCounts
 from pronk.errors import PronkError
-from pronk.jobs import JobConfig
+from pronk.jobs.schema import JobConfig
 from pronk.protocol.checks import CheckResult, PythonCheck
 from pronk.protocol.lines import ValidRequest
 from pronk.settings import Settings
@@ -80,7 +80,7 @@ def _addressed_to(data: bytes, job: JobConfig) -> bytes:
     return b"\n".join(lines)
 
 
-def labelled_lines(job: JobConfig, settings: Settings | None = None) -> list[ValidRequest]:
+def labelled_lines(job: JobConfig, settings: Settings) -> list[ValidRequest]:
     """The job's labelled set, validated for the job; LabelledSetError names the first bad line."""
     uri = job.quality.labelled_set
     if uri is None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pronk import storage
-from pronk.settings import Settings, get_settings
+from pronk.settings import Settings
 
 OWNER_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # never `.` or `..`: it names a folder
 _LAST_MS = 10**13 - 1
@@ -34,8 +34,8 @@ class Page:
 
 
 class OwnerIndex:
-    def __init__(self, root: str, settings: Settings | None = None):
-        self.settings = settings or get_settings()
+    def __init__(self, root: str, settings: Settings):
+        self.settings = settings
         self.root = root
 
     def _folder(self, owner: str) -> str:

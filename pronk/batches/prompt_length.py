@@ -17,9 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 from pronk.batches.input import InputLimits
-from pronk.jobs import JobConfig
+from pronk.jobs.schema import JobConfig
 from pronk.protocol.bodies import ChatCompletionBody
-from pronk.settings import get_settings
+from pronk.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -75,17 +75,17 @@ class PromptLength:
         return len(tokenizer.encode(text, add_special_tokens=False))
 
 
-def job_tokenizer(job: JobConfig) -> Any:
+def job_tokenizer(job: JobConfig, settings: Settings) -> Any:
     """The tokenizer of the job's model, as its workers load it (the model's directory, resolved once)."""
     from transformers import AutoTokenizer
 
     from pronk.models.registry import resolve_model
 
-    return AutoTokenizer.from_pretrained(str(resolve_model(job.model).path))
+    return AutoTokenizer.from_pretrained(str(resolve_model(job.model, settings).path))
 
 
-def input_limits(job: JobConfig) -> InputLimits:
+def input_limits(job: JobConfig, settings: Settings) -> InputLimits:
     """The limits every line of a batch for `job` is validated against (the job's tokenizer loads on first need)."""
     return InputLimits(
-        max_line_bytes=get_settings().max_line_bytes, prompt_tokens=PromptLength(job, lambda: job_tokenizer(job))
+        max_line_bytes=settings.max_line_bytes, prompt_tokens=PromptLength(job, lambda: job_tokenizer(job, settings))
     )

@@ -21,7 +21,7 @@ from pronk import storage
 from pronk.agents.step_records import ToolCallCounts
 from pronk.protocol.checks import CheckStatus
 from pronk.protocol.lines import OutputLine
-from pronk.settings import Settings, get_settings
+from pronk.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +61,8 @@ def new_run_tag() -> str:
 class ResultParts:
     """The persisted results of one batch, across all its runs."""
 
-    def __init__(self, batch_id: str, settings: Settings | None = None):
-        self.settings = settings or get_settings()
+    def __init__(self, batch_id: str, settings: Settings):
+        self.settings = settings
         self.root = storage.join(self.settings.store_uri, "results", batch_id)
         self.runs_root = storage.join(self.root, "runs")
 
@@ -71,7 +71,7 @@ class ResultParts:
 
     def load(self) -> dict[int, FinishedLine]:
         """Every persisted line by input line; a row that does not parse is skipped (its line runs again)."""
-        names = [n for n in storage.list_names(self.root) if n.endswith(".jsonl")]
+        names = [n for n in storage.list_names(self.root, self.settings) if n.endswith(".jsonl")]
         finished: dict[int, FinishedLine] = {}
         datas = storage.read_many([storage.join(self.root, n) for n in names], self.settings)
         for name, data in zip(names, datas, strict=True):
@@ -92,7 +92,7 @@ class ResultParts:
         )
 
     def runs(self) -> list[RunRecord]:
-        names = [n for n in storage.list_names(self.runs_root) if n.endswith(".json")]
+        names = [n for n in storage.list_names(self.runs_root, self.settings) if n.endswith(".json")]
         datas = storage.read_many([storage.join(self.runs_root, n) for n in names], self.settings)
         records = []
         for data in datas:

@@ -26,12 +26,13 @@ from pronk.batches.results import FinishedLine, ResultParts, RunRecord, jsonl, n
 from pronk.batches.schemas import TERMINAL_STATUSES, Batch, BatchErrorData, BatchErrors, BatchUsage, CheckCounts
 from pronk.batches.store import BatchStore
 from pronk.batches.traces import trace_row
-from pronk.jobs import JobConfig, get_job
+from pronk.jobs.files import get_job
+from pronk.jobs.schema import JobConfig
 from pronk.protocol.checks import CheckResult
 from pronk.protocol.error_codes import ErrorCode
 from pronk.protocol.ids import new_id
 from pronk.protocol.lines import OutputLine, ValidRequest, error_line
-from pronk.settings import Settings, get_settings
+from pronk.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -324,8 +325,8 @@ def end_batch(
     batch_id: str,
     status: Literal["failed", "cancelled"],
     message: str,
+    settings: Settings,
     input_uri: str | None = None,
-    settings: Settings | None = None,
     limits: InputLimits | None = None,
 ) -> Batch | None:
     """End a batch whose run is gone: its persisted lines in the output/error files, the rest as error lines.
@@ -335,7 +336,6 @@ def end_batch(
     only the tokenizer would find too long ends `batch_run_failed` instead. A batch already
     terminal (or unknown) is left alone.
     """
-    settings = settings or get_settings()
     store = BatchStore(settings)
     try:
         batch = store.load(batch_id)
@@ -344,7 +344,7 @@ def end_batch(
     if batch.status in TERMINAL_STATUSES:
         return batch
     files = FileStore(settings)
-    job = get_job(batch.job_id)
+    job = get_job(batch.job_id, settings)
     try:
         data = storage.read_bytes(input_uri or input_uri_of(batch, files), settings)
         validated = validate_input(data, job, limits or InputLimits(max_line_bytes=settings.max_line_bytes))

@@ -13,12 +13,12 @@ import time
 from pronk import storage
 from pronk.batches.owner_index import OwnerIndex
 from pronk.batches.schemas import TERMINAL_STATUSES, Batch
-from pronk.settings import Settings, get_settings
+from pronk.settings import Settings
 
 
 class BatchStore:
-    def __init__(self, settings: Settings | None = None):
-        self.settings = settings or get_settings()
+    def __init__(self, settings: Settings):
+        self.settings = settings
         self.root = storage.join(self.settings.store_uri, "batches")
         self.owners = OwnerIndex(storage.join(self.settings.store_uri, "batch_owners"), self.settings)
 

@@ -15,10 +15,11 @@ JobArg = Annotated[str | None, typer.Option("--job", help="Job id or name (defau
 
 
 def _job(job: str | None):
-    from pronk.jobs import get_job
+    from pronk.jobs.files import get_job
 
     try:
-        return get_job(job or get_settings().default_job)
+        settings = get_settings()
+        return get_job(job or settings.default_job, settings)
     except KeyError as exc:
         fail(str(exc.args[0]))
 
@@ -104,11 +105,12 @@ def herd_tune(
 @herd_app.command("versions")
 def herd_versions(job: JobArg = None) -> None:
     """The job's configuration versions (the current one marked)."""
-    from pronk.herd.versions import current_version, job_versions
+    from pronk.jobs.versions import current_version, job_versions
 
     config = _job(job)
-    current = current_version(config.job_id)
-    for version in job_versions(config.job_id):
+    settings = get_settings()
+    current = current_version(config.job_id, settings)
+    for version in job_versions(config.job_id, settings):
         mark = "*" if current and current.version == version.version else " "
         typer.echo(f"{mark} v{version.version}  run {version.mlflow_run_id}  {json.dumps(version.changes)}")
     if current is None:
@@ -122,7 +124,7 @@ def herd_use(
 ) -> None:
     """Make a configuration version current and roll it out (a rolling restart when workers need one)."""
     from pronk.herd.apply import use_version
-    from pronk.jobs import JobFileError
+    from pronk.jobs.schema import JobFileError
 
     config = _job(job)
     try:
@@ -146,10 +148,10 @@ def register(app: typer.Typer) -> None:
         from dataclasses import asdict
 
         from pronk.batches.report import recent_runs, runs_table
-        from pronk.jobs import load_jobs
+        from pronk.jobs.files import load_jobs
 
         settings = get_settings()
-        job_ids = [_job(job).job_id] if job else sorted(load_jobs())
+        job_ids = [_job(job).job_id] if job else sorted(load_jobs(settings))
         rows = recent_runs(settings, job_ids, limit)
         if as_json:
             for row in rows:

@@ -26,12 +26,12 @@ def weights_upload(
     ] = None,
 ) -> None:
     """Validate a checkpoint against the model's current version and register it as the next version."""
-    from pronk.jobs import get_job
+    from pronk.jobs.files import get_job
     from pronk.models.checkpoints import CheckpointMismatch
     from pronk.models.versions import upload_checkpoint
 
     settings = get_settings()
-    job_model = get_job(job or settings.default_job).model
+    job_model = get_job(job or settings.default_job, settings).model
     try:
         result = upload_checkpoint(src, model, job_model=job_model, settings=settings)
     except (CheckpointMismatch, FileNotFoundError) as exc:
@@ -88,9 +88,9 @@ def leap_run(
     settings = get_settings()
     configure_prefect(settings)
     from flows.leap import LeapFailed, LeapRefused, leap
-    from pronk.jobs import get_job
+    from pronk.jobs.files import get_job
 
-    job_id = get_job(job or settings.default_job).job_id
+    job_id = get_job(job or settings.default_job, settings).job_id
     try:
         record = asyncio.run(leap(job_id=job_id, version=version, alias=alias, canary=canary))
     except (LeapRefused, LeapFailed) as exc:
@@ -106,11 +106,11 @@ def leap_status(
     ] = None,
 ) -> None:
     """Each live worker's version and Leap state, and the job's latest Leap."""
-    from pronk.jobs import get_job
+    from pronk.jobs.files import get_job
     from pronk.leap.records import LeapStore
 
     settings = get_settings()
-    job_id = get_job(job or settings.default_job).job_id
+    job_id = get_job(job or settings.default_job, settings).job_id
     for entry in worker_registry(settings).live(job_id):
         staged = f"  staged {entry.stats.staged_version}" if entry.stats.staged_version else ""
         typer.echo(f"{entry.worker_id:24} {entry.stats.leap_state:10} {entry.stats.model_version}{staged}")

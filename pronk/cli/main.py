@@ -92,7 +92,7 @@ def stack_down() -> None:
 @stack_app.command("status")
 def stack_status() -> None:
     """Show the stack's processes, what the supervisor makes of each worker, and the live workers of each job."""
-    from pronk.jobs import load_jobs
+    from pronk.jobs.files import load_jobs
     from pronk.stack import embedded as stack
     from pronk.stack.processes import alive
     from pronk.stack.supervisor import read_report
@@ -110,7 +110,7 @@ def stack_status() -> None:
             line += f"  last failure: {worker.last_failure}"
         typer.echo(line)
     registry = worker_registry(settings)
-    for job_id in load_jobs():
+    for job_id in load_jobs(settings):
         for entry in registry.live(job_id):
             typer.echo(
                 f"{entry.worker_id:24} {entry.url}  {entry.stats.model_version}  in flight {entry.stats.in_flight}"
@@ -149,7 +149,7 @@ def model_import(
     from pronk.models.imports import ImportRefused, import_model
 
     try:
-        result = import_model(src, name, alias, get_settings())
+        result = import_model(src, name, get_settings(), alias)
     except ImportRefused as exc:
         fail(f"refused, nothing registered: {exc}")
     done = "registered" if result.registered else "already registered"
@@ -183,9 +183,9 @@ def worker_start(
 @job_app.command("list")
 def job_list() -> None:
     """List the jobs in the catalog."""
-    from pronk.jobs import load_jobs
+    from pronk.jobs.files import load_jobs
 
-    for job in load_jobs().values():
+    for job in load_jobs(get_settings()).values():
         typer.echo(f"{job.job_id}  {job.name:16} {job.served_model_name:16} {job.model}  workers={job.workers}")
 
 
@@ -194,10 +194,11 @@ def job_show(job: JobOption = None) -> None:
     """Print a job whole, as it runs: its base merged in, its current configuration version applied, defaults filled."""
     import yaml
 
-    from pronk.jobs import get_job
+    from pronk.jobs.files import get_job
 
     try:
-        config = get_job(job or get_settings().default_job)
+        settings = get_settings()
+        config = get_job(job or settings.default_job, settings)
     except (KeyError, ValueError) as exc:
         fail(str(exc))
     typer.echo(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True), sort_keys=False), nl=False)
@@ -213,7 +214,8 @@ def job_migrate(
     """
     import yaml
 
-    from pronk.jobs import flat_keys, load_job_file, migrate_flat
+    from pronk.jobs.files import load_job_file
+    from pronk.jobs.sections import flat_keys, migrate_flat
 
     for path in files:
         try:
@@ -248,11 +250,11 @@ def batch_run(
 
     settings = get_settings()
     configure_prefect(settings)
-    from pronk.jobs import get_job
+    from pronk.jobs.files import get_job
     from pronk.protocol.ids import new_id
 
     try:
-        job_config = get_job(job or settings.default_job)
+        job_config = get_job(job or settings.default_job, settings)
     except (KeyError, ValueError) as exc:
         fail(str(exc))
     if not worker_registry(settings).live(job_config.job_id):
@@ -276,10 +278,11 @@ def _print_answers(batch, count: int) -> None:
     from pronk import storage
     from pronk.cli.terminal import answers_table
 
+    settings = get_settings()
     lines = []
     for uri in (batch.output_uri, batch.error_uri):
-        if uri and storage.exists(uri):
-            lines += [json.loads(raw) for raw in storage.read_bytes(uri).splitlines() if raw.strip()]
+        if uri and storage.exists(uri, settings):
+            lines += [json.loads(raw) for raw in storage.read_bytes(uri, settings).splitlines() if raw.strip()]
     typer.echo(answers_table(lines, count), err=True)
 
 
@@ -295,7 +298,7 @@ def _run_locally(batch_id: str, label: str, parameters: dict, answers: int = 0) 
             asyncio.run(run_batch(batch_id=batch_id, **parameters))
         except BatchFailed as exc:
             typer.echo(f"pronk: {exc}", err=True)
-    batch = BatchStore().load(batch_id)
+    batch = BatchStore(get_settings()).load(batch_id)
     counts = batch.request_counts
     typer.echo(
         f"batch {batch.id} {batch.status}: {counts.completed} completed, {counts.failed} failed of {counts.total}; "

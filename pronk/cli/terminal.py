@@ -23,8 +23,9 @@ def _draw_progress(batch_id: str | Callable[[], str], label: str, stop: threadin
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from pronk.batches.store import BatchStore
+    from pronk.settings import get_settings
 
-    store = BatchStore()
+    store = BatchStore(get_settings())
     with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=True) as bar:
         task = bar.add_task("batch", total=None)
         while not stop.wait(0.5):

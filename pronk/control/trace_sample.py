@@ -42,7 +42,7 @@ from pronk.batches.traces import TABLE_ROWS, SampledTrace, sample_of, scratch_di
 from pronk.control.artifacts import publish_trace_table
 from pronk.control.calls import best_effort
 from pronk.control.trace_dags import MAX_TASK_RUNS, RECORD_WAIT_S, TASK_RUNS_PER_S, draw_trace_dags, log_line
-from pronk.jobs import get_job
+from pronk.jobs.files import get_job
 from pronk.settings import PROJECT_ROOT, Settings, get_settings
 from pronk.tracking import experiment_name
 
@@ -165,7 +165,7 @@ async def log_sample_to_mlflow(order: SampleOrder, settings: Settings) -> dict[s
 
     MLflow trouble is logged, never a reason to skip the rest of the drawing.
     """
-    job = get_job(order.job_id)
+    job = get_job(order.job_id, settings)
     if not order.traces or not job.observability.mlflow_traces:
         return {}
     records = [StepRecord(**row) for t in order.traces for row in t.steps]

@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from pronk.enrich.spec import EnrichSpec
-from pronk.jobs import JobConfig
+from pronk.jobs.schema import JobConfig
 
 MAX_VALUE_CHARS = 4000
 """A longer cell is cut in the prompt (the fingerprint still sees all of it)."""

@@ -212,8 +212,8 @@ def take_over(earlier: OpenRun, lines: bytes | None, settings: Settings) -> Take
         "failed",
         f"its enrich run {earlier.run_id} ended without finishing ({earlier.describe()}); the next run did not "
         f"reuse it: {because}",
-        earlier.lines_uri,
         settings,
+        earlier.lines_uri,
     )
     why = f"run {earlier.run_id}'s batch {earlier.batch_id} ended failed with what it persisted: {because}"
     return Takeover(None, ended=earlier.batch_id, why=why)

@@ -19,7 +19,8 @@ from pronk.enrich.history import EnrichRun, History
 from pronk.enrich.lines import check_job, input_file
 from pronk.enrich.spec import EnrichSpec, EnrichSpecError, load_spec
 from pronk.enrich.table import Plan, merge, write_version
-from pronk.jobs import JobConfig, get_job
+from pronk.jobs.files import get_job
+from pronk.jobs.schema import JobConfig
 from pronk.protocol.ids import new_id
 from pronk.settings import Settings
 
@@ -33,11 +34,11 @@ def new_run_id() -> str:
     return f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{new_id('enrich')[-8:]}"
 
 
-def load_checked(spec_path: str) -> tuple[EnrichSpec, JobConfig]:
+def load_checked(spec_path: str, settings: Settings) -> tuple[EnrichSpec, JobConfig]:
     """The enrichment and its job, refused (`EnrichSpecError`, naming what is wrong) when they do not fit."""
     enrichment = load_spec(spec_path)
     try:
-        job = get_job(enrichment.job)
+        job = get_job(enrichment.job, settings)
     except KeyError as exc:
         raise EnrichSpecError(f"spec {enrichment.name}: job {enrichment.job!r}: {exc}") from exc
     problems = check_job(enrichment, job)

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pronk.herd.trial import restart_key
-from pronk.herd.versions import JobVersion, current_version, save_version, set_current_version
-from pronk.jobs import get_job, merge_sections
+from pronk.jobs.files import get_job
+from pronk.jobs.sections import merge_sections
+from pronk.jobs.versions import JobVersion, current_version, save_version, set_current_version
 from pronk.settings import Settings
 from pronk.stack.rolling import rolling_restart
 from pronk.worker_registry import worker_registry
@@ -31,8 +32,8 @@ class Applied:
 
 def roll_out(job_id: str, before_key: str, settings: Settings) -> Applied:
     """Bring the running workers to the job's current configuration (a rolling restart when they need one)."""
-    after = get_job(job_id)
-    version = current_version(job_id)
+    after = get_job(job_id, settings)
+    version = current_version(job_id, settings)
     number = version.version if version else 0
     running = worker_registry(settings).live(job_id)
     if restart_key(after) == before_key or not running:
@@ -45,12 +46,13 @@ def apply_changes(
     job_id: str, changes: dict[str, Any], mlflow_run_id: str | None, settings: Settings, note: str = ""
 ) -> tuple[JobVersion, Applied]:
     """Record `changes` (relative to the job as it runs now) as its next configuration version and roll it out."""
-    before = get_job(job_id)
-    current = current_version(job_id)
+    before = get_job(job_id, settings)
+    current = current_version(job_id, settings)
     version = save_version(
-        get_job(job_id, versions=False),
+        get_job(job_id, settings, versions=False),
         merge_sections(current.changes if current else {}, changes),
         mlflow_run_id,
+        settings,
         note,
     )
     return version, roll_out(job_id, restart_key(before), settings)
@@ -58,6 +60,6 @@ def apply_changes(
 
 def use_version(job_id: str, number: int, settings: Settings) -> Applied:
     """Go back (or forward) to configuration version `number` (0: the job file alone) and roll it out."""
-    before = get_job(job_id)
-    set_current_version(job_id, number)
+    before = get_job(job_id, settings)
+    set_current_version(job_id, number, settings)
     return roll_out(job_id, restart_key(before), settings)

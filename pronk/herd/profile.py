@@ -164,7 +164,7 @@ def job_step_uris(job_id: str, settings: Settings, limit: int | None = None) -> 
     return [u for u in uris if storage.exists(u, settings)]
 
 
-def scan_steps(uris: list[str], settings: Settings | None = None) -> pl.LazyFrame:
+def scan_steps(uris: list[str], settings: Settings) -> pl.LazyFrame:
     """The step records of many files as one lazy frame, with the step-record schema."""
     if not uris:
         raise NoStepRecords("no step records to read")

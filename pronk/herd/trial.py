@@ -30,7 +30,7 @@ from pronk.agents.step_records import StepRecorder
 from pronk.agents.tool_gaps import ToolGaps
 from pronk.batches.labelled import run_labelled
 from pronk.batches.schemas import CheckCounts
-from pronk.jobs import JobConfig
+from pronk.jobs.schema import JobConfig
 from pronk.protocol.lines import ValidRequest
 from pronk.protocol.shapes import TraceShape
 from pronk.settings import Settings

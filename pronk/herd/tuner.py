@@ -39,7 +39,8 @@ from pronk.herd.guard import Verdict, judge
 from pronk.herd.profile import job_step_uris, profile_steps, scan_steps
 from pronk.herd.shapes import relabel, sample_shapes, shapes_from_steps
 from pronk.herd.trial import Measurement, TrialFleet, replay_sample, restart_key, run_labelled_set
-from pronk.jobs import JobConfig, with_changes
+from pronk.jobs.schema import JobConfig
+from pronk.jobs.versions import with_changes
 from pronk.protocol.lines import ValidRequest
 from pronk.protocol.shapes import TraceShape
 from pronk.settings import Settings

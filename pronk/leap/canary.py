@@ -18,7 +18,7 @@ from pronk.agents.harness import Harness, job_router
 from pronk.agents.step_records import StepRecorder
 from pronk.batches.labelled import LabelledSetError, compare_success, labelled_lines, run_labelled
 from pronk.batches.schemas import CheckCounts
-from pronk.jobs import JobConfig
+from pronk.jobs.schema import JobConfig
 from pronk.leap.records import CanaryRecord, LeapRecord, LeapStore
 from pronk.leap.sequence import LeapFailed, LeapRefused, LeapRun, ReloadStep, StageStep, roll_back
 from pronk.models.registry import models_uri

@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from engine.client import WorkerClient
 from pronk.errors import PronkError
-from pronk.jobs import get_job
+from pronk.jobs.files import get_job
 from pronk.leap.records import LeapRecord, LeapStore, WorkerLeap, WorkerLeapState
 from pronk.models.checkpoints import CheckpointMismatch
 from pronk.models.registry import is_models_uri, models_uri, parse_models_uri, set_alias
@@ -140,7 +140,7 @@ def begin(
     Refused before any worker is touched: a job that serves no MLflow model, no such version, no live
     worker, or a target that does not fit what a worker serves.
     """
-    job = get_job(job_id, settings.jobs_dir)
+    job = get_job(job_id, settings)
     if not is_models_uri(job.model):
         raise LeapRefused(f"job {job.job_id} serves {job.model!r}; Leap needs an MLflow model (models:/NAME@ALIAS)")
     name, job_alias, _ = parse_models_uri(job.model)

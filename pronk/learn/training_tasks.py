@@ -279,7 +279,8 @@ def _canonical_answer(check: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from pronk.jobs import get_job
+    from pronk.jobs.files import get_job
+    from pronk.settings import get_settings
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--job", default="smollm2-cpu", help="The job whose sql and search tools look answers up.")
@@ -287,7 +288,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=TRAINING_SET)
     args = parser.parse_args(argv)
     held_out = [json.loads(raw) for raw in HELD_OUT.read_text().splitlines() if raw.strip()]
-    lines = training_lines(job_tools(get_job(args.job)), held_out, args.seed)
+    lines = training_lines(job_tools(get_job(args.job, get_settings())), held_out, args.seed)
     args.out.write_text("".join(json.dumps(line) + "\n" for line in lines))
     print(f"wrote {len(lines)} lines to {args.out}")
 

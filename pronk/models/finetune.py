@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from pronk import paths
 from pronk.models.versions import UploadResult, upload_checkpoint
-from pronk.settings import Settings, get_settings
+from pronk.settings import Settings
 
 
 class FinetuneConfig(BaseModel):
@@ -72,11 +72,10 @@ def _train(model_dir: Path, config: FinetuneConfig) -> tuple[float, float]:
     return losses[0], losses[-1]
 
 
-def finetune(config: FinetuneConfig, settings: Settings | None = None) -> FinetuneResult:
+def finetune(config: FinetuneConfig, settings: Settings) -> FinetuneResult:
     """Train from `config.source` and register the result as the next version of the same model."""
     from pronk.models.registry import is_models_uri, models_uri, parse_models_uri, resolve_model
 
-    settings = settings or get_settings()
     if not is_models_uri(config.source):
         raise ValueError(f"finetune source {config.source!r}: expected models:/NAME@ALIAS or models:/NAME/N")
     name = parse_models_uri(config.source)[0]

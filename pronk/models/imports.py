@@ -23,7 +23,7 @@ from pronk import paths
 from pronk.errors import PronkError
 from pronk.models.checkpoints import checkpoint_tags, read_spec
 from pronk.models.registry import alias_tags, is_models_uri, parse_models_uri, register_model_dir, resolve_model
-from pronk.settings import Settings, get_settings
+from pronk.settings import Settings
 
 PACKAGE_SCHEME = "package:"
 CONTENT_TAG = "content_sha256"
@@ -115,9 +115,8 @@ def model_dir(source: Path, digest: str, settings: Settings) -> Path:
     return converted
 
 
-def import_model(src: str, name: str, alias: str = "live", settings: Settings | None = None) -> ImportResult:
+def import_model(src: str, name: str, settings: Settings, alias: str = "live") -> ImportResult:
     """Register `src` as the next version of `name` under `alias`, unless the alias already serves its content."""
-    settings = settings or get_settings()
     source = local_source(src, settings)
     digest = content_sha256(source)
     served = alias_tags(name, alias, settings)
@@ -133,10 +132,10 @@ def import_model(src: str, name: str, alias: str = "live", settings: Settings | 
     )
 
 
-def ensure_job_model(model: str, source: str | None, settings: Settings | None = None) -> None:
+def ensure_job_model(model: str, source: str | None, settings: Settings) -> None:
     """Import `source` as `model` (`models:/NAME@ALIAS`) when that alias does not exist yet."""
     if source is None or not is_models_uri(model):
         return
     name, alias, _ = parse_models_uri(model)
     if alias is not None and alias_tags(name, alias, settings) is None:
-        import_model(source, name, alias, settings)
+        import_model(source, name, settings, alias)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pronk import paths
 from pronk.models.checkpoints import checkpoint_tags, read_spec
-from pronk.settings import Settings, get_settings
+from pronk.settings import Settings
 
 MODELS_EXPERIMENT = "pronk-models"
 TINY_MODEL_NAME = "pronk-tiny"
@@ -44,10 +44,9 @@ def _experiment_id(client, settings: Settings) -> str:
 
 
 def register_model_dir(
-    src: Path, name: str, tags: dict[str, str] | None = None, alias: str | None = None, settings: Settings | None = None
+    src: Path, name: str, settings: Settings, tags: dict[str, str] | None = None, alias: str | None = None
 ) -> int:
     """Log a Hugging Face model directory as run artifacts and register it as the next version of `name`."""
-    settings = settings or get_settings()
     client = _client(settings)
     run = client.create_run(_experiment_id(client, settings), run_name=f"register-{name}")
     client.log_artifacts(run.info.run_id, str(src), artifact_path="model")
@@ -66,30 +65,30 @@ def register_model_dir(
     return int(version.version)
 
 
-def alias_version(name: str, alias: str, settings: Settings | None = None) -> int:
+def alias_version(name: str, alias: str, settings: Settings) -> int:
     """The version number `models:/name@alias` points at."""
-    return int(_client(settings or get_settings()).get_model_version_by_alias(name, alias).version)
+    return int(_client(settings).get_model_version_by_alias(name, alias).version)
 
 
-def alias_tags(name: str, alias: str, settings: Settings | None = None) -> tuple[int, dict[str, str]] | None:
+def alias_tags(name: str, alias: str, settings: Settings) -> tuple[int, dict[str, str]] | None:
     """The version `models:/name@alias` points at and its tags; None when the alias does not exist."""
     from mlflow.exceptions import MlflowException
 
     try:
-        version = _client(settings or get_settings()).get_model_version_by_alias(name, alias)
+        version = _client(settings).get_model_version_by_alias(name, alias)
     except MlflowException:
         return None
     return int(version.version), dict(version.tags)
 
 
-def set_alias(name: str, alias: str, version: int, settings: Settings | None = None) -> None:
+def set_alias(name: str, alias: str, version: int, settings: Settings) -> None:
     """Point `models:/name@alias` at `version`."""
-    _client(settings or get_settings()).set_registered_model_alias(name, alias, str(version))
+    _client(settings).set_registered_model_alias(name, alias, str(version))
 
 
-def latest_version(name: str, settings: Settings | None = None) -> int | None:
+def latest_version(name: str, settings: Settings) -> int | None:
     """The newest version number of `name`, or None when it has none."""
-    versions = _client(settings or get_settings()).search_model_versions(f"name='{name}'")
+    versions = _client(settings).search_model_versions(f"name='{name}'")
     return max((int(v.version) for v in versions), default=None)
 
 
@@ -124,9 +123,8 @@ def _publish(downloaded: Path, target: Path) -> None:
             raise
 
 
-def resolve_model(uri: str, settings: Settings | None = None) -> ResolvedModel:
+def resolve_model(uri: str, settings: Settings) -> ResolvedModel:
     """Make any supported model URI a local directory, downloading into the data dir's cache once."""
-    settings = settings or get_settings()
     if is_models_uri(uri):
         client = _client(settings)
         name, alias, number = parse_models_uri(uri)
@@ -163,9 +161,8 @@ def resolve_model(uri: str, settings: Settings | None = None) -> ResolvedModel:
     return ResolvedModel(path, f"local:{path.name}")
 
 
-def ensure_tiny_model(settings: Settings | None = None) -> int:
+def ensure_tiny_model(settings: Settings) -> int:
     """Make and register the tiny model as `pronk-tiny@live` unless that alias already exists."""
-    settings = settings or get_settings()
     served = alias_tags(TINY_MODEL_NAME, "live", settings)
     if served is not None:
         return served[0]

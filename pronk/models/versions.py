@@ -6,7 +6,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from pronk.errors import PronkError
-from pronk.jobs import JobConfig
+from pronk.jobs.schema import JobConfig
 from pronk.models.checkpoints import check_compatible, checkpoint_tags, read_spec
 from pronk.models.registry import (
     alias_version,
@@ -17,7 +17,7 @@ from pronk.models.registry import (
     register_model_dir,
     resolve_model,
 )
-from pronk.settings import Settings, get_settings
+from pronk.settings import Settings
 
 
 class ModelMismatch(PronkError, ValueError):
@@ -77,12 +77,11 @@ def reference_version(name: str, job_model: str | None, settings: Settings) -> i
     return latest_version(name, settings)
 
 
-def check_version_fits(target_uri: str, current_version: str, settings: Settings | None = None) -> None:
+def check_version_fits(target_uri: str, current_version: str, settings: Settings) -> None:
     """Raise `CheckpointMismatch` if `target_uri` cannot replace the weights a worker labels `current_version`.
 
     `current_version` is a version label (`NAME/N`); a local or `s3://` label has nothing to check against.
     """
-    settings = settings or get_settings()
     target = resolve_model(target_uri, settings)
     if current_version.startswith("local:") or "://" in current_version:
         return
@@ -91,13 +90,12 @@ def check_version_fits(target_uri: str, current_version: str, settings: Settings
 
 
 def upload_checkpoint(
-    src: str, name: str, job_model: str | None = None, settings: Settings | None = None, source_tag: str | None = None
+    src: str, name: str, settings: Settings, job_model: str | None = None, source_tag: str | None = None
 ) -> UploadResult:
     """Validate a checkpoint (local dir or s3://) against the model's current version, then register it as the next one.
 
     Nothing is registered when it does not fit: `CheckpointMismatch` names the first difference.
     """
-    settings = settings or get_settings()
     local = resolve_model(src, settings).path
     spec = read_spec(local)
     parent = reference_version(name, job_model, settings)
@@ -130,7 +128,7 @@ def leap_target(job: JobConfig, uri: str, serving: set[str], settings: Settings)
             raise ModelMismatch(f"Job {job.job_id} serves model {name!r}; {uri} is another model.")
         version = resolve_version(name, uri, settings)
     else:
-        version = upload_checkpoint(uri, name, job.model, settings).version
+        version = upload_checkpoint(uri, name, settings, job.model).version
     for current in sorted(serving):
         check_version_fits(models_uri(f"{name}/{version}"), current, settings)
     return version

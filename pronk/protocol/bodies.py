@@ -13,7 +13,7 @@ from jsonschema import Draft202012Validator, SchemaError
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from engine.protocol import ChatMessage
-from pronk.jobs import HarnessConfig
+from pronk.jobs.schema import HarnessConfig
 from pronk.protocol.shapes import TraceShape
 
 CHAT_COMPLETIONS_URL = "/v1/chat/completions"

@@ -13,7 +13,8 @@ import os
 import subprocess
 import sys
 
-from pronk.jobs import JobConfig, get_job
+from pronk.jobs.files import get_job
+from pronk.jobs.schema import JobConfig
 from pronk.models.imports import ensure_job_model
 from pronk.models.registry import ensure_tiny_model
 from pronk.settings import PROJECT_ROOT, Settings
@@ -200,7 +201,7 @@ def up(
         worker_token(settings)  # made once here, before any worker or flow run races to make it
         ensure_tiny_model(settings)
         database_url = prefect_database_url(settings, state)  # PostgreSQL first: the workers may announce in it
-        job = get_job(job_name or settings.default_job)
+        job = get_job(job_name or settings.default_job, settings)
         # The workers load their model (the longest start) while Prefect, MLflow and the API start beside them.
         workers = spawn_job(job, settings, state)
         start_prefect_server(settings, state, database_url)

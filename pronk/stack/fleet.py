@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 
 from pronk.errors import PronkError
-from pronk.jobs import JobConfig
+from pronk.jobs.schema import JobConfig
 from pronk.settings import Settings
 from pronk.stack.processes import alive, spawn
 from pronk.stack.state import worker_name

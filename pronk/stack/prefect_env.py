@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 
-from pronk.settings import Settings, get_settings
+from pronk.settings import Settings
 
 # Measured in DESIGN.md: batching the recorders lets a SQLite server record ~100 task runs/s instead of ~30.
 TUNED_SERVER = {
@@ -39,8 +39,7 @@ def prefect_api_url(settings: Settings) -> str:
     return f"http://127.0.0.1:{settings.prefect_port}/api"
 
 
-def prefect_environment(settings: Settings | None = None) -> dict[str, str]:
-    settings = settings or get_settings()
+def prefect_environment(settings: Settings) -> dict[str, str]:
     env = {
         "PREFECT_HOME": str(settings.data_dir / "prefect"),
         "PREFECT_API_URL": prefect_api_url(settings),
@@ -54,7 +53,7 @@ def prefect_environment(settings: Settings | None = None) -> dict[str, str]:
     return {key: os.environ.get(key, value) for key, value in env.items()}
 
 
-def configure_prefect(settings: Settings | None = None) -> None:
+def configure_prefect(settings: Settings) -> None:
     os.environ.update(prefect_environment(settings))
 
 

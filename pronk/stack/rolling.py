@@ -19,7 +19,7 @@ import os
 import signal
 import time
 
-from pronk.jobs import JobConfig
+from pronk.jobs.schema import JobConfig
 from pronk.settings import Settings
 from pronk.stack.embedded import start_supervisor, stop_supervisor
 from pronk.stack.fleet import start_worker, wait_for_workers

@@ -8,6 +8,7 @@ worker token and the TLS certificate included) is resolved here and passed in.
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,18 +25,19 @@ from engine.worker import (
     run_model_in_engine_process,
     serve,
 )
-from pronk.jobs import JobConfig, get_job
+from pronk.jobs.files import get_job
+from pronk.jobs.schema import JobConfig
 from pronk.models.checkpoints import CheckpointMismatch, check_compatible, read_spec
 from pronk.models.registry import resolve_model
-from pronk.settings import get_settings
+from pronk.settings import Settings, get_settings
 from pronk.stack.state import worker_name
 from pronk.worker_registry import worker_registry
 from pronk.worker_token import worker_token
 
 
-def stage_checkpoint(model_uri: str, current_path: str, current_version: str) -> StagedWeights:
+def stage_checkpoint(model_uri: str, current_path: str, current_version: str, settings: Settings) -> StagedWeights:
     """Bring `model_uri` onto local disk and check it has the served checkpoint's architecture, dtype and shapes."""
-    model = resolve_model(model_uri)
+    model = resolve_model(model_uri, settings)
     try:
         check_compatible(read_spec(model.path), read_spec(Path(current_path)), model_uri, current_version)
     except CheckpointMismatch as exc:
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
 
     settings = get_settings()
     token = worker_token(settings)
-    job = get_job(args.job)
+    job = get_job(args.job, settings)
     sock = bind_socket(args.host, args.port)
     # A taken port, a bad --host/--advertise or an unreadable certificate fails here, before vLLM loads.
     cert, key = settings.worker_tls_cert, settings.worker_tls_key
@@ -103,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     serve(
         backend,
         worker_registry(settings),
-        stage_checkpoint,
+        partial(stage_checkpoint, settings=settings),
         sock,
         url,
         settings.heartbeat_interval_s,

@@ -6,8 +6,8 @@ from __future__ import annotations
 from vllm.v1.kv_offload.base import ReqContext
 from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
 
-from engine.kv_retention import retention_hints
 from engine.kv_tier_policy import TraceAwareCachePolicy, trace_finished
+from engine.trace_hints import retention_hints
 
 
 def ready_chunk(chunk_id: int) -> ChunkStatus:

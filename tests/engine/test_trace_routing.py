@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 
-from engine.kv_retention import PinTable, retention_hints, scheduler_class
+from engine.kv_retention import PinTable, scheduler_class
 from engine.protocol import HostTierStats, StepRequest, WorkerStats
 from engine.registry import WorkerEntry
 from engine.routing import POLICIES, make_policy
+from engine.trace_hints import retention_hints
 
 
 def worker(worker_id: str, waiting: int = 0, kv: float = 0.0, host_tier: bool = False) -> WorkerEntry:

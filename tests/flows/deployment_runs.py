@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 
+from pronk.settings import get_settings
 from pronk.stack.prefect_env import prefect_environment
 
 
@@ -20,7 +21,11 @@ def run_batch_deployment(env: dict[str, str] | None = None, **parameters: object
         command += ["-p", f"{key}={value}"]
     command += ["--watch", "--watch-timeout", "240"]
     return subprocess.run(
-        command, capture_output=True, text=True, timeout=300, env=env or {**os.environ, **prefect_environment()}
+        command,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env or {**os.environ, **prefect_environment(get_settings())},
     )
 
 
@@ -30,7 +35,7 @@ def start_batch_deployment(**parameters: object) -> str:
     for key, value in parameters.items():
         command += ["-p", f"{key}={value}"]
     started = subprocess.run(
-        command, capture_output=True, text=True, timeout=120, env={**os.environ, **prefect_environment()}
+        command, capture_output=True, text=True, timeout=120, env={**os.environ, **prefect_environment(get_settings())}
     )
     assert started.returncode == 0, started.stdout + started.stderr
     found = re.search(r"UUID: ([0-9a-f-]{36})", started.stdout)

@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 
 from pronk.batches.store import BatchStore
-from pronk.settings import PROJECT_ROOT
+from pronk.settings import PROJECT_ROOT, get_settings
 from pronk.worker_token import worker_token
 from tests.conftest import DATA
 from tests.flows.deployment_runs import run_batch_deployment
@@ -99,10 +99,11 @@ def test_a_raising_tool_a_runaway_python_call_and_a_stuck_tool_are_contained(sta
     from pronk.agents.step_records import StepRecorder
     from pronk.batches.input import validate_input
     from pronk.batches.outputs import output_line
-    from pronk.jobs import get_job, with_changes
+    from pronk.jobs.files import get_job
+    from pronk.jobs.versions import with_changes
 
     job = with_changes(
-        get_job(JOB),
+        get_job(JOB, get_settings()),
         {
             "tools": {
                 "enabled": [
@@ -232,6 +233,6 @@ def test_sample_agent_batch_runs_from_the_cli_and_from_a_prefect_deployment(stac
         input_uri=AGENT_BATCH, job_id=JOB, output_dir=tmp_path / "deployed", batch_id="batch_agentdeployment"
     )
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-    stored = BatchStore().load("batch_agentdeployment")
+    stored = BatchStore(get_settings()).load("batch_agentdeployment")
     assert stored.status == "completed" and stored.request_counts.completed == 8
     assert pl.read_ndjson(stored.steps_uri).height >= 8

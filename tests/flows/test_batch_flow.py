@@ -18,7 +18,8 @@ import pytest
 
 from engine.auth import auth_headers
 from pronk.batches.store import BatchStore
-from pronk.jobs import get_job
+from pronk.jobs.files import get_job
+from pronk.settings import get_settings
 from pronk.stack.state import worker_name
 from pronk.worker_token import worker_token
 from tests.conftest import DATA
@@ -60,7 +61,7 @@ def test_mixed_file_gives_exactly_one_line_per_input_line(stack, tmp_path):
 
 def test_batch_record_follows_the_status_lifecycle_and_accounts_usage_and_cost(stack, tmp_path):
     batch = run(DATA / "sample_batch.jsonl", tmp_path, metadata={"team": "enrichment"})
-    stored = BatchStore().load(batch["id"]).model_dump()
+    stored = BatchStore(get_settings()).load(batch["id"]).model_dump()
     assert stored["status"] == "completed"
     assert stored["created_at"] <= stored["in_progress_at"] <= stored["finalizing_at"] <= stored["completed_at"]
     assert stored["failed_at"] is None and stored["metadata"] == {"team": "enrichment"}
@@ -71,7 +72,7 @@ def test_batch_record_follows_the_status_lifecycle_and_accounts_usage_and_cost(s
     assert usage["output_tokens"] == sum(o["response"]["body"]["usage"]["completion_tokens"] for o in outputs)
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
     assert stored["worker_seconds"] > 0
-    price = get_job(JOB).price_per_worker_hour
+    price = get_job(JOB, get_settings()).price_per_worker_hour
     assert stored["processing_cost"] == pytest.approx(stored["worker_seconds"] / 3600 * price)
     assert stored["tasks_per_dollar"] == pytest.approx(32 / stored["processing_cost"])
 
@@ -88,7 +89,7 @@ def test_empty_or_unreadable_input_fails_the_batch_with_a_message(stack, tmp_pat
     batch_id = f"batch_{tmp_path.name[-12:]}"
     with pytest.raises(BatchFailed, match=message):
         run(path, tmp_path / "out", batch_id=batch_id)
-    stored = BatchStore().load(batch_id)
+    stored = BatchStore(get_settings()).load(batch_id)
     assert stored.status == "failed" and stored.failed_at
     assert stored.errors.data[0].code == "invalid_input_file" and message in stored.errors.data[0].message
 
@@ -121,7 +122,7 @@ def test_prefect_deployment_run_completes_a_batch_through_the_process_worker(sta
         input_uri=DATA / "mixed_batch.jsonl", job_id=JOB, output_dir=tmp_path, batch_id="batch_fromdeployment"
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
-    stored = BatchStore().load("batch_fromdeployment")
+    stored = BatchStore(get_settings()).load("batch_fromdeployment")
     assert stored.status == "completed" and stored.request_counts.completed == 3
     assert len(read_jsonl(stored.output_uri)) + len(read_jsonl(stored.error_uri)) == 10
 
@@ -133,7 +134,7 @@ def test_a_killed_worker_has_its_steps_resent_and_a_sigtermed_one_withdraws(stac
     from pronk.stack.fleet import start_workers, wait_for_workers
     from pronk.stack.processes import alive
 
-    job = get_job(JOB)
+    job = get_job(JOB, get_settings())
     extra = start_workers(job, stack, indices=range(2, 4))
     wait_for_workers(job, stack, extra)
     lines = [

@@ -25,6 +25,7 @@ from pronk.batches.results import FinishedLine, ResultParts
 from pronk.batches.schemas import TERMINAL_STATUSES, Batch
 from pronk.batches.store import BatchStore
 from pronk.protocol.lines import OutputLine, ResponseEnvelope
+from pronk.settings import get_settings
 from pronk.stack.embedded import read_state
 from pronk.stack.prefect_env import prefect_environment
 from tests.flows.deployment_runs import start_batch_deployment
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.e2e
 
 
 def lines_of(uri: str) -> list[dict]:
-    return [json.loads(x) for x in storage.read_bytes(uri).decode().splitlines()]
+    return [json.loads(x) for x in storage.read_bytes(uri, get_settings()).decode().splitlines()]
 
 
 def flow_run_process(flow_run_id: str) -> psutil.Process | None:
@@ -64,28 +65,28 @@ def test_a_sigkilled_run_is_resumed_without_losing_or_repeating_a_line(stack):
     data = "\n".join(slow_line(f"r{i}") for i in range(total)).encode()
     uploaded = client.files.create(file=("kill.jsonl", data), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint=REPLAY_URL, completion_window="24h")  # type: ignore[arg-type]
-    parts = ResultParts(batch.id)
+    parts = ResultParts(batch.id, get_settings())
 
     deadline = time.monotonic() + 180
     while not parts.load() and time.monotonic() < deadline:  # some lines finished and persisted
         time.sleep(0.1)
-    first_run = BatchStore().load(batch.id).flow_run_id
+    first_run = BatchStore(get_settings()).load(batch.id).flow_run_id
     proc = flow_run_process(first_run)
     assert proc is not None, f"no process for flow run {first_run}"
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     kept = parts.load()  # persisted before the kill: these must come back unchanged, never run again
     assert 0 < len(kept) < total, f"the kill did not land mid-run: {len(kept)} of {total} persisted"
-    assert BatchStore().load(batch.id).status == "in_progress"
+    assert BatchStore(get_settings()).load(batch.id).status == "in_progress"
 
     batch, _ = wait_for(client, batch.id, lambda b: b.status in TERMINAL_STATUSES, timeout_s=300)
-    stored = BatchStore().load(batch.id)
+    stored = BatchStore(get_settings()).load(batch.id)
     assert batch.status == "completed" and stored.flow_run_id != first_run
     outputs, errors = jsonl(client, batch.output_file_id), jsonl(client, batch.error_file_id)
     assert_each_line_once_with_exact_counts(batch, outputs, errors, total)
     by_custom_id = {line["custom_id"]: line["id"] for line in outputs + errors}
     assert all(by_custom_id[f.output.custom_id] == f.output.id for f in kept.values())
-    assert not storage.exists(parts.root)  # the parts go once the batch is terminal
+    assert not storage.exists(parts.root, get_settings())  # the parts go once the batch is terminal
 
 
 def flow_run_state(flow_run_id: str) -> str | None:
@@ -109,7 +110,7 @@ def test_a_prefect_retry_of_a_killed_run_runs_only_the_rest_in_the_same_flow_run
     # alone, so the retry below is the only thing that starts the batch again.
     flow_run_id = start_batch_deployment(input_uri=path, job_id=JOB, output_dir=tmp_path / "out")
     batch_id = batch_id_of_flow_run(flow_run_id)
-    parts = ResultParts(batch_id)
+    parts = ResultParts(batch_id, get_settings())
     deadline = time.monotonic() + 240
     while not parts.load() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -123,18 +124,18 @@ def test_a_prefect_retry_of_a_killed_run_runs_only_the_rest_in_the_same_flow_run
     while flow_run_state(flow_run_id) != "CRASHED":
         assert time.monotonic() < deadline, f"flow run {flow_run_id} is {flow_run_state(flow_run_id)}, not CRASHED"
         time.sleep(0.5)
-    assert BatchStore().load(batch_id).status == "in_progress"
+    assert BatchStore(get_settings()).load(batch_id).status == "in_progress"
 
     retried = subprocess.run(
         [sys.executable, "-m", "prefect", "flow-run", "retry", flow_run_id],
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, **prefect_environment()},
+        env={**os.environ, **prefect_environment(get_settings())},
     )
     assert retried.returncode == 0, retried.stdout + retried.stderr
     deadline = time.monotonic() + 300
-    while (stored := BatchStore().load(batch_id)).status not in TERMINAL_STATUSES:
+    while (stored := BatchStore(get_settings()).load(batch_id)).status not in TERMINAL_STATUSES:
         assert time.monotonic() < deadline, f"batch {batch_id} still {stored.status}"
         time.sleep(0.5)
 
@@ -155,8 +156,8 @@ def test_pronk_batch_resume_runs_only_the_lines_no_run_persisted(stack, tmp_path
     batch.output_uri = str(tmp_path / f"{batch.id}_output.jsonl")
     batch.error_uri = str(tmp_path / f"{batch.id}_error.jsonl")
     batch.mark("in_progress")
-    BatchStore().save(batch)
-    parts = ResultParts(batch.id)
+    BatchStore(get_settings()).save(batch)
+    parts = ResultParts(batch.id, get_settings())
     earlier = [
         FinishedLine(
             line=i + 1,
@@ -185,7 +186,7 @@ def test_pronk_batch_resume_runs_only_the_lines_no_run_persisted(stack, tmp_path
         env={**os.environ},
     )
     assert completed.returncode == 0, completed.stderr
-    stored = BatchStore().load(batch.id)
+    stored = BatchStore(get_settings()).load(batch.id)
     assert stored.status == "completed"
     outputs = lines_of(stored.output_uri)
     assert [o["id"] for o in outputs[:3]] == [f"batch_req_earlier{i}" for i in range(3)]
@@ -202,7 +203,7 @@ def test_a_prefect_server_that_stops_answering_neither_freezes_nor_blocks_the_ba
     path = tmp_path / "input.jsonl"
     path.write_text("\n".join(slow_line(f"r{i}") for i in range(total)) + "\n")
     batch = Batch(input_file_id=str(path), job_id=JOB, model="pronk-tiny")
-    BatchStore().save(batch)
+    BatchStore(get_settings()).save(batch)
     runner = threading.Thread(
         target=lambda: asyncio.run(
             run_batch(input_uri=str(path), job_id=JOB, output_dir=str(tmp_path / "out"), batch_id=batch.id)
@@ -210,7 +211,7 @@ def test_a_prefect_server_that_stops_answering_neither_freezes_nor_blocks_the_ba
         daemon=True,
     )
     runner.start()
-    store = BatchStore()
+    store = BatchStore(get_settings())
 
     def finished() -> int:
         counts = store.load(batch.id).request_counts

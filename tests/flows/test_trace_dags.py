@@ -18,6 +18,7 @@ from flows.batch import batch_id_of_flow_run
 from pronk.agents.step_records import StepRecord
 from pronk.agents.trace_dag import trace_dag
 from pronk.batches.store import BatchStore
+from pronk.settings import get_settings
 from tests.conftest import DATA
 from tests.flows.deployment_runs import run_batch_deployment
 
@@ -100,14 +101,14 @@ def test_a_deployment_run_without_a_batch_id_is_named_by_its_batch(dag_run):
     flow_run_id, view = dag_run
     batch_id = batch_id_of_flow_run(flow_run_id)
     assert view["flow_run"].name == batch_id
-    batch = BatchStore().load(batch_id)
+    batch = BatchStore(get_settings()).load(batch_id)
     assert batch.status == "completed" and batch.request_counts.completed == len(LINES)
     assert batch.flow_run_id == flow_run_id
 
 
 def test_sampled_traces_are_task_runs_whose_inputs_draw_their_dags(dag_run):
     flow_run_id, view = dag_run
-    batch = BatchStore().load(batch_id_of_flow_run(flow_run_id))
+    batch = BatchStore(get_settings()).load(batch_id_of_flow_run(flow_run_id))
     assert batch.steps_uri is not None
     steps = [StepRecord(**row) for row in read_jsonl(batch.steps_uri)]
     task_runs = view["task_runs"]
@@ -159,7 +160,7 @@ def test_each_sampled_trace_links_to_its_mlflow_trace_which_opens(dag_run, stack
     assert "| tasks per dollar (counts " in report.data and "## Completion times" in report.data
     assert "## agent-fanout" in markdown.data and "| agent-fanout step 0: " in markdown.data
     mlflow.set_tracking_uri(stack.tracking_uri)
-    batch = BatchStore().load(batch_id_of_flow_run(flow_run_id))
+    batch = BatchStore(get_settings()).load(batch_id_of_flow_run(flow_run_id))
     steps = read_jsonl(batch.steps_uri or "")
     for custom_id, url in links.items():
         assert url.startswith(f"http://127.0.0.1:{stack.mlflow_port}/#/experiments/")

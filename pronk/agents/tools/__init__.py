@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pronk.errors import PronkError
-from pronk.jobs import JobConfig, ToolsConfig
+from pronk.jobs.schema import JobConfig, ToolsConfig
 from pronk.settings import PROJECT_ROOT
 
 SPAWN_SUBAGENTS = "spawn_subagents"

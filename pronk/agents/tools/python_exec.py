@@ -11,7 +11,7 @@ from typing import Any
 from pronk.agents.tools import ToolContext, ToolError, scratch
 from pronk.agents.tools.call_cgroup import CallCgroup
 from pronk.agents.tools.sandbox import BWRAP_ENV, Sandbox, sandbox_unavailable
-from pronk.jobs import PythonToolLimits
+from pronk.jobs.schema import PythonToolLimits
 from pronk.settings import get_settings
 
 SIGNALLED = 128  # bwrap exits 128 + N when the sandboxed program dies of signal N

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from pronk.agents.tools import scratch as scratch_files
 from pronk.agents.tools.seccomp import no_user_namespaces_fd
-from pronk.jobs import PythonToolLimits
+from pronk.jobs.schema import PythonToolLimits
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Header, Path, Query
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from pronk.api.deps import BatchesDep, FilesDep, IdempotencyDep, OwnerDep, RunStartsDep
+from pronk.api.deps import BatchesDep, FilesDep, IdempotencyDep, OwnerDep, RunStartsDep, SettingsDep
 from pronk.api.errors import ApiError, not_found
 from pronk.api.idempotency import HEADER, Remembered, check_key, request_hash
 from pronk.api.routes.files import ID_PATTERN, owned_file
@@ -17,8 +17,10 @@ from pronk.api.run_starts import RunStarts
 from pronk.batches.files import FileRecord, FileStore
 from pronk.batches.schemas import TERMINAL_STATUSES, Batch
 from pronk.batches.store import BatchStore
-from pronk.jobs import JobConfig, load_jobs
+from pronk.jobs.files import load_jobs
+from pronk.jobs.schema import JobConfig
 from pronk.protocol.bodies import SERVED_URLS
+from pronk.settings import Settings
 
 router = APIRouter(prefix="/batches", tags=["batches"])
 logger = logging.getLogger(__name__)
@@ -123,13 +125,14 @@ async def create_batch(
     batches: BatchesDep,
     run_starts: RunStartsDep,
     keys: IdempotencyDep,
+    settings: SettingsDep,
     idempotency_key: Annotated[
         str | None, Header(alias=HEADER, description="Retries with the same key get the first try's batch.")
     ] = None,
 ) -> Batch:
     """Check the request and record the batch (`validating`); its run starts in the background."""
     if idempotency_key is None:
-        return await _create_batch(body, owner, files, batches, run_starts)
+        return await _create_batch(body, owner, files, batches, run_starts, settings)
     key = check_key(idempotency_key)
     async with keys.held(owner, key):
         remembered = await run_in_threadpool(keys.find, owner, key)
@@ -142,7 +145,7 @@ async def create_batch(
                     code="idempotency_key_reused",
                 )
             return await run_in_threadpool(owned_batch, batches, owner, remembered.batch_id)
-        batch = await _create_batch(body, owner, files, batches, run_starts)
+        batch = await _create_batch(body, owner, files, batches, run_starts, settings)
         await run_in_threadpool(
             keys.remember, owner, key, Remembered(batch_id=batch.id, request_sha256=request_hash(body))
         )
@@ -150,7 +153,7 @@ async def create_batch(
 
 
 async def _create_batch(
-    body: BatchCreate, owner: str, files: FileStore, batches: BatchStore, run_starts: RunStarts
+    body: BatchCreate, owner: str, files: FileStore, batches: BatchStore, run_starts: RunStarts, settings: Settings
 ) -> Batch:
     file = await run_in_threadpool(owned_file, files, owner, body.input_file_id)
     if file.purpose != "batch":
@@ -169,7 +172,7 @@ async def _create_batch(
             param="endpoint",
             code="endpoint_mismatch",
         )
-    job = choose_job(body.job_id, file, await run_in_threadpool(load_jobs))
+    job = choose_job(body.job_id, file, await run_in_threadpool(load_jobs, settings))
     batch = Batch(
         input_file_id=file.id,
         endpoint=body.endpoint,

@@ -19,7 +19,8 @@ from pronk.api.deps import AdminDep, OwnerDep, RunsDep, SettingsDep
 from pronk.api.errors import ApiError
 from pronk.api.runs import start_leap
 from pronk.api.weight_sources import allowed_source
-from pronk.jobs import JobConfig, load_jobs
+from pronk.jobs.files import load_jobs
+from pronk.jobs.schema import JobConfig
 from pronk.leap.records import LeapRecord, LeapStore
 from pronk.leap.schemas import JobWeights, LeapList, LeapStarted, WeightsStatus, WorkerWeights
 from pronk.models.checkpoints import CheckpointMismatch
@@ -47,12 +48,12 @@ def _mismatch(exc: CheckpointMismatch, param: str) -> ApiError:
 def upload(body: WeightsUpload, owner: AdminDep, settings: SettingsDep) -> UploadResult:
     """Validate a checkpoint against the model's current version and register it as the next version (admin keys)."""
     source = allowed_source(body.source, settings, "source")
-    jobs = load_jobs(settings.jobs_dir)
+    jobs = load_jobs(settings)
     if body.job_id is not None and body.job_id not in jobs:
         raise ApiError(400, f"No job {body.job_id!r}; known jobs: {sorted(jobs)}.", param="job_id", code="unknown_job")
     job_model = jobs[body.job_id].model if body.job_id else None
     try:
-        return upload_checkpoint(source, body.model, job_model, settings)
+        return upload_checkpoint(source, body.model, settings, job_model)
     except CheckpointMismatch as exc:
         raise _mismatch(exc, "source") from exc
     except FileNotFoundError as exc:
@@ -94,7 +95,7 @@ async def reload(
     """
     if not body:
         raise ApiError(400, "Give at least one served model name and checkpoint URI.", code="invalid_value")
-    jobs = await run_in_threadpool(load_jobs, settings.jobs_dir)
+    jobs = await run_in_threadpool(load_jobs, settings)
     planned: list[tuple[JobConfig, int]] = []
     for served, given in body.items():
         uri = allowed_source(given, settings, served)
@@ -133,7 +134,7 @@ def status(
     job_id: Annotated[str | None, Query(description="Only this job.")] = None,
 ) -> WeightsStatus:
     """Each job's live workers (version, Leap state, staged version) and its latest Leap."""
-    jobs = load_jobs(settings.jobs_dir)
+    jobs = load_jobs(settings)
     if job_id is not None and job_id not in jobs:
         raise ApiError(404, f"No job {job_id!r}.", param="job_id", code="not_found")
     registry = worker_registry(settings)

@@ -9,7 +9,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from pronk.agents.checks import last_number, normalized, run_check
 from pronk.agents.tools.python_exec import PythonTool
-from pronk.jobs import PythonToolLimits
+from pronk.jobs.schema import PythonToolLimits
 from pronk.protocol.checks import Check
 
 CHECK = TypeAdapter(Check)

@@ -16,7 +16,7 @@ from pronk import paths
 from pronk.agents.tools import ToolContext, ToolOutcome, call_cgroup, run_tool
 from pronk.agents.tools.python_exec import PythonTool
 from pronk.agents.tools.sandbox import sandbox_available
-from pronk.jobs import PythonToolLimits
+from pronk.jobs.schema import PythonToolLimits
 from pronk.settings import PROJECT_ROOT, get_settings
 
 needs_sandbox = pytest.mark.skipif(

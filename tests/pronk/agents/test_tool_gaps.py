@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pronk.agents.tool_gaps import ToolGaps
-from pronk.jobs import SchedulingConfig
+from pronk.jobs.schema import SchedulingConfig
 
 
 def test_default_until_measured_then_p90_with_margin_clamped():

@@ -8,7 +8,7 @@ import pytest
 
 from pronk.agents.tools import ToolContext, load_tools, run_tool
 from pronk.agents.tools.python_exec import PythonTool
-from pronk.jobs import PythonToolLimits, ToolsConfig
+from pronk.jobs.schema import PythonToolLimits, ToolsConfig
 
 
 def call(tool, arguments, tmp_path, timeout_s=20.0):

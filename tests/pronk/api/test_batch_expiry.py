@@ -12,6 +12,7 @@ import pytest
 from pronk import storage
 from pronk.batches.schemas import Batch
 from pronk.batches.store import BatchStore
+from pronk.settings import get_settings
 from tests.pronk.api.test_openai_client import JOB, slow_line
 
 pytestmark = pytest.mark.e2e
@@ -27,16 +28,16 @@ def test_a_batch_past_its_window_expires_with_its_finished_results(stack, tmp_pa
     path.write_text("\n".join(slow_line(f"r{i}") for i in range(total)))
     batch = Batch(input_file_id=str(path), job_id=JOB, model="pronk-tiny")
     batch.expires_at = int(time.time()) + 20
-    BatchStore().save(batch)
+    BatchStore(get_settings()).save(batch)
 
     result = asyncio.run(
         run_batch(input_uri=str(path), job_id=JOB, output_dir=str(tmp_path / "out"), batch_id=batch.id)
     )
 
-    stored = BatchStore().load(batch.id)
+    stored = BatchStore(get_settings()).load(batch.id)
     assert result["status"] == stored.status == "expired" and stored.expired_at >= stored.expires_at
-    outputs = [json.loads(x) for x in storage.read_bytes(stored.output_uri).decode().splitlines()]
-    errors = [json.loads(x) for x in storage.read_bytes(stored.error_uri).decode().splitlines()]
+    outputs = [json.loads(x) for x in storage.read_bytes(stored.output_uri, get_settings()).decode().splitlines()]
+    errors = [json.loads(x) for x in storage.read_bytes(stored.error_uri, get_settings()).decode().splitlines()]
     assert len(outputs) > 0 and len(errors) > 0
     assert sorted(line["custom_id"] for line in outputs + errors) == sorted(f"r{i}" for i in range(total))
     assert {e["error"]["code"] for e in errors} == {"batch_expired"}

@@ -7,10 +7,10 @@ import time
 from pronk.batches.run import BatchRun
 from pronk.batches.schemas import Batch
 from pronk.batches.store import BatchStore
-from pronk.jobs import get_job
+from pronk.jobs.files import get_job
 from pronk.protocol.bodies import ChatCompletionBody
 from pronk.protocol.lines import ValidRequest
-from pronk.settings import Settings
+from pronk.settings import Settings, get_settings
 
 
 def make_run(tmp_path, expires_at: int | None = None) -> tuple[BatchRun, BatchStore]:
@@ -21,7 +21,7 @@ def make_run(tmp_path, expires_at: int | None = None) -> tuple[BatchRun, BatchSt
     store.save(batch)
     body = ChatCompletionBody(model="pronk-tiny", messages=[{"role": "user", "content": "hi"}])
     requests = [ValidRequest(line=i + 1, custom_id=f"r{i}", body=body) for i in range(3)]
-    return BatchRun(batch, get_job("job-c0ffee01"), requests=requests), store
+    return BatchRun(batch, get_job("job-c0ffee01", get_settings()), requests=requests), store
 
 
 def test_a_cancel_request_stops_the_run_and_the_record_cannot_lose_it(tmp_path):

@@ -6,7 +6,8 @@ import pytest
 from pronk.agents.outcomes import Completion, LineFailure, RequestOutcome, Usage
 from pronk.batches.labelled import LabelledSetError, compare_success, labelled_lines, run_labelled
 from pronk.batches.schemas import CheckCounts
-from pronk.jobs import get_job
+from pronk.jobs.files import get_job
+from pronk.settings import get_settings
 
 
 def _line(custom_id: str, check: dict | None, model: str = "some-other-model") -> str:
@@ -24,7 +25,7 @@ def _line(custom_id: str, check: dict | None, model: str = "some-other-model") -
 def _job_with_set(tmp_path, lines: list[str]):
     path = tmp_path / "labelled.jsonl"
     path.write_text("\n".join(lines) + "\n")
-    job = get_job("tiny-cpu")
+    job = get_job("tiny-cpu", get_settings())
     return job.model_copy(update={"quality": job.quality.model_copy(update={"labelled_set": str(path)})})
 
 
@@ -32,7 +33,7 @@ def test_a_labelled_set_is_addressed_to_the_job_whatever_model_its_lines_name(tm
     job = _job_with_set(
         tmp_path, [_line("a", {"type": "number", "expected": 4}), _line("b", {"type": "exact", "expected": "4"})]
     )
-    lines = labelled_lines(job)
+    lines = labelled_lines(job, get_settings())
     assert [r.custom_id for r in lines] == ["a", "b"]
     assert {r.body.model for r in lines} == {job.served_model_name}
 
@@ -47,16 +48,16 @@ def test_a_labelled_set_is_addressed_to_the_job_whatever_model_its_lines_name(tm
 )
 def test_a_labelled_set_with_an_unchecked_or_invalid_line_is_refused_naming_it(tmp_path, lines, message):
     with pytest.raises(LabelledSetError, match=message):
-        labelled_lines(_job_with_set(tmp_path, lines))
+        labelled_lines(_job_with_set(tmp_path, lines), get_settings())
 
 
 def test_a_job_without_a_labelled_set_or_with_a_missing_file_is_refused(tmp_path):
     with pytest.raises(LabelledSetError, match=r"no quality\.labelled_set"):
-        labelled_lines(get_job("tiny-cpu"))
+        labelled_lines(get_job("tiny-cpu", get_settings()), get_settings())
     job = _job_with_set(tmp_path, [_line("a", {"type": "number", "expected": 4})])
     (tmp_path / "labelled.jsonl").unlink()
     with pytest.raises(LabelledSetError, match="cannot read"):
-        labelled_lines(job)
+        labelled_lines(job, get_settings())
 
 
 class _Recorder:
@@ -95,7 +96,7 @@ def test_a_labelled_run_tallies_checks_and_counts_a_line_that_failed_to_run_as_f
         ],
     )
     harness = _Harness(job, {"right": "It is 4.", "wrong": "It is 5.", "lost": None})
-    tally = asyncio.run(run_labelled(labelled_lines(job), harness))
+    tally = asyncio.run(run_labelled(labelled_lines(job, get_settings()), harness))
     assert tally == CheckCounts(passed=1, failed=2)
     assert sorted(harness.recorder.taken) == ["lost", "right", "wrong"]
 

@@ -14,15 +14,15 @@ from pronk.batches.results import FinishedLine, ResultParts
 from pronk.batches.run import BatchRun, end_batch, finish_run
 from pronk.batches.schemas import Batch
 from pronk.batches.store import BatchStore
-from pronk.jobs import get_job
+from pronk.jobs.files import get_job
 from pronk.protocol.lines import OutputLine
-from pronk.settings import Settings
+from pronk.settings import Settings, get_settings
 
 JOB = "job-c0ffee01"
 
 
 def read_lines(uri: str) -> list[str]:
-    return storage.read_bytes(uri).decode().splitlines()
+    return storage.read_bytes(uri, get_settings()).decode().splitlines()
 
 
 def input_file(tmp_path, lines: int) -> str:
@@ -52,8 +52,8 @@ def setup(tmp_path, lines: int = 5):
     batch.error_uri = str(tmp_path / "out" / f"{batch.id}_error.jsonl")
     batch.mark("in_progress")
     store.save(batch)
-    job = get_job(JOB)
-    validated = validate_input(storage.read_bytes(uri), job)
+    job = get_job(JOB, get_settings())
+    validated = validate_input(storage.read_bytes(uri, get_settings()), job)
     return settings, store, batch, job, validated, uri
 
 
@@ -79,7 +79,7 @@ def test_parts_keep_every_run_and_skip_rows_that_do_not_parse(tmp_path):
     line = FinishedLine(line=2, output=OutputLine(custom_id="a"), ok=False)
     parts.write_part("run-a", 1, [line])
     parts.write_part("run-b", 1, [FinishedLine(line=5, output=OutputLine(custom_id="b"), ok=False)])
-    storage.write_bytes(storage.join(parts.root, "run-b-000002.jsonl"), b'{"line": "x"}\n\n')
+    storage.write_bytes(storage.join(parts.root, "run-b-000002.jsonl"), b'{"line": "x"}\n\n', get_settings())
     assert sorted(parts.load()) == [2, 5]
     parts.delete()
     assert parts.load() == {}
@@ -116,7 +116,7 @@ def test_a_resumed_run_runs_only_the_rest_and_counts_each_line_and_worker_second
     assert [(e["error"]["line"], e["error"]["code"]) for e in errors] == [(3, "invalid_json"), (4, "step_failed")]
     steps = [json.loads(x) for x in read_lines(final.steps_uri)]
     assert sorted(s["custom_id"] for s in steps) == ["r1", "r2", "r4", "r5"]
-    assert not storage.exists(parts.root)
+    assert not storage.exists(parts.root, get_settings())
 
 
 def test_a_batch_whose_run_is_gone_ends_failed_with_its_finished_lines(tmp_path):
@@ -125,7 +125,7 @@ def test_a_batch_whose_run_is_gone_ends_failed_with_its_finished_lines(tmp_path)
     run = BatchRun.resume(batch, job, validated, parts, "flow-1")
     run.record(*done(run.todo[0], tokens=7))
     run.flush()
-    ended = end_batch(batch.id, "failed", "the flow run crashed 3 times", uri, settings)
+    ended = end_batch(batch.id, "failed", "the flow run crashed 3 times", settings, uri)
     assert ended is not None and ended.status == "failed" and ended.failed_at
     assert ended.errors.data[0].code == "batch_run_failed" and "crashed" in ended.errors.data[0].message
     assert (ended.request_counts.completed, ended.request_counts.failed) == (1, 3)
@@ -136,7 +136,7 @@ def test_a_batch_whose_run_is_gone_ends_failed_with_its_finished_lines(tmp_path)
         (3, "invalid_json"),
         (4, "batch_run_failed"),
     ]
-    assert end_batch(batch.id, "cancelled", "late", uri, settings).status == "failed"  # terminal stays terminal
+    assert end_batch(batch.id, "cancelled", "late", settings, uri).status == "failed"  # terminal stays terminal
 
 
 def calls(request, *validity: tuple[bool, bool]) -> list[StepRecord]:

@@ -18,9 +18,9 @@ from pronk.enrich import open_run
 from pronk.enrich.open_run import EnrichRunning, OpenRun, check_earlier, close, read_open_run, take_over
 from pronk.enrich.run import lines_file
 from pronk.enrich.table import plan
-from pronk.jobs import get_job
+from pronk.jobs.files import get_job
 from pronk.protocol.lines import OutputLine
-from pronk.settings import Settings
+from pronk.settings import Settings, get_settings
 from tests.pronk.enrich.test_table import SPEC, rows
 
 FLOW_RUN = "6f1c2a9e-0000-4000-8000-000000000001"
@@ -57,7 +57,7 @@ class Prefect:
 
 def the_lines(*names: str) -> bytes:
     table = rows(*names)
-    return lines_file(SPEC, get_job("tiny-cpu"), plan(SPEC, table, None))
+    return lines_file(SPEC, get_job("tiny-cpu", get_settings()), plan(SPEC, table, None))
 
 
 def killed_run(settings: Settings, lines: bytes, finished: list[int]) -> OpenRun:
@@ -66,7 +66,7 @@ def killed_run(settings: Settings, lines: bytes, finished: list[int]) -> OpenRun
     marker = open_run.open_run(
         "t", results, "run-1", lines, storage.join(results, "inputs", "run-1.jsonl"), "batch_dead", FLOW_RUN, settings
     )
-    job, store = get_job("tiny-cpu"), BatchStore(settings)
+    job, store = get_job("tiny-cpu", get_settings()), BatchStore(settings)
     batch = open_batch(store, settings, job, marker.lines_uri, "batch_dead", FLOW_RUN)
     run = BatchRun.resume(batch, job, validate_input(lines, job), ResultParts(batch.id, settings), FLOW_RUN)
     batch.mark("in_progress")
@@ -94,7 +94,7 @@ def test_a_run_after_a_crash_marks_the_dead_flow_run_crashed_and_runs_on_under_i
     assert "2 rows finished by it reused" in takeover.why
 
     # The re-run runs under that batch: only the lines nobody persisted are asked.
-    job, store = get_job("tiny-cpu"), BatchStore(settings)
+    job, store = get_job("tiny-cpu", get_settings()), BatchStore(settings)
     batch = open_batch(store, settings, job, "new-lines.jsonl", takeover.batch_id, "another-flow-run")
     run = BatchRun.resume(batch, job, validate_input(lines, job), ResultParts(batch.id, settings), "another-flow-run")
     assert sorted(run.finished) == [1, 3] and [r.line for r in run.todo] == [2, 4]

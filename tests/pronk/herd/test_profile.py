@@ -8,6 +8,7 @@ import pytest
 
 from pronk.agents.step_records import StepRecord, steps_ndjson
 from pronk.herd.profile import NoStepRecords, profile_steps, scan_steps
+from pronk.settings import get_settings
 
 
 def records() -> list[StepRecord]:
@@ -34,7 +35,7 @@ def write(path: Path, rows: list[StepRecord]) -> str:
 
 
 def test_profile_of_known_step_records(tmp_path):
-    profile = profile_steps(scan_steps([write(tmp_path / "one_steps.jsonl", records())]))
+    profile = profile_steps(scan_steps([write(tmp_path / "one_steps.jsonl", records())], get_settings()))
 
     assert (profile.runs, profile.traces, profile.root_traces) == (1, 3, 2)
     assert (profile.steps, profile.failed_attempts) == (6, 1)
@@ -61,7 +62,7 @@ def test_profile_of_known_step_records(tmp_path):
 def test_runs_stay_apart(tmp_path):
     """The same trace ids in two runs are two traces each; arrivals are counted within each run."""
     uris = [write(tmp_path / f"{i}_steps.jsonl", records()) for i in range(2)]
-    profile = profile_steps(scan_steps(uris))
+    profile = profile_steps(scan_steps(uris, get_settings()))
     assert (profile.runs, profile.traces, profile.root_traces, profile.steps) == (2, 6, 4, 12)
     assert profile.steps_per_trace.values == [1.0, 1.0, 2.0, 2.0, 3.0, 3.0]
     assert profile.arrival_rate_per_s == 2.0
@@ -71,7 +72,7 @@ def test_runs_stay_apart(tmp_path):
 
 def test_no_records():
     with pytest.raises(NoStepRecords):
-        scan_steps([])
+        scan_steps([], get_settings())
 
 
 def test_profile_as_mlflow_run_with_histograms(tmp_path):
@@ -81,7 +82,7 @@ def test_profile_as_mlflow_run_with_histograms(tmp_path):
     from pronk.settings import Settings
 
     settings = Settings(data_dir=tmp_path)
-    profile = profile_steps(scan_steps([write(tmp_path / "one_steps.jsonl", records())]))
+    profile = profile_steps(scan_steps([write(tmp_path / "one_steps.jsonl", records())], get_settings()))
     run_id = log_profile(profile, "job-c0ffee01", settings)
     client = mlflow.MlflowClient(settings.tracking_uri)
     run = client.get_run(run_id)
@@ -94,7 +95,7 @@ def test_profile_as_mlflow_run_with_histograms(tmp_path):
 def test_shapes_rebuild_the_traces(tmp_path):
     from pronk.herd.shapes import relabel, shapes_from_steps
 
-    shapes = shapes_from_steps(scan_steps([write(tmp_path / "one_steps.jsonl", records())]))
+    shapes = shapes_from_steps(scan_steps([write(tmp_path / "one_steps.jsonl", records())], get_settings()))
     assert [s.trace_id for s in shapes] == ["0-a", "0-b"]
     a, b = shapes
     assert a.system_prompt_tokens == 99 and [s.new_prompt_tokens for s in a.steps] == [1, 20, 50]

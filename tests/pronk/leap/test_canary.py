@@ -9,11 +9,11 @@ import pytest
 from engine.client import WorkerClient
 from pronk.batches.labelled import labelled_lines
 from pronk.batches.schemas import CheckCounts
-from pronk.jobs import get_job
+from pronk.jobs.files import get_job
 from pronk.leap import canary
 from pronk.leap.records import LeapRecord, LeapStore, WorkerLeap
 from pronk.leap.sequence import LeapFailed, LeapRefused, LeapRun, conclude, switch
-from pronk.settings import Settings
+from pronk.settings import Settings, get_settings
 
 OLD, NEW = "pronk-tiny/1", "pronk-tiny/2"
 
@@ -36,7 +36,7 @@ def job_with_set(tmp_path, canary_on: bool = True):
         for i in range(4)
     ]
     path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
-    job = get_job("tiny-cpu")
+    job = get_job("tiny-cpu", get_settings())
     quality = job.quality.model_copy(update={"labelled_set": str(path), "canary": canary_on})
     return job.model_copy(update={"quality": quality})
 
@@ -92,7 +92,9 @@ def test_a_canary_that_holds_lets_the_rest_of_the_fleet_switch(settings, tmp_pat
     fleet = Fleet({OLD: 16, NEW: 15})
 
     async def leap():
-        failed = await canary.trial(run, job, labelled_lines(job), fleet.stage, fleet.reload, fleet.measure_on(run))
+        failed = await canary.trial(
+            run, job, labelled_lines(job, get_settings()), fleet.stage, fleet.reload, fleet.measure_on(run)
+        )
         assert failed == []
         await conclude(run, await switch(run, fleet.stage, fleet.reload), fleet.reload, settings)
 
@@ -114,7 +116,11 @@ def test_a_worse_canary_goes_back_and_the_leap_is_refused_naming_both_rates(sett
     run = leap_run(settings, ["w0", "w1"])
     fleet = Fleet({OLD: 16, NEW: 3})
     with pytest.raises(LeapRefused) as refused:
-        asyncio.run(canary.trial(run, job, labelled_lines(job), fleet.stage, fleet.reload, fleet.measure_on(run)))
+        asyncio.run(
+            canary.trial(
+                run, job, labelled_lines(job, get_settings()), fleet.stage, fleet.reload, fleet.measure_on(run)
+            )
+        )
     message = str(refused.value)
     assert message.startswith("canary refused: pronk-tiny/2 on w0: 3/20 passed (15%), against pronk-tiny/1: 16/20")
     assert "the fleet stays on pronk-tiny/1" in message and "--no-canary" in message
@@ -134,7 +140,11 @@ def test_a_one_worker_job_measures_the_baseline_on_it_before_it_switches(setting
     run = leap_run(settings, ["w0"])
     fleet = Fleet({OLD: 16, NEW: 0})
     with pytest.raises(LeapRefused, match="canary refused"):
-        asyncio.run(canary.trial(run, job, labelled_lines(job), fleet.stage, fleet.reload, fleet.measure_on(run)))
+        asyncio.run(
+            canary.trial(
+                run, job, labelled_lines(job, get_settings()), fleet.stage, fleet.reload, fleet.measure_on(run)
+            )
+        )
     assert fleet.calls == [
         ("measure", ("w0",), OLD),
         ("stage", "w0"),
@@ -150,7 +160,11 @@ def test_a_worse_canary_that_cannot_go_back_fails_the_leap_saying_so(settings, t
     run = leap_run(settings, ["w0", "w1"])
     fleet = Fleet({OLD: 20, NEW: 0}, stuck={"w0"})
     with pytest.raises(LeapFailed, match="w0 could not go back to pronk-tiny/1: reload failed"):
-        asyncio.run(canary.trial(run, job, labelled_lines(job), fleet.stage, fleet.reload, fleet.measure_on(run)))
+        asyncio.run(
+            canary.trial(
+                run, job, labelled_lines(job, get_settings()), fleet.stage, fleet.reload, fleet.measure_on(run)
+            )
+        )
     assert run.record.status == "failed"
 
 
@@ -160,7 +174,9 @@ def test_a_canary_that_cannot_stage_fails_the_leap_with_no_worker_switched(setti
     fleet = Fleet({OLD: 20, NEW: 20}, unstageable={"w0"})
 
     async def leap():
-        failed = await canary.trial(run, job, labelled_lines(job), fleet.stage, fleet.reload, fleet.measure_on(run))
+        failed = await canary.trial(
+            run, job, labelled_lines(job, get_settings()), fleet.stage, fleet.reload, fleet.measure_on(run)
+        )
         assert failed == ["w0"]
         await conclude(run, failed, fleet.reload, settings)
 
@@ -183,7 +199,7 @@ def test_without_a_canary_every_worker_switches_at_once(settings):
 
 def test_the_canary_runs_only_with_a_labelled_set_its_flag_and_the_callers(settings, tmp_path):
     record = leap_run(settings, ["w0"]).record
-    assert canary.labelled_set(get_job("tiny-cpu"), record, True, settings) is None
+    assert canary.labelled_set(get_job("tiny-cpu", get_settings()), record, True, settings) is None
     assert canary.labelled_set(job_with_set(tmp_path, canary_on=False), record, True, settings) is None
     assert canary.labelled_set(job_with_set(tmp_path), record, False, settings) is None
     lines = canary.labelled_set(job_with_set(tmp_path), record, True, settings)

@@ -17,6 +17,7 @@ from pronk.models.checkpoints import (
     checkpoint_tags,
     read_spec,
 )
+from pronk.settings import get_settings
 
 SHAPES = {"model.embed_tokens.weight": (16, 8), "model.layers.0.mlp.up_proj.weight": (12, 8), "lm_head.weight": (16, 8)}
 
@@ -223,5 +224,5 @@ def test_a_worker_refuses_to_stage_a_corrupt_checkpoint(tmp_path):
     served = raw_checkpoint(tmp_path / "served")
     truncated = corrupt_checkpoint(tmp_path / "truncated", "truncated")
     with pytest.raises(IncompatibleWeights, match=re.escape(CORRUPT["truncated"][2])):
-        stage_checkpoint(str(truncated), str(served), "local:served")
-    assert stage_checkpoint(str(served), str(served), "local:served").path == str(served)
+        stage_checkpoint(str(truncated), str(served), "local:served", get_settings())
+    assert stage_checkpoint(str(served), str(served), "local:served", get_settings()).path == str(served)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pronk.jobs import JobConfig
+from pronk.jobs.schema import JobConfig
 from pronk.models.checkpoints import CheckpointMismatch
 from pronk.models.registry import is_models_uri, models_uri, parse_models_uri, register_model_dir, set_alias
 from pronk.models.versions import (

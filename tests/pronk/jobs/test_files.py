@@ -3,8 +3,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pronk.jobs import JobFileError, get_job, load_job_file, load_jobs
-from pronk.settings import Settings
+from pronk.jobs.files import get_job, load_job_file, load_jobs
+from pronk.jobs.schema import JobFileError
+from pronk.settings import Settings, get_settings
 
 GOOD = """
 job_id: job-0123abcd
@@ -14,6 +15,11 @@ price_per_worker_hour: 0.1
 engine:
   kv_cache_memory_bytes: 33554432
 """
+
+
+def catalog(jobs_dir: Path) -> Settings:
+    """The test session's settings with `jobs_dir` as the job catalog."""
+    return get_settings().model_copy(update={"jobs_dir": jobs_dir})
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -38,10 +44,11 @@ def test_a_host_tier_adds_its_memory_to_the_worker_hour_price(tmp_path):
 
 
 def test_shipped_jobs_of_the_demo_and_the_suite_are_valid():
-    assert Settings.model_fields["default_job"].default == get_job("smollm2-cpu").job_id
-    demo = get_job("smollm2-cpu")
+    settings = get_settings()
+    assert Settings.model_fields["default_job"].default == get_job("smollm2-cpu", settings).job_id
+    demo = get_job("smollm2-cpu", settings)
     assert demo.model_source and demo.quality.labelled_set and demo.engine.dtype == "float32"
-    job = get_job("tiny-cpu")
+    job = get_job("tiny-cpu", settings)
     assert job.job_id == "job-c0ffee01"
     assert job.workers == 2
     assert job.engine.kv_cache_memory_bytes
@@ -70,25 +77,25 @@ def test_duplicate_job_ids_are_rejected(tmp_path):
     write(tmp_path, "a", GOOD)
     write(tmp_path, "b", GOOD)
     with pytest.raises(JobFileError, match="already used"):
-        load_jobs(tmp_path)
+        load_jobs(catalog(tmp_path))
 
 
 def test_unknown_job_lists_known_ones(tmp_path):
     write(tmp_path, "a", GOOD)
     with pytest.raises(KeyError, match="job-0123abcd"):
-        get_job("nope", tmp_path)
+        get_job("nope", catalog(tmp_path))
 
 
 def test_a_broken_neighbour_does_not_stop_a_job_but_the_catalog_names_it(tmp_path, caplog):
     """A typo in one job file used to fail every batch of every job (their runs look jobs up by id)."""
     write(tmp_path, "good", GOOD)
     write(tmp_path, "typo", GOOD.replace("job-0123abcd", "job-0123abce") + "wokers: 3\n")
-    assert get_job("job-0123abcd", tmp_path).name == "good"
+    assert get_job("job-0123abcd", catalog(tmp_path)).name == "good"
     assert "typo.yaml" in caplog.text
     with pytest.raises(KeyError, match=r"unreadable: .*wokers"):
-        get_job("job-0123abce", tmp_path)
+        get_job("job-0123abce", catalog(tmp_path))
     with pytest.raises(JobFileError, match="wokers"):
-        load_jobs(tmp_path)
+        load_jobs(catalog(tmp_path))
 
 
 def test_a_derived_job_states_only_its_differences(tmp_path):
@@ -105,8 +112,6 @@ def test_a_derived_job_states_only_its_differences(tmp_path):
 
 
 def test_every_shipped_derived_job_file_states_only_differences():
-    from pronk.settings import get_settings
-
     for path in get_settings().jobs_dir.glob("*.yaml"):
         raw = yaml.safe_load(path.read_text())
         if "base" not in raw:
