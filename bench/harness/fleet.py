@@ -10,7 +10,7 @@ from pathlib import Path
 from bench.harness import offline_limit
 from bench.harness.figures import LIMIT, AgentRun
 from engine.worker import cores_for
-from pronk.jobs import JobConfig
+from pronk.jobs.schema import JobConfig
 from pronk.protocol.shapes import TraceShape
 from pronk.settings import Settings
 from pronk.worker_registry import worker_registry

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bench.harness.config import BenchConfig
 from bench.harness.figures import AgentRun, Comparison, percentile, record_key
-from pronk.jobs import JobConfig
+from pronk.jobs.schema import JobConfig
 from pronk.settings import PROJECT_ROOT
 
 START, END = "<!-- bench:main:start -->", "<!-- bench:main:end -->"

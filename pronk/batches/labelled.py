@@ -80,9 +80,10 @@ def _addressed_to(data: bytes, job: JobConfig) -> bytes:
     return b"\n".join(lines)
 
 
-def labelled_lines(job: JobConfig, settings: Settings) -> list[ValidRequest]:
-    """The job's labelled set, validated for the job; LabelledSetError names the first bad line."""
-    uri = job.quality.labelled_set
+def labelled_lines(job: JobConfig, settings: Settings, uri: str | None = None) -> list[ValidRequest]:
+    """A labelled set (default: the job's held-out `quality.labelled_set`), validated for the job; LabelledSetError
+    names the first bad line."""
+    uri = uri or job.quality.labelled_set
     if uri is None:
         raise LabelledSetError(f"job {job.job_id} has no quality.labelled_set")
     source = uri if "://" in uri else str(project_path(uri))

@@ -1,4 +1,5 @@
-"""Command line of Leap: `pronk weights upload`, `pronk model finetune-tiny`, `pronk leap` and `pronk leap status`."""
+"""Command line of Leap: `pronk weights upload`, `pronk model finetune-tiny`, `pronk leap`, `pronk leap status` and
+`pronk improve` (Leap's producer)."""
 
 from __future__ import annotations
 
@@ -127,8 +128,43 @@ def leap_status(
         typer.echo("  " + "  ".join(f"{k}={v}" for k, v in row.items() if v not in (None, "")))
 
 
+def improve(
+    job: Annotated[
+        str | None, typer.Option("--job", help="Job id or name (default: the settings' default job).")
+    ] = None,
+    rounds: Annotated[
+        int | None, typer.Option(min=1, help="Rounds to run (default: the job's improve.rounds).")
+    ] = None,
+    canary: Annotated[
+        bool,
+        typer.Option(
+            "--canary/--no-canary", help="Leap each new version through the canary on the job's held-out set."
+        ),
+    ] = True,
+) -> None:
+    """Improve the job's weights from its own checked traces: rollouts of its training set on the running workers,
+    the passes kept, a bounded fine-tune, the next MLflow version, a Leap through the canary; round after round."""
+    from pronk.stack.prefect_env import configure_prefect
+
+    settings = get_settings()
+    configure_prefect(settings)
+    from flows.improve import improve as improve_flow
+    from pronk.jobs.files import get_job
+    from pronk.learn.rounds import NotImprovable
+
+    job_id = get_job(job or settings.default_job, settings).job_id
+    try:
+        records = asyncio.run(improve_flow(job_id=job_id, rounds=rounds, canary=canary))
+    except NotImprovable as exc:
+        fail(str(exc))
+    for record in records:
+        typer.echo(f"round {record['round']} ({record['id']}): {record['status']}: {record['message']}", err=True)
+    typer.echo(json.dumps(records))
+
+
 def register(app: typer.Typer, model_app: typer.Typer) -> None:
     """Add Leap's commands to the `pronk` command line."""
     app.add_typer(weights_app, name="weights")
     app.add_typer(leap_app, name="leap")
+    app.command("improve")(improve)
     model_app.command("finetune-tiny")(finetune_tiny)

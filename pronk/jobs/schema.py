@@ -1,9 +1,9 @@
 """A job's schema: the pydantic models of a job file (`JobConfig` and its sections) and `JobFileError`.
 
-A job file has a few top-level keys (identity, model, fleet, price, request caps) and six sections: `engine`
+A job file has a few top-level keys (identity, model, fleet, price, request caps) and seven sections: `engine`
 (vLLM's arguments), `scheduling` (how steps reach and share the workers), `harness` (the agent loop's limits),
-`tools` (each tool's settings), `observability` (what a run shows) and `quality` (the labelled set that guards
-changes). Reading the files is `pronk.jobs.files`.
+`tools` (each tool's settings), `observability` (what a run shows) `quality` (the labelled set that guards
+changes) and `improve` (how `pronk improve` makes the next model version). Reading the files is `pronk.jobs.files`.
 """
 
 from __future__ import annotations
@@ -238,6 +238,35 @@ class ObservabilityConfig(BaseModel):
     mlflow_traces: bool = Field(default=True, description="Log the run's sampled traces to MLflow as traces.")
 
 
+class ImproveConfig(BaseModel):
+    """Rollouts on the training set, rejection sampling of passed traces, bounded fine-tuning, rounds of it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    training_set: str = Field(
+        default="data/labelled/agent-train.jsonl",
+        description="Labelled lines to roll out and learn from; never the job's held-out `quality.labelled_set`.",
+    )
+    tasks_per_round: int | None = Field(
+        default=48,
+        ge=1,
+        description="Lines of the training set a round rolls out, drawn by the round's seed (None: every line).",
+    )
+    samples_per_task: int = Field(default=4, ge=1, le=64, description="Rollouts of each training line (k).")
+    temperature: float = Field(default=0.8, gt=0, le=2, description="Sampling temperature of the rollouts.")
+    seed: int = Field(default=0, description="First rollout seed; sample i of a line uses seed + i.")
+    cap_per_task: int = Field(
+        default=2, ge=1, le=64, description="Distinct passed transcripts kept per task, so easy tasks do not dominate."
+    )
+    rounds: int = Field(default=1, ge=1, le=100, description="Rollout, selection and training rounds.")
+    max_steps: int = Field(default=40, ge=1, le=100_000, description="Optimizer steps per round at most.")
+    max_seconds: float = Field(default=300.0, gt=0, description="Training seconds per round at most.")
+    learning_rate: float = Field(default=1e-5, gt=0, le=1, description="AdamW learning rate.")
+    batch_size: int = Field(default=4, ge=1, le=1024, description="Transcripts per optimizer step.")
+    threads: int = Field(default=1, ge=1, le=256, description="torch threads of the training process.")
+    nice: int = Field(default=10, ge=0, le=19, description="How far the training process lowers its priority.")
+
+
 class QualityConfig(BaseModel):
     """How a job's answers are checked before a change reaches its fleet: the Herd's tuner and Leap's canary run
     the job's labelled set (batch lines that each carry a `check`) and refuse a change whose success rate falls."""
@@ -300,6 +329,10 @@ class JobConfig(BaseModel):
     )
     quality: QualityConfig = Field(
         default_factory=QualityConfig, description="The labelled set that guards tuning and Leap on success rate."
+    )
+    improve: ImproveConfig = Field(
+        default_factory=ImproveConfig,
+        description="How `pronk improve` makes the job's next model version from its own checked traces.",
     )
 
     @property

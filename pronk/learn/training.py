@@ -25,15 +25,46 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from pronk.errors import PronkError
-from pronk.learn.config import TrainingBudget
+from pronk.jobs.schema import ImproveConfig
 from pronk.models.checkpoints import CheckpointMismatch, check_compatible, read_spec
 
 IGNORE = -100
 """The label of a token the loss skips."""
 WEIGHTS_FILE = "model.safetensors"
+
+
+class TrainingBudget(BaseModel):
+    """What one training round may spend: steps and seconds (whichever ends first), and cores, shared with the engine
+    workers on a small machine (the trainer runs niced, with `threads` torch threads)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_steps: int = Field(default=40, ge=1, le=100_000, description="Optimizer steps at most.")
+    max_seconds: float = Field(
+        default=300.0, gt=0, description="Wall-clock seconds at most, from loading the model to the last step."
+    )
+    learning_rate: float = Field(default=1e-5, gt=0, le=1, description="AdamW learning rate.")
+    batch_size: int = Field(default=4, ge=1, le=1024, description="Transcripts per optimizer step.")
+    max_tokens: int = Field(default=2048, ge=16, description="A transcript longer than this many tokens is left out.")
+    threads: int = Field(default=1, ge=1, le=256, description="torch threads of the training process.")
+    nice: int = Field(default=10, ge=0, le=19, description="How far the training process lowers its priority.")
+    seed: int = Field(default=0, description="Seed of the data order.")
+
+    @classmethod
+    def of(cls, improve: ImproveConfig) -> TrainingBudget:
+        """One round's budget from a job's `improve:` section."""
+        return cls(
+            max_steps=improve.max_steps,
+            max_seconds=improve.max_seconds,
+            learning_rate=improve.learning_rate,
+            batch_size=improve.batch_size,
+            threads=improve.threads,
+            nice=improve.nice,
+            seed=improve.seed,
+        )
 
 
 class TemplateMismatch(PronkError, ValueError):

@@ -15,10 +15,11 @@ from pronk.agents.step_records import StepRecorder
 from pronk.agents.transcripts import Transcript, TranscriptRecorder
 from pronk.batches.input import validate_input
 from pronk.batches.labelled import CheckedLine
-from pronk.jobs import get_job
+from pronk.jobs.files import get_job
 from pronk.learn.rollouts import Sample, rollout, sample_requests
 from pronk.learn.selection import SelectionCounts, select
 from pronk.protocol.checks import CheckResult
+from pronk.settings import get_settings
 
 
 class AnsweringRouter:
@@ -68,7 +69,7 @@ def lines(*ids: str):
         }
         for custom_id in ids
     ]
-    return validate_input("\n".join(json.dumps(r) for r in raw).encode(), get_job("tiny-cpu")).requests
+    return validate_input("\n".join(json.dumps(r) for r in raw).encode(), get_job("tiny-cpu", get_settings())).requests
 
 
 def test_sample_requests_share_the_prompt_and_differ_by_id_and_seed():
@@ -88,7 +89,7 @@ def test_sample_requests_share_the_prompt_and_differ_by_id_and_seed():
 
 def test_a_rollout_checks_every_sample_and_carries_its_transcript_and_records(tmp_path):
     router = AnsweringRouter({"arith-1": ["4", "5", "It is 4."], "lookup-1": ["no", "no", "no"]})
-    harness = Harness(router, get_job("tiny-cpu"), StepRecorder(), tmp_path, TranscriptRecorder())  # type: ignore[arg-type]
+    harness = Harness(router, get_job("tiny-cpu", get_settings()), StepRecorder(), tmp_path, TranscriptRecorder())  # type: ignore[arg-type]
     samples = asyncio.run(rollout(lines("arith-1", "lookup-1"), harness, 3, 0.8, 0))
 
     assert [(s.task_id, s.index, s.passed) for s in samples] == [
@@ -109,7 +110,7 @@ def test_a_rollout_checks_every_sample_and_carries_its_transcript_and_records(tm
 
 
 def test_a_rollout_needs_a_harness_that_keeps_transcripts(tmp_path):
-    harness = Harness(AnsweringRouter({}), get_job("tiny-cpu"), StepRecorder(), tmp_path)  # type: ignore[arg-type]
+    harness = Harness(AnsweringRouter({}), get_job("tiny-cpu", get_settings()), StepRecorder(), tmp_path)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="TranscriptRecorder"):
         asyncio.run(rollout(lines("arith-1"), harness, 2, 0.8, 0))
 

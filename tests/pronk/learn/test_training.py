@@ -15,10 +15,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pronk.learn.config import ImproveConfig, TrainingBudget
+from pronk.jobs.schema import ImproveConfig
 from pronk.learn.training import (
     IGNORE,
     TemplateMismatch,
+    TrainingBudget,
     TrainingExample,
     encode_example,
     fine_tune,
@@ -139,7 +140,7 @@ def test_an_example_over_the_token_budget_is_left_out_and_none_left_is_refused(t
 
 def test_train_runs_in_a_niced_child_with_its_threads_and_leaves_the_caller_as_it_was(tiny, tmp_path):
     niceness, threads = os.nice(0), torch.get_num_threads()
-    budget = ImproveConfig(max_steps=1, threads=1, nice=5, learning_rate=1e-3).budget()
+    budget = TrainingBudget.of(ImproveConfig(max_steps=1, threads=1, nice=5, learning_rate=1e-3))
     result = train(tiny, examples(1), tmp_path / "ckpt", budget)
     assert (result.steps, result.threads) == (1, 1)
     assert result.nice == min(niceness + 5, 19)

@@ -5,16 +5,16 @@ from __future__ import annotations
 import ast
 import json
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
 from pronk.agents.tools import job_tools
 from pronk.batches.input import validate_input
-from pronk.jobs import get_job
-from pronk.learn import config
-from pronk.learn.config import ImproveConfig
+from pronk.jobs.files import get_job
+from pronk.jobs.schema import ImproveConfig
+from pronk.learn.training import TrainingBudget
 from pronk.learn.training_tasks import HELD_OUT, TRAINING_SET, evaluate, task_family, training_lines
+from pronk.settings import get_settings
 
 
 def read(path) -> list[dict]:
@@ -36,13 +36,13 @@ def question(line: dict) -> str:
 
 
 def test_the_committed_set_is_what_the_script_writes(held_out, training):
-    assert training_lines(job_tools(get_job("smollm2-cpu")), held_out, seed=0) == training
+    assert training_lines(job_tools(get_job("smollm2-cpu", get_settings())), held_out, seed=0) == training
 
 
 def test_it_is_large_every_line_valid_for_the_job_and_checked(training):
     assert len(training) >= 180
     assert set(Counter(task_family(line["custom_id"]) for line in training)) == {"arith", "lookup", "search"}
-    validated = validate_input(TRAINING_SET.read_bytes(), get_job("smollm2-cpu"))
+    validated = validate_input(TRAINING_SET.read_bytes(), get_job("smollm2-cpu", get_settings()))
     assert validated.errors == [] and len(validated.requests) == len(training)
     assert all(request.check is not None for request in validated.requests)
     assert len({line["custom_id"] for line in training}) == len(training)
@@ -80,12 +80,8 @@ def test_arithmetic_answers_are_the_expressions_values(training):
             assert evaluate(expression) == eval(compile(ast.parse(expression, mode="eval"), "<arith>", "eval"))
 
 
-def test_improve_config_holds_the_budget_and_imports_only_pydantic():
+def test_a_jobs_improve_section_gives_the_training_budget():
     improve = ImproveConfig(max_steps=7, max_seconds=30, threads=2, nice=3, learning_rate=2e-5, batch_size=8)
-    budget = improve.budget()
+    budget = TrainingBudget.of(improve)
     assert (budget.max_steps, budget.max_seconds, budget.threads, budget.nice) == (7, 30, 2, 3)
     assert (budget.learning_rate, budget.batch_size) == (2e-5, 8)
-    tree = ast.parse(Path(config.__file__).read_text())
-    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    assert imported == {"__future__", "pydantic"}

@@ -1,0 +1,117 @@
+"""The improve flow: weights that get better from the job's own checked traces, pushed to the running fleet.
+
+A recipe over `pronk.learn`, one round after another, each from the version the fleet serves: roll the job's
+training set out on its live workers (k samples a task, every sample checked), keep the passed transcripts
+(rejection sampling), fine-tune on them within the job's step, time and core budget, register the result as the
+model's next version with its lineage, and Leap to it through the canary, which measures both versions on the
+job's held-out set and refuses a worse one, so a bad round never reaches the fleet. The loop stops at the first
+round that does not leap. A table artifact shows every round's success rates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import acreate_table_artifact
+
+from flows.leap import leap
+from pronk.jobs.files import get_job
+from pronk.jobs.schema import ImproveConfig, JobConfig
+from pronk.leap.records import LeapRecord, LeapStore
+from pronk.leap.sequence import LeapFailed, LeapRefused
+from pronk.learn.rounds import ImproveRound, RoundStore, log_held_out, served_version
+from pronk.settings import Settings, get_settings
+from pronk.stack.prefect_env import show_pronk_logs
+from tasks.improve import fine_tune, register_version, roll_out
+
+ROUND_SEED_STRIDE = 1000
+"""Round n samples with seeds from `improve.seed + (n - 1) * ROUND_SEED_STRIDE`: no two rounds repeat a sample."""
+
+
+def _held_out(record: ImproveRound, leap_record: LeapRecord | None) -> None:
+    canary = leap_record.canary if leap_record else None
+    if canary is not None:
+        record.held_out_before, record.held_out_after = canary.baseline, canary.candidate
+
+
+async def _leap(record: ImproveRound, job: JobConfig, version: str, canary: bool, settings: Settings) -> None:
+    """Leap the fleet to `version` through the canary; the round ends `leapt`, `refused` or `failed`."""
+    try:
+        leapt = LeapRecord.model_validate(
+            await leap(job_id=job.job_id, version=int(version.rsplit("/", 1)[1]), canary=canary)
+        )
+    except (LeapRefused, LeapFailed) as exc:
+        failed = exc.record if isinstance(exc, LeapRefused) else None
+        failed = failed or await asyncio.to_thread(LeapStore(settings).latest, job.job_id)
+        record.leap_id = failed.id if failed else None
+        _held_out(record, failed)
+        record.finish("refused" if isinstance(exc, LeapRefused) else "failed", f"{version} did not leap: {exc}")
+        return
+    record.leap_id = leapt.id
+    _held_out(record, leapt)
+    record.finish("leapt", f"the fleet serves {version}: {leapt.canary_summary() or leapt.message}")
+
+
+async def improve_round(
+    job: JobConfig, config: ImproveConfig, settings: Settings, number: int, canary: bool
+) -> ImproveRound:
+    """One round: rollouts, selection, training, registration and a Leap through the canary."""
+    store = RoundStore(settings)
+    model, parent = await asyncio.to_thread(served_version, job, settings)
+    record = ImproveRound(job_id=job.job_id, round=number, model=model, parent_version=parent)
+    await asyncio.to_thread(store.save, record)
+    try:
+        seed = config.seed + (number - 1) * ROUND_SEED_STRIDE
+        examples, record.selection = await roll_out(record.id, job, config, settings, seed)
+        if not examples:
+            record.finish("nothing_to_learn", f"no rollout passed its check ({record.selection.samples} samples)")
+            return record
+        record.status = "training"
+        await asyncio.to_thread(store.save, record)
+        record.training = await fine_tune(record.id, parent, examples, config, settings)
+        if not record.training.steps:
+            record.finish("failed", f"the training budget ({config.max_seconds}s) ended before its first step")
+            return record
+        record.version, record.mlflow_run_id = await register_version(
+            record, record.selection, record.training, job, settings
+        )
+        record.status = "leaping"
+        await asyncio.to_thread(store.save, record)
+        await _leap(record, job, record.version, canary, settings)
+        await asyncio.to_thread(log_held_out, record, settings)
+        return record
+    except Exception as exc:
+        record.finish("failed", f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        await asyncio.to_thread(store.save, record)
+
+
+@flow(name="improve", log_prints=False)
+async def improve(job_id: str, rounds: int | None = None, canary: bool = True) -> list[dict]:
+    """Improve a job's weights from its own checked traces for `rounds` rounds (default: the job's
+    `improve.rounds`), each leaping to its new version through the canary; stops at the first that does not leap."""
+    show_pronk_logs()
+    logger = get_run_logger()
+    settings = get_settings()
+    job = await asyncio.to_thread(get_job, job_id, settings)
+    done: list[ImproveRound] = []
+    try:
+        for number in range(1, (rounds or job.improve.rounds) + 1):
+            record = await improve_round(job, job.improve, settings, number, canary)
+            done.append(record)
+            logger.info(
+                "improve %s round %d (%s): %s: %s", job.job_id, number, record.id, record.status, record.message
+            )
+            if record.status != "leapt":
+                break
+    finally:
+        if done:
+            await acreate_table_artifact(
+                table=[r.row() for r in done],
+                key=f"improve-{job.job_id}",
+                description=f"Improve rounds of {job.job_id}: held-out success before and after each "
+                f"({job.quality.labelled_set or 'no held-out set'}); training set {job.improve.training_set}.",
+            )
+    return [r.model_dump(mode="json") for r in done]

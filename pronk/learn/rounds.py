@@ -1,0 +1,240 @@
+"""One round of the improve loop: roll the training set out on the job's live workers, keep the passes, fine-tune the
+version the fleet serves on them, register the result with its lineage, and hand it to Leap's canary.
+
+The round's record (`ImproveRound`, kept under the store as `improve/<id>.json`) is what the flow's artifacts,
+`pronk improve` and the MLflow run show: the parent version, the rollouts' counts, the training's figures, the new
+version, the Leap that judged it, and the held-out success rate before and after (the canary's two tallies on the
+job's `quality.labelled_set`, which the rollouts never use). The rollouts themselves (every sample's check verdict,
+step records and transcript) are kept beside it as `improve/<id>/rollouts.jsonl`: the training data's provenance.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from pronk import storage
+from pronk.agents.harness import Harness, job_router
+from pronk.agents.step_records import StepRecorder
+from pronk.agents.transcripts import TranscriptRecorder
+from pronk.batches.labelled import labelled_lines
+from pronk.batches.schemas import CheckCounts
+from pronk.batches.traces import scratch_dir
+from pronk.errors import PronkError
+from pronk.jobs.schema import ImproveConfig, JobConfig
+from pronk.learn.rollouts import Sample, rollout
+from pronk.learn.selection import SelectionReport, select
+from pronk.learn.training import TrainingExample, TrainingResult
+from pronk.models.registry import is_models_uri, models_uri, parse_models_uri, resolve_model
+from pronk.models.versions import upload_checkpoint
+from pronk.protocol.ids import new_id
+from pronk.protocol.lines import ValidRequest
+from pronk.settings import Settings
+from pronk.tracking import job_experiment
+from pronk.worker_registry import worker_registry
+
+RoundStatus = Literal["rolling_out", "training", "leaping", "leapt", "refused", "nothing_to_learn", "failed"]
+
+
+class NotImprovable(PronkError, ValueError):
+    """The job cannot be improved now: no live worker, workers on several versions, or no MLflow model to version."""
+
+
+class ImproveRound(BaseModel):
+    """One round of the improve loop of a job."""
+
+    id: str = Field(default_factory=lambda: new_id("improve"))
+    job_id: str
+    round: int = Field(ge=1, description="1 for the loop's first round.")
+    model: str = Field(description="Registered model name.")
+    parent_version: str = Field(description="The version the fleet served when the round began, e.g. `NAME/3`.")
+    status: RoundStatus = "rolling_out"
+    message: str = ""
+    selection: SelectionReport | None = None
+    training: TrainingResult | None = None
+    version: str | None = Field(default=None, description="The version the round registered, e.g. `NAME/4`.")
+    leap_id: str | None = None
+    held_out_before: CheckCounts | None = Field(default=None, description="The parent on the held-out set.")
+    held_out_after: CheckCounts | None = Field(default=None, description="The new version on the held-out set.")
+    mlflow_run_id: str | None = Field(default=None, description="The MLflow run holding the round's lineage.")
+    seconds: dict[str, float] = Field(default_factory=dict, description="Wall-clock seconds of each phase.")
+    started_at: float = Field(default_factory=time.time)
+    finished_at: float | None = None
+
+    def finish(self, status: RoundStatus, message: str) -> None:
+        self.status, self.message, self.finished_at = status, message, time.time()
+
+    def row(self) -> dict[str, object]:
+        """The round's row of the flow's table artifact."""
+
+        def rate(counts: CheckCounts | None) -> float | None:
+            return None if counts is None or counts.success_rate is None else round(counts.success_rate, 3)
+
+        selection, training = self.selection, self.training
+        return {
+            "round": self.round,
+            "from": self.parent_version,
+            "to": self.version or "",
+            "status": self.status,
+            "samples": selection.samples if selection else None,
+            "passed": selection.passed if selection else None,
+            "kept": selection.kept if selection else None,
+            "steps": training.steps if training else None,
+            "loss first → last": f"{training.losses[0]:.3f} → {training.losses[-1]:.3f}"
+            if training and training.losses
+            else "",
+            "held-out before": rate(self.held_out_before),
+            "held-out after": rate(self.held_out_after),
+        }
+
+
+class RoundStore:
+    """`improve/<id>.json` per round, and `improve/<id>/rollouts.jsonl` with every sample of its rollouts."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.root = storage.join(settings.store_uri, "improve")
+
+    def save(self, record: ImproveRound) -> None:
+        storage.write_bytes(
+            storage.join(self.root, f"{record.id}.json"), record.model_dump_json().encode(), self.settings
+        )
+
+    def load(self, round_id: str) -> ImproveRound:
+        return ImproveRound.model_validate_json(
+            storage.read_bytes(storage.join(self.root, f"{round_id}.json"), self.settings)
+        )
+
+    def save_rollouts(self, round_id: str, samples: list[Sample]) -> str:
+        """Write every sample (its check, step records and transcripts) and return where."""
+        rows = [
+            json.dumps(
+                {
+                    "task_id": s.task_id,
+                    "sample": s.index,
+                    "custom_id": s.run.request.custom_id,
+                    "check": s.run.check.model_dump(mode="json"),
+                    "steps": [asdict(r) for r in s.run.records],
+                    "transcripts": [asdict(t) for t in s.run.transcripts],
+                },
+                default=str,
+            )
+            for s in samples
+        ]
+        uri = storage.join(self.root, round_id, "rollouts.jsonl")
+        storage.write_bytes(uri, "\n".join(rows).encode(), self.settings)
+        return uri
+
+
+def served_version(job: JobConfig, settings: Settings) -> tuple[str, str]:
+    """(registered model name, the one version label every live worker of the job serves), or `NotImprovable`."""
+    if not is_models_uri(job.model):
+        raise NotImprovable(f"job {job.job_id} serves {job.model!r}; improving needs an MLflow model (models:/…)")
+    name = parse_models_uri(job.model)[0]
+    versions = {w.stats.model_version for w in worker_registry(settings).live(job.job_id)}
+    if not versions:
+        raise NotImprovable(f"no live workers for {job.job_id}: `pronk stack up` starts them")
+    if len(versions) > 1:
+        raise NotImprovable(f"the workers of {job.job_id} serve {sorted(versions)}: a Leap is under way")
+    return name, versions.pop()
+
+
+def training_lines(job: JobConfig, config: ImproveConfig, settings: Settings, seed: int) -> list[ValidRequest]:
+    """The round's lines of the job's training set (`tasks_per_round` of them, drawn by `seed`), validated for the
+    job; never its held-out `quality.labelled_set`."""
+    if config.training_set == job.quality.labelled_set:
+        raise NotImprovable(f"job {job.job_id}: improve.training_set is the held-out quality.labelled_set")
+    lines = labelled_lines(job, settings, config.training_set)
+    if config.tasks_per_round is None or config.tasks_per_round >= len(lines):
+        return lines
+    return random.Random(seed).sample(lines, config.tasks_per_round)
+
+
+async def roll_out(
+    round_id: str, job: JobConfig, config: ImproveConfig, settings: Settings, seed: int
+) -> tuple[list[TrainingExample], SelectionReport]:
+    """Run the training set `samples_per_task` times on the job's live workers, keep every sample with the round,
+    and select the passed transcripts."""
+    lines = training_lines(job, config, settings, seed)
+    router = job_router(job, settings)
+    harness = Harness(router, job, StepRecorder(), scratch_dir(settings, round_id), TranscriptRecorder())
+    try:
+        samples = await rollout(lines, harness, config.samples_per_task, config.temperature, seed)
+    finally:
+        await router.aclose()
+    RoundStore(settings).save_rollouts(round_id, samples)
+    return select(samples, config.cap_per_task)
+
+
+def checkpoint_dir(round_id: str, settings: Settings) -> Path:
+    """Where a round writes its checkpoint before registering it."""
+    return settings.data_dir / "improve" / round_id / "checkpoint"
+
+
+def base_model_dir(version: str, settings: Settings) -> Path:
+    """A version's checkpoint on local disk (`NAME/N`): the one a round's training starts from."""
+    return resolve_model(models_uri(version), settings).path
+
+
+def register(
+    record: ImproveRound, selection: SelectionReport, training: TrainingResult, job: JobConfig, settings: Settings
+) -> tuple[str, str]:
+    """Register the round's checkpoint as the model's next version (checked against the parent) and log its lineage
+    as an MLflow run of the job's experiment: parent, rollouts, sample counts, training figures, the loss curve.
+    Returns the new version's label (`NAME/N`) and the run's id."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    uploaded = upload_checkpoint(
+        training.checkpoint_dir, record.model, settings, job_model=job.model, source_tag=f"improve:{record.id}"
+    )
+    version = f"{record.model}/{uploaded.version}"
+    job_experiment(job.job_id, settings)
+    with mlflow.start_run(run_name=f"improve-{record.id}") as run:
+        mlflow.set_tags({"pronk.kind": "improve", "pronk.round": record.id, "pronk.version": version})
+        mlflow.log_params(
+            {
+                "parent_version": record.parent_version,
+                "version": version,
+                "round": record.round,
+                "rollouts": RoundStore(settings).root + f"/{record.id}/rollouts.jsonl",
+                "tasks": selection.tasks,
+                "samples": selection.samples,
+                "passed": selection.passed,
+                "kept": selection.kept,
+                "steps": training.steps,
+                "stopped_by": training.stopped_by,
+                "threads": training.threads,
+                "nice": training.nice,
+            }
+        )
+        for step, loss in enumerate(training.losses):
+            mlflow.log_metric("train_loss", loss, step=step)
+        mlflow.log_metrics(
+            {
+                "train_seconds": training.seconds,
+                "trained_tokens": training.trained_tokens,
+                "rollout_pass_rate": selection.passed / selection.samples if selection.samples else 0.0,
+            }
+        )
+    client = MlflowClient(tracking_uri=settings.tracking_uri, registry_uri=settings.tracking_uri)
+    client.set_model_version_tag(record.model, str(uploaded.version), "pronk.improve_run", run.info.run_id)
+    return version, run.info.run_id
+
+
+def log_held_out(record: ImproveRound, settings: Settings) -> None:
+    """The held-out success rates before and after, as metrics of the round's run (MLflow charts them by version)."""
+    from mlflow import MlflowClient
+
+    if record.mlflow_run_id is None:
+        return
+    client = MlflowClient(tracking_uri=settings.tracking_uri)
+    for key, counts in (("held_out_before", record.held_out_before), ("held_out_after", record.held_out_after)):
+        if counts is not None and counts.success_rate is not None:
+            client.log_metric(record.mlflow_run_id, key, counts.success_rate, step=record.round)
