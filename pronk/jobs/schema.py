@@ -248,7 +248,7 @@ class ImproveConfig(BaseModel):
         description="Labelled lines to roll out and learn from; never the job's held-out `quality.labelled_set`.",
     )
     tasks_per_round: int | None = Field(
-        default=48,
+        default=24,
         ge=1,
         description="Lines of the training set a round rolls out, drawn by the round's seed (None: every line).",
     )

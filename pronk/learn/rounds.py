@@ -106,13 +106,11 @@ class RoundStore:
             storage.join(self.root, f"{record.id}.json"), record.model_dump_json().encode(), self.settings
         )
 
-    def load(self, round_id: str) -> ImproveRound:
-        return ImproveRound.model_validate_json(
-            storage.read_bytes(storage.join(self.root, f"{round_id}.json"), self.settings)
-        )
+    def rollouts_uri(self, round_id: str) -> str:
+        return storage.join(self.root, round_id, "rollouts.jsonl")
 
-    def save_rollouts(self, round_id: str, samples: list[Sample]) -> str:
-        """Write every sample (its check, step records and transcripts) and return where."""
+    def save_rollouts(self, round_id: str, samples: list[Sample]) -> None:
+        """Write every sample: its check, step records and transcripts."""
         rows = [
             json.dumps(
                 {
@@ -127,9 +125,7 @@ class RoundStore:
             )
             for s in samples
         ]
-        uri = storage.join(self.root, round_id, "rollouts.jsonl")
-        storage.write_bytes(uri, "\n".join(rows).encode(), self.settings)
-        return uri
+        storage.write_bytes(self.rollouts_uri(round_id), "\n".join(rows).encode(), self.settings)
 
 
 def served_version(job: JobConfig, settings: Settings) -> tuple[str, str]:
@@ -203,7 +199,7 @@ def register(
                 "parent_version": record.parent_version,
                 "version": version,
                 "round": record.round,
-                "rollouts": RoundStore(settings).root + f"/{record.id}/rollouts.jsonl",
+                "rollouts": RoundStore(settings).rollouts_uri(record.id),
                 "tasks": selection.tasks,
                 "samples": selection.samples,
                 "passed": selection.passed,

@@ -74,7 +74,7 @@ def test_a_round_trains_registers_and_leaps_through_the_canary(stack, tmp_path, 
         [record] = asyncio.run(flows.improve.improve(job_id=JOB, rounds=1))
         assert record["parent_version"] == f"{MODEL}/{v1}"
         assert record["selection"]["samples"] == 8 and record["selection"]["tasks"] == 4
-        rollouts = storage.read_bytes(storage.join(RoundStore(stack).root, record["id"], "rollouts.jsonl"), stack)
+        rollouts = storage.read_bytes(RoundStore(stack).rollouts_uri(record["id"]), stack)
         assert len(rollouts.decode().splitlines()) == 8
         if record["status"] == "nothing_to_learn":
             assert record["selection"]["kept"] == 0
