@@ -15,6 +15,7 @@ from pronk.agents.tool_calls import parse_call, tool_call_validity
 from pronk.batches.input import validate_input
 from pronk.jobs.files import get_job
 from pronk.settings import get_settings
+from tests.fakes import answered
 
 SQL = {
     "type": "object",
@@ -52,19 +53,7 @@ class ScriptedRouter:
         self.outputs = outputs
 
     async def generate(self, request: StepRequest) -> StepResult:
-        return StepResult(
-            request_id=request.request_id,
-            text=self.outputs.pop(0),
-            token_ids=[9],
-            prompt_tokens=7,
-            cached_tokens=0,
-            completion_tokens=1,
-            finish_reason="stop",
-            model_version="m/1",
-            worker_id="w0",
-            queue_time_s=0.0,
-            engine_time_s=0.001,
-        )
+        return answered(request, self.outputs.pop(0))
 
     async def finish(self, trace_id: str) -> None:
         pass

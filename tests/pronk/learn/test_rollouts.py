@@ -20,6 +20,7 @@ from pronk.learn.rollouts import Sample, rollout, sample_requests
 from pronk.learn.selection import SelectionCounts, select
 from pronk.protocol.checks import CheckResult
 from pronk.settings import get_settings
+from tests.fakes import answered
 
 
 class AnsweringRouter:
@@ -34,19 +35,7 @@ class AnsweringRouter:
         task, index = request.trace_id.split("#")
         self.sent[request.trace_id] = [{"role": m.role, "content": m.text()} for m in request.messages]
         self.sampling[request.trace_id] = (request.sampling.temperature, request.sampling.seed)
-        return StepResult(
-            request_id=request.request_id,
-            text=json.dumps({"final": self.answers[task][int(index)]}),
-            token_ids=[9],
-            prompt_tokens=7,
-            cached_tokens=0,
-            completion_tokens=1,
-            finish_reason="stop",
-            model_version="m/1",
-            worker_id="w0",
-            queue_time_s=0.0,
-            engine_time_s=0.001,
-        )
+        return answered(request, json.dumps({"final": self.answers[task][int(index)]}))
 
     async def finish(self, trace_id: str) -> None:
         pass

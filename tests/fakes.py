@@ -1,0 +1,22 @@
+"""Stand-ins shared by unit tests that drive the harness without an engine."""
+
+from __future__ import annotations
+
+from engine.protocol import StepRequest, StepResult
+
+
+def answered(request: StepRequest, text: str) -> StepResult:
+    """What a worker returns when a step's whole output is `text` (one token, finished)."""
+    return StepResult(
+        request_id=request.request_id,
+        text=text,
+        token_ids=[9],
+        prompt_tokens=7,
+        cached_tokens=0,
+        completion_tokens=1,
+        finish_reason="stop",
+        model_version="m/1",
+        worker_id="w0",
+        queue_time_s=0.0,
+        engine_time_s=0.001,
+    )
