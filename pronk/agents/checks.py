@@ -17,7 +17,7 @@ from pathlib import Path
 import regex
 from jsonschema import Draft202012Validator
 
-from pronk.agents.tools import ToolContext, ToolError
+from pronk.agents.tools.base import ToolContext, ToolError
 from pronk.agents.tools.python_exec import PythonTool
 from pronk.agents.tools.sandbox import sandbox_unavailable
 from pronk.protocol.checks import (

@@ -29,7 +29,8 @@ from pronk.agents.replay import run_shape
 from pronk.agents.step_records import StepRecord, StepRecorder, summarise
 from pronk.agents.tool_calls import parse_call, step_schema, system_prompt, tool_call_validity
 from pronk.agents.tool_gaps import ToolGaps
-from pronk.agents.tools import SPAWN_SUBAGENTS, Tool, ToolContext, job_tools, run_tool
+from pronk.agents.tools import SPAWN_SUBAGENTS, job_tools, run_tool
+from pronk.agents.tools.base import Tool, ToolContext
 from pronk.agents.transcripts import Transcript, TranscriptRecorder
 from pronk.errors import PronkError
 from pronk.jobs.schema import HarnessConfig, JobConfig

@@ -37,7 +37,8 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from pronk.agents.checks import run_check
-from pronk.agents.tools import Tool, ToolContext, job_tools
+from pronk.agents.tools import job_tools
+from pronk.agents.tools.base import Tool, ToolContext
 from pronk.protocol.checks import Check
 from pronk.settings import PROJECT_ROOT
 

@@ -12,40 +12,14 @@ import asyncio
 import importlib
 import inspect
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from pronk.errors import PronkError
+from pronk.agents.tools.base import Tool, ToolContext, ToolError, ToolOutcome
 from pronk.jobs.schema import JobConfig, ToolsConfig
 from pronk.settings import PROJECT_ROOT
 
 SPAWN_SUBAGENTS = "spawn_subagents"
-
-
-class ToolError(PronkError):
-    """A tool call that failed in an expected way; the message is what the model sees."""
-
-
-@dataclass(slots=True)
-class ToolContext:
-    trace_id: str
-    scratch_dir: Path
-
-
-class Tool(Protocol):
-    name: str
-    description: str
-    parameters: dict[str, Any]
-
-    async def run(self, arguments: dict[str, Any], context: ToolContext) -> str: ...
-
-
-@dataclass(slots=True)
-class ToolOutcome:
-    ok: bool
-    text: str
-    seconds: float
 
 
 class SpawnSubagents:

@@ -8,7 +8,8 @@ import signal
 import tempfile
 from typing import Any
 
-from pronk.agents.tools import ToolContext, ToolError, scratch
+from pronk.agents.tools import scratch
+from pronk.agents.tools.base import ToolContext, ToolError
 from pronk.agents.tools.call_cgroup import CallCgroup
 from pronk.agents.tools.sandbox import BWRAP_ENV, Sandbox, sandbox_unavailable
 from pronk.jobs.schema import PythonToolLimits

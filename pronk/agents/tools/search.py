@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pronk.agents.tools import ToolContext, ToolError
+from pronk.agents.tools.base import ToolContext, ToolError
 
 WORD = re.compile(r"[a-z0-9]+")
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import polars as pl
 
-from pronk.agents.tools import ToolContext, ToolError
+from pronk.agents.tools.base import ToolContext, ToolError
 
 MAX_ROWS = 20
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from pronk import paths
-from pronk.agents.tools import ToolContext, ToolOutcome, call_cgroup, run_tool
+from pronk.agents.tools import call_cgroup, run_tool
+from pronk.agents.tools.base import ToolContext, ToolOutcome
 from pronk.agents.tools.python_exec import PythonTool
 from pronk.agents.tools.sandbox import sandbox_available
 from pronk.jobs.schema import PythonToolLimits

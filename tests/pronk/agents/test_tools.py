@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from pronk.agents.tools import ToolContext, load_tools, run_tool
+from pronk.agents.tools import load_tools, run_tool
+from pronk.agents.tools.base import ToolContext
 from pronk.agents.tools.python_exec import PythonTool
 from pronk.jobs.schema import PythonToolLimits, ToolsConfig
 
