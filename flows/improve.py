@@ -11,6 +11,7 @@ round that does not leap. A table artifact shows every round's success rates.
 from __future__ import annotations
 
 import asyncio
+import time
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import acreate_table_artifact
@@ -63,13 +64,17 @@ async def improve_round(
     await asyncio.to_thread(store.save, record)
     try:
         seed = config.seed + (number - 1) * ROUND_SEED_STRIDE
+        started = time.monotonic()
         examples, record.selection = await roll_out(record.id, job, config, settings, seed)
+        record.seconds["rollouts"] = round(time.monotonic() - started, 3)
         if not examples:
             record.finish("nothing_to_learn", f"no rollout passed its check ({record.selection.samples} samples)")
             return record
         record.status = "training"
         await asyncio.to_thread(store.save, record)
+        started = time.monotonic()
         record.training = await fine_tune(record.id, parent, examples, config, settings)
+        record.seconds["training"] = round(time.monotonic() - started, 3)
         if not record.training.steps:
             record.finish("failed", f"the training budget ({config.max_seconds}s) ended before its first step")
             return record
@@ -78,7 +83,9 @@ async def improve_round(
         )
         record.status = "leaping"
         await asyncio.to_thread(store.save, record)
+        started = time.monotonic()
         await _leap(record, job, record.version, canary, settings)
+        record.seconds["leap"] = round(time.monotonic() - started, 3)
         await asyncio.to_thread(log_held_out, record, settings)
         return record
     except Exception as exc:

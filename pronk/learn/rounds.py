@@ -91,6 +91,7 @@ class ImproveRound(BaseModel):
             else "",
             "held-out before": rate(self.held_out_before),
             "held-out after": rate(self.held_out_after),
+            "minutes": None if self.finished_at is None else round((self.finished_at - self.started_at) / 60, 1),
         }
 
 

@@ -79,6 +79,7 @@ def test_a_round_trains_registers_and_leaps_through_the_canary(stack, tmp_path, 
         if record["status"] == "nothing_to_learn":
             assert record["selection"]["kept"] == 0
             return
+        assert {"rollouts", "training", "leap"} <= set(record["seconds"])
         training = record["training"]
         assert 1 <= training["steps"] <= 2 and len(training["losses"]) == training["steps"]
         assert record["status"] in ("leapt", "refused"), record["message"]
