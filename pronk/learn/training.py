@@ -34,6 +34,9 @@ from pronk.models.checkpoints import CheckpointMismatch, check_compatible, read_
 IGNORE = -100
 """The label of a token the loss skips."""
 WEIGHTS_FILE = "model.safetensors"
+MAX_GRAD_NORM = 1.0
+"""Gradients are clipped to this norm: a few dozen transcripts make a noisy batch, and one outlier step should not
+undo what the served version already answers right."""
 
 
 class TrainingBudget(BaseModel):
@@ -210,6 +213,7 @@ def fine_tune(
         batch = next(batches)
         loss = model(**_tensors(batch, pad_id)).loss
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
