@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -31,8 +32,8 @@ from pronk.jobs.schema import ImproveConfig, JobConfig
 from pronk.learn.rollouts import Sample, rollout
 from pronk.learn.selection import SelectionReport, select
 from pronk.learn.training import TrainingExample, TrainingResult
-from pronk.models.registry import is_models_uri, models_uri, parse_models_uri, resolve_model
-from pronk.models.versions import upload_checkpoint
+from pronk.models.registry import models_uri, resolve_model, tag_version
+from pronk.models.versions import NotLeapable, leap_model, upload_checkpoint
 from pronk.protocol.ids import new_id
 from pronk.protocol.lines import ValidRequest
 from pronk.settings import Settings
@@ -131,9 +132,10 @@ class RoundStore:
 
 def served_version(job: JobConfig, settings: Settings) -> tuple[str, str]:
     """(registered model name, the one version label every live worker of the job serves), or `NotImprovable`."""
-    if not is_models_uri(job.model):
-        raise NotImprovable(f"job {job.job_id} serves {job.model!r}; improving needs an MLflow model (models:/…)")
-    name = parse_models_uri(job.model)[0]
+    try:
+        name = leap_model(job)
+    except NotLeapable as exc:
+        raise NotImprovable(f"{exc} Improving registers new versions of an MLflow model.") from exc
     versions = {w.stats.model_version for w in worker_registry(settings).live(job.job_id)}
     if not versions:
         raise NotImprovable(f"no live workers for {job.job_id}: `pronk stack up` starts them")
@@ -186,11 +188,13 @@ def register(
     as an MLflow run of the job's experiment: parent, rollouts, sample counts, training figures, the loss curve.
     Returns the new version's label (`NAME/N`) and the run's id."""
     import mlflow
-    from mlflow import MlflowClient
 
-    uploaded = upload_checkpoint(
-        training.checkpoint_dir, record.model, settings, job_model=job.model, source_tag=f"improve:{record.id}"
-    )
+    try:
+        uploaded = upload_checkpoint(
+            training.checkpoint_dir, record.model, settings, job_model=job.model, source_tag=f"improve:{record.id}"
+        )
+    finally:
+        shutil.rmtree(training.checkpoint_dir, ignore_errors=True)  # MLflow keeps the registered copy
     version = f"{record.model}/{uploaded.version}"
     job_experiment(job.job_id, settings)
     with mlflow.start_run(run_name=f"improve-{record.id}") as run:
@@ -220,8 +224,7 @@ def register(
                 "rollout_pass_rate": selection.passed / selection.samples if selection.samples else 0.0,
             }
         )
-    client = MlflowClient(tracking_uri=settings.tracking_uri, registry_uri=settings.tracking_uri)
-    client.set_model_version_tag(record.model, str(uploaded.version), "pronk.improve_run", run.info.run_id)
+    tag_version(record.model, uploaded.version, "pronk.improve_run", run.info.run_id, settings)
     return version, run.info.run_id
 
 

@@ -86,6 +86,11 @@ def set_alias(name: str, alias: str, version: int, settings: Settings) -> None:
     _client(settings).set_registered_model_alias(name, alias, str(version))
 
 
+def tag_version(name: str, version: int, key: str, value: str, settings: Settings) -> None:
+    """Set one tag on version `version` of `name`."""
+    _client(settings).set_model_version_tag(name, str(version), key, value)
+
+
 def latest_version(name: str, settings: Settings) -> int | None:
     """The newest version number of `name`, or None when it has none."""
     versions = _client(settings).search_model_versions(f"name='{name}'")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
@@ -82,6 +83,7 @@ def test_a_round_trains_registers_and_leaps_through_the_canary(stack, tmp_path, 
         assert {"rollouts", "training", "leap"} <= set(record["seconds"])
         training = record["training"]
         assert 1 <= training["steps"] <= 2 and len(training["losses"]) == training["steps"]
+        assert not Path(training["checkpoint_dir"]).exists()  # registered in MLflow, not kept twice
         assert record["status"] in ("leapt", "refused"), record["message"]
         name, version = record["version"].split("/")
         client = MlflowClient(tracking_uri=stack.tracking_uri)
