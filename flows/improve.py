@@ -96,17 +96,19 @@ async def improve_round(
 
 
 @flow(name="improve", log_prints=False)
-async def improve(job_id: str, rounds: int | None = None, canary: bool = True) -> list[dict]:
+async def improve(job_id: str, rounds: int | None = None, canary: bool = True, seed: int | None = None) -> list[dict]:
     """Improve a job's weights from its own checked traces for `rounds` rounds (default: the job's
-    `improve.rounds`), each leaping to its new version through the canary; stops at the first that does not leap."""
+    `improve.rounds`), each leaping to its new version through the canary; stops at the first that does not leap.
+    `seed` replaces the job's `improve.seed` (which training lines a round draws, and its samples' seeds)."""
     show_pronk_logs()
     logger = get_run_logger()
     settings = get_settings()
     job = await asyncio.to_thread(get_job, job_id, settings)
+    config = job.improve if seed is None else job.improve.model_copy(update={"seed": seed})
     done: list[ImproveRound] = []
     try:
-        for number in range(1, (rounds or job.improve.rounds) + 1):
-            record = await improve_round(job, job.improve, settings, number, canary)
+        for number in range(1, (rounds or config.rounds) + 1):
+            record = await improve_round(job, config, settings, number, canary)
             done.append(record)
             logger.info(
                 "improve %s round %d (%s): %s: %s", job.job_id, number, record.id, record.status, record.message
@@ -119,6 +121,7 @@ async def improve(job_id: str, rounds: int | None = None, canary: bool = True) -
                 table=[r.row() for r in done],
                 key=f"improve-{job.job_id}",
                 description=f"Improve rounds of {job.job_id}: held-out success before and after each "
-                f"({job.quality.labelled_set or 'no held-out set'}); training set {job.improve.training_set}.",
+                f"({job.quality.labelled_set or 'no held-out set'}); training set {config.training_set}, "
+                f"seed {config.seed}.",
             )
     return [r.model_dump(mode="json") for r in done]

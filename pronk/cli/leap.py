@@ -141,6 +141,9 @@ def improve(
             "--canary/--no-canary", help="Leap each new version through the canary on the job's held-out set."
         ),
     ] = True,
+    seed: Annotated[
+        int | None, typer.Option(help="First rollout seed (default: the job's improve.seed); rounds draw from it.")
+    ] = None,
 ) -> None:
     """Improve the job's weights from its own checked traces: rollouts of its training set on the running workers,
     the passes kept, a bounded fine-tune, the next MLflow version, a Leap through the canary; round after round."""
@@ -154,7 +157,7 @@ def improve(
 
     job_id = get_job(job or settings.default_job, settings).job_id
     try:
-        records = asyncio.run(improve_flow(job_id=job_id, rounds=rounds, canary=canary))
+        records = asyncio.run(improve_flow(job_id=job_id, rounds=rounds, canary=canary, seed=seed))
     except NotImprovable as exc:
         fail(str(exc))
     for record in records:
