@@ -72,7 +72,9 @@ async def leap(
     try:
         failed: list[str] = []
         if lines is not None:
-            failed = await canaries.trial(run, job, lines, stage_weights, reload_weights, measure)
+            failed = await canaries.trial(
+                run, job, lines, stage_weights, reload_weights, measure, settings.leap_canary_timeout_s
+            )
             logger.info("leap %s: %s", record.id, record.canary_summary())
         if not failed:
             failed = await leaps.switch(run, stage_weights, reload_weights)

@@ -53,6 +53,12 @@ class Settings(BaseSettings):
         description="PEM CA bundle routers, Leaps and every other caller verify `https://` workers against; unset: "
         "the system's trust store.",
     )
+    leap_canary_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="Longest a Leap's canary may take to run the labelled set on both versions; past it the canary "
+        "goes back and the Leap is refused.",
+    )
     worker_base_port: int = Field(default=8100, ge=1, le=65535, description="First port engine workers listen on.")
     heartbeat_interval_s: float = Field(
         default=1.0, gt=0, description="How often a worker refreshes its registry entry."

@@ -11,8 +11,10 @@ does: the labelled set's own lines go only to the workers measured (`Router(only
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import NoReturn
 
 from pronk.agents.harness import Harness, job_router
 from pronk.agents.step_records import StepRecorder
@@ -31,8 +33,9 @@ Measure = Callable[[list[ValidRequest], list[str]], Awaitable[CheckCounts]]
 
 def labelled_set(job: JobConfig, record: LeapRecord, requested: bool, settings: Settings) -> list[ValidRequest] | None:
     """The lines the Leap's canary runs, or None when it runs no canary (no labelled set, the job's `quality.canary`
-    off, or the caller skipped it). A set that cannot be read refuses the Leap (saved) before any worker is touched."""
-    if not (requested and job.quality.canary and job.quality.labelled_set):
+    off, the caller skipped it, or the fleet already serves the target: nothing would switch). A set that cannot be
+    read refuses the Leap (saved) before any worker is touched."""
+    if record.fleet_on_target() or not (requested and job.quality.canary and job.quality.labelled_set):
         return None
     try:
         return labelled_lines(job, settings)
@@ -55,14 +58,21 @@ async def measure(
 
 
 async def trial(
-    run: LeapRun, job: JobConfig, lines: list[ValidRequest], stage: StageStep, reload: ReloadStep, measure: Measure
+    run: LeapRun,
+    job: JobConfig,
+    lines: list[ValidRequest],
+    stage: StageStep,
+    reload: ReloadStep,
+    measure: Measure,
+    timeout_s: float,
 ) -> list[str]:
     """Switch the canary (the first worker by id) and measure it beside the others; return the workers that could
     not switch (the canary, or none), for `pronk.leap.sequence.conclude`.
 
     The baseline runs on the other workers, still on the current version, while the canary runs; a job with one
-    worker measures the baseline on it before it switches. A worse canary goes back, and the Leap ends `refused`
-    (`LeapRefused`), or `failed` (`LeapFailed`) if the canary cannot go back.
+    worker measures the baseline on it before it switches. A worse canary, or one whose measuring takes longer than
+    `timeout_s` (`leap_canary_timeout_s`: a fleet too loaded to judge the version in time), goes back, and the Leap
+    ends `refused` (`LeapRefused`), or `failed` (`LeapFailed`) if the canary cannot go back.
     """
     record = run.record
     canary, *others = sorted(run.original)
@@ -74,26 +84,42 @@ async def trial(
         baseline_workers=others or [canary],
     )
     await run.save()
-    before = None if others else await measure(lines, [canary])
+    started = time.monotonic()
     try:
-        await stage(run, canary, models_uri(record.to_version))
-        await reload(run, canary, record.to_version)
-    except Exception:  # noqa: BLE001 - the worker's entry holds the error; conclude rolls back and says so
-        return [canary]
-    if before is None:
-        baseline, candidate = await asyncio.gather(measure(lines, others), measure(lines, [canary]))
-    else:
-        baseline, candidate = before, await measure(lines, [canary])
+        async with asyncio.timeout(timeout_s):
+            before = None if others else await measure(lines, [canary])
+            try:
+                await stage(run, canary, models_uri(record.to_version))
+                await reload(run, canary, record.to_version)
+            except Exception:  # noqa: BLE001 - the worker's entry holds the error; conclude rolls back and says so
+                return [canary]
+            if before is None:
+                baseline, candidate = await asyncio.gather(measure(lines, others), measure(lines, [canary]))
+            else:
+                baseline, candidate = before, await measure(lines, [canary])
+    except TimeoutError:
+        record.canary.seconds = round(time.monotonic() - started, 3)
+        record.canary.reason = f"the labelled set did not finish within leap_canary_timeout_s ({timeout_s:g}s)"
+        await _refuse(run, reload, f"canary refused: {record.canary.reason} on {canary}; ")
+    record.canary.seconds = round(time.monotonic() - started, 3)
     verdict = compare_success(baseline, candidate)
     record.canary.baseline, record.canary.candidate = baseline, candidate
     record.canary.worse, record.canary.reason = verdict.worse, verdict.reason
     await run.save()
     if not verdict.worse:
         return []
-    message = (
+    await _refuse(
+        run,
+        reload,
         f"canary refused: {record.to_version} on {canary}: {candidate.describe()}, against {record.from_version}: "
-        f"{baseline.describe()} (beyond noise); "
+        f"{baseline.describe()} (beyond noise); ",
     )
+
+
+async def _refuse(run: LeapRun, reload: ReloadStep, message: str) -> NoReturn:
+    """Send the canary back and end the Leap `refused` (`LeapRefused`), or `failed` if it cannot go back."""
+    record = run.record
+    canary = record.canary.worker_id if record.canary else ""
     if await roll_back(run, reload):
         message += f"{canary} could not go back to {run.original[canary]}: {record.workers[canary].error}"
         record.finish("failed", message)

@@ -49,6 +49,7 @@ class CanaryRecord(BaseModel):
     candidate: CheckCounts | None = None
     worse: bool | None = Field(default=None, description="Whether the canary passed fewer checks beyond noise.")
     reason: str = ""
+    seconds: float | None = Field(default=None, description="How long the labelled set took on both versions.")
 
 
 class LeapRecord(BaseModel):
@@ -90,13 +91,18 @@ class LeapRecord(BaseModel):
         canary = self.canary
         if canary is None:
             return ""
+        took = f" in {canary.seconds:.1f}s" if canary.seconds is not None else ""
         if canary.baseline is None or canary.candidate is None:
-            return f"canary {canary.worker_id}: the {canary.lines} lines of {canary.labelled_set} did not finish"
+            return f"canary {canary.worker_id}: the {canary.lines} lines of {canary.labelled_set} did not finish{took}"
         return (
             f"canary {canary.worker_id} on {self.to_version}: {canary.candidate.describe()}; "
             f"{self.from_version} on {', '.join(canary.baseline_workers)}: {canary.baseline.describe()}; "
-            f"{'refused' if canary.worse else 'held'}"
+            f"{'refused' if canary.worse else 'held'}{took}"
         )
+
+    def fleet_on_target(self) -> bool:
+        """Whether every worker already serves the target version: the Leap has nothing to switch."""
+        return bool(self.workers) and all(w.version == self.to_version for w in self.workers.values())
 
     def table(self) -> list[dict[str, object]]:
         """Rows for a Prefect table artifact and the CLI."""

@@ -222,11 +222,13 @@ async def conclude(run: LeapRun, failed: list[str], reload: ReloadStep, settings
             record.finish("rolled_back" if not stuck else "failed", message)
         raise LeapFailed(message)
     target = record.to_version.rsplit("/", 1)[1]
+    already = all(version == record.to_version for version in run.original.values())
     if record.alias:
         await asyncio.to_thread(set_alias, record.model, record.alias, int(target), settings)
         record.alias_moved = True
-    record.finish(
-        "completed",
-        f"{len(run.original)} workers serve {record.to_version}"
-        + (f"; {record.model}@{record.alias} → {target}" if record.alias else ""),
+    served = (
+        f"the fleet already served {record.to_version}: nothing switched"
+        if already
+        else f"{len(run.original)} workers serve {record.to_version}"
     )
+    record.finish("completed", served + (f"; {record.model}@{record.alias} → {target}" if record.alias else ""))

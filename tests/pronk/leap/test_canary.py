@@ -16,6 +16,7 @@ from pronk.leap.sequence import LeapFailed, LeapRefused, LeapRun, conclude, swit
 from pronk.settings import Settings, get_settings
 
 OLD, NEW = "pronk-tiny/1", "pronk-tiny/2"
+TIMEOUT_S = 60.0
 
 
 @pytest.fixture
@@ -93,7 +94,7 @@ def test_a_canary_that_holds_lets_the_rest_of_the_fleet_switch(settings, tmp_pat
 
     async def leap():
         failed = await canary.trial(
-            run, job, labelled_lines(job, get_settings()), fleet.stage, fleet.reload, fleet.measure_on(run)
+            run, job, labelled_lines(job, get_settings()), fleet.stage, fleet.reload, fleet.measure_on(run), TIMEOUT_S
         )
         assert failed == []
         await conclude(run, await switch(run, fleet.stage, fleet.reload), fleet.reload, settings)
@@ -118,7 +119,13 @@ def test_a_worse_canary_goes_back_and_the_leap_is_refused_naming_both_rates(sett
     with pytest.raises(LeapRefused) as refused:
         asyncio.run(
             canary.trial(
-                run, job, labelled_lines(job, get_settings()), fleet.stage, fleet.reload, fleet.measure_on(run)
+                run,
+                job,
+                labelled_lines(job, get_settings()),
+                fleet.stage,
+                fleet.reload,
+                fleet.measure_on(run),
+                TIMEOUT_S,
             )
         )
     message = str(refused.value)
@@ -142,7 +149,13 @@ def test_a_one_worker_job_measures_the_baseline_on_it_before_it_switches(setting
     with pytest.raises(LeapRefused, match="canary refused"):
         asyncio.run(
             canary.trial(
-                run, job, labelled_lines(job, get_settings()), fleet.stage, fleet.reload, fleet.measure_on(run)
+                run,
+                job,
+                labelled_lines(job, get_settings()),
+                fleet.stage,
+                fleet.reload,
+                fleet.measure_on(run),
+                TIMEOUT_S,
             )
         )
     assert fleet.calls == [
@@ -162,7 +175,13 @@ def test_a_worse_canary_that_cannot_go_back_fails_the_leap_saying_so(settings, t
     with pytest.raises(LeapFailed, match="w0 could not go back to pronk-tiny/1: reload failed"):
         asyncio.run(
             canary.trial(
-                run, job, labelled_lines(job, get_settings()), fleet.stage, fleet.reload, fleet.measure_on(run)
+                run,
+                job,
+                labelled_lines(job, get_settings()),
+                fleet.stage,
+                fleet.reload,
+                fleet.measure_on(run),
+                TIMEOUT_S,
             )
         )
     assert run.record.status == "failed"
@@ -175,7 +194,7 @@ def test_a_canary_that_cannot_stage_fails_the_leap_with_no_worker_switched(setti
 
     async def leap():
         failed = await canary.trial(
-            run, job, labelled_lines(job, get_settings()), fleet.stage, fleet.reload, fleet.measure_on(run)
+            run, job, labelled_lines(job, get_settings()), fleet.stage, fleet.reload, fleet.measure_on(run), TIMEOUT_S
         )
         assert failed == ["w0"]
         await conclude(run, failed, fleet.reload, settings)
@@ -183,6 +202,56 @@ def test_a_canary_that_cannot_stage_fails_the_leap_with_no_worker_switched(setti
     with pytest.raises(LeapFailed, match="no worker switched, the fleet still serves pronk-tiny/1"):
         asyncio.run(leap())
     assert [c for c in fleet.calls if c[0] == "measure"] == []
+
+
+def test_a_canary_that_outlasts_its_bound_goes_back_and_the_leap_is_refused_saying_so(settings, tmp_path):
+    job = job_with_set(tmp_path)
+    run = leap_run(settings, ["w0", "w1"])
+    fleet = Fleet({OLD: 16, NEW: 16})
+    measure = fleet.measure_on(run)
+
+    async def slow_measure(lines, worker_ids):
+        await asyncio.sleep(5)
+        return await measure(lines, worker_ids)
+
+    with pytest.raises(LeapRefused, match=r"did not finish within leap_canary_timeout_s \(0.2s\) on w0"):
+        asyncio.run(
+            canary.trial(run, job, labelled_lines(job, get_settings()), fleet.stage, fleet.reload, slow_measure, 0.2)
+        )
+    record = LeapStore(settings).latest("job-c0ffee01")
+    assert record.status == "refused" and 0.2 <= record.canary.seconds < 5
+    assert {w.version for w in record.workers.values()} == {OLD} and fleet.calls[-1] == ("reload", "w0", OLD)
+    assert "did not finish in 0." in record.canary_summary()
+
+
+def test_a_held_canary_reports_how_long_it_measured(settings, tmp_path):
+    job = job_with_set(tmp_path)
+    run = leap_run(settings, ["w0", "w1"])
+    fleet = Fleet({OLD: 16, NEW: 16})
+    asyncio.run(
+        canary.trial(
+            run, job, labelled_lines(job, get_settings()), fleet.stage, fleet.reload, fleet.measure_on(run), TIMEOUT_S
+        )
+    )
+    assert 0 <= run.record.canary.seconds < TIMEOUT_S
+    assert run.record.canary_summary().endswith(f"held in {run.record.canary.seconds:.1f}s")
+
+
+def test_a_leap_to_the_version_served_runs_no_canary_and_switches_nothing(settings, tmp_path):
+    run = leap_run(settings, ["w0", "w1"])
+    for worker in run.record.workers.values():
+        worker.version = NEW
+    run.original = {w: NEW for w in run.original}
+    assert canary.labelled_set(job_with_set(tmp_path), run.record, True, settings) is None
+    fleet = Fleet({})
+
+    async def leap():
+        await conclude(run, await switch(run, fleet.stage, fleet.reload), fleet.reload, settings)
+
+    asyncio.run(leap())
+    assert fleet.calls == []
+    assert run.record.status == "completed"
+    assert run.record.message.startswith("the fleet already served pronk-tiny/2: nothing switched")
 
 
 def test_without_a_canary_every_worker_switches_at_once(settings):
