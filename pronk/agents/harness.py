@@ -168,13 +168,13 @@ class Harness:
         except (StepRejected, NoWorkerAvailable) as exc:
             return failed_outcome(request, engine_error_code(exc), exc)
         summary = trace.summary()
-        first = trace.records[0]
+        last = trace.records[-1]
         completion = Completion(
             kind="replay",
             request_id=new_id("replay"),
             model=self.job.served_model_name,
-            model_version=first.model_version or "",
-            worker_id=first.worker_id or "",
+            model_version=last.model_version or "",
+            worker_id=last.worker_id or "",
             usage=Usage.of(summary),
             engine_time_s=summary.engine_time_s,
             trace_id=trace.trace_id,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 from engine.protocol import StepRequest, StepResult
 from pronk.agents.replay import filler_tokens, run_shape
@@ -95,3 +96,34 @@ def test_auto_pin_ttl_comes_from_measured_gaps():
 def test_filler_tokens_are_deterministic_and_ordinary():
     assert filler_tokens("a", 50) == filler_tokens("a", 50) != filler_tokens("b", 50)
     assert all(16 <= t < 4000 for t in filler_tokens("a", 500))
+
+
+def test_a_replay_that_ran_across_a_leap_reports_the_version_of_its_last_step(tmp_path):
+    """Its output line says which weights made its last step, as an agent's does, so a batch running through a
+    Leap shows both versions in its output."""
+    from pronk.agents.harness import Harness
+    from pronk.agents.step_records import StepRecorder
+    from pronk.batches.input import validate_input
+    from pronk.jobs.files import get_job
+    from pronk.settings import get_settings
+
+    router = EchoRouter()
+    generate = router.generate
+
+    async def leaping(request: StepRequest) -> StepResult:
+        result = await generate(request)
+        return result.model_copy(update={"model_version": f"m/{len(router.requests)}", "worker_id": "w1"})
+
+    router.generate = leaping  # type: ignore[method-assign]
+    job = get_job("tiny-cpu", get_settings())
+    shape = {"trace_id": "t", "system_prompt_tokens": 4, "steps": [{"new_prompt_tokens": 2, "output_tokens": 2}] * 2}
+    line = {
+        "custom_id": "r",
+        "method": "POST",
+        "url": "/v1/pronk/replay",
+        "body": {"model": "pronk-tiny", "shape": shape},
+    }
+    (request,) = validate_input(json.dumps(line).encode(), job).requests
+    outcome = asyncio.run(Harness(router, job, StepRecorder(), tmp_path).run_line(request))  # type: ignore[arg-type]
+    assert outcome.completion is not None
+    assert (outcome.completion.model_version, outcome.completion.worker_id) == ("m/2", "w1")
