@@ -15,7 +15,9 @@ from pronk.cli.enrich import register as register_enrich_commands
 from pronk.cli.herd import register as register_herd_commands
 from pronk.cli.leap import register as register_leap_commands
 from pronk.cli.terminal import batch_progress, fail
+from pronk.errors import PronkError
 from pronk.settings import get_settings
+from pronk.stack.prefect_env import hide_tracebacks_of_refusals
 from pronk.worker_registry import worker_registry
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
@@ -417,9 +419,16 @@ def main() -> None:
     interpreter's exit would otherwise walk every object of the ~3,000 modules a flow command imports (Prefect,
     MLflow, pandas), ~1 s of a 5 s `pronk leap` on 2 cores, for memory the process is about to hand back anyway.
     Not after a command that ran vLLM in its own process (`pronk worker start`): triton's bindings (nanobind) list
-    every object still alive at their teardown as a leak, hundreds of lines, and such a command runs for long anyway."""
+    every object still alive at their teardown as a leak, hundreds of lines, and such a command runs for long anyway.
+
+    A `PronkError` (a refusal, a job that does not exist) ends the command with its message and exit status 1, and
+    the flows it runs log it without a traceback: what went wrong is the message, not pronk's call stack."""
+    hide_tracebacks_of_refusals()
     try:
         app()
+    except PronkError as exc:
+        typer.echo(f"pronk: {exc}", err=True)
+        sys.exit(1)
     finally:
         if "triton" not in sys.modules:
             gc.freeze()

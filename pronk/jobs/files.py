@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from pronk.config_files import describe, read_mapping
+from pronk.errors import PronkError
 from pronk.jobs.schema import JobConfig, JobFileError
 from pronk.jobs.sections import FLAT_KEYS, flat_keys, merge_sections
 from pronk.jobs.versions import current_changes, with_changes
@@ -87,6 +88,13 @@ def load_jobs(settings: Settings, versions: bool = True) -> dict[str, JobConfig]
     return {job_id: with_changes(job, current_changes(job_id, settings)) for job_id, job in jobs.items()}
 
 
+class UnknownJob(PronkError, KeyError):
+    """No job file has this id or name. A `KeyError` too, for callers that look jobs up as a mapping."""
+
+    def __str__(self) -> str:  # KeyError's own quotes the message as a repr
+        return str(self.args[0])
+
+
 def get_job(job: str, settings: Settings, versions: bool = True) -> JobConfig:
     """A job by id or by name, with its current configuration version unless `versions` is false.
 
@@ -97,7 +105,7 @@ def get_job(job: str, settings: Settings, versions: bool = True) -> JobConfig:
     found = jobs.get(job) or next((candidate for candidate in jobs.values() if candidate.name == job), None)
     if found is None:
         unreadable = "".join(f"; unreadable: {exc}" for exc in broken)
-        raise KeyError(f"no job {job!r}; known: {', '.join(sorted(jobs)) or 'none'}{unreadable}")
+        raise UnknownJob(f"no job {job!r}; known: {', '.join(sorted(jobs)) or 'none'}{unreadable}")
     for exc in broken:
         logger.warning("job file skipped: %s", exc)
     return with_changes(found, current_changes(found.job_id, settings)) if versions else found

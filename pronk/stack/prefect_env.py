@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 
+from pronk.errors import PronkError
 from pronk.settings import Settings
 
 # Measured in DESIGN.md: batching the recorders lets a SQLite server record ~100 task runs/s instead of ~30.
@@ -33,6 +34,29 @@ RUN_PAGE_LOGGING = {
     "PREFECT_LOGGING_EXTRA_LOGGERS": ",".join(PRONK_LOGGERS),
     "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
 }
+
+
+RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
+"""The loggers Prefect's engine reports a flow or task run's exception on, with its traceback."""
+
+
+class RefusalsWithoutTraceback(logging.Filter):
+    """Drop the traceback from a run's log line when its exception is a `PronkError`: pronk raised it on purpose and
+    its message says what is wrong (a refused Leap, a missing job), so the line keeps the message and the command
+    that ran the flow prints it once more as its error, without a Python traceback before it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], PronkError):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def hide_tracebacks_of_refusals() -> None:
+    """Install `RefusalsWithoutTraceback` on Prefect's run loggers in this process (once)."""
+    for name in RUN_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RefusalsWithoutTraceback) for f in logger.filters):
+            logger.addFilter(RefusalsWithoutTraceback())
 
 
 def prefect_api_url(settings: Settings) -> str:

@@ -51,3 +51,28 @@ def test_pronk_api_serves_with_auth_switched_on_the_command_line(tmp_path):
         assert response.status_code == 401 and response.json()["error"]["code"] == "missing_api_key"
     finally:
         stop(pid)
+
+
+def test_a_refusal_ends_the_command_with_its_message_and_no_traceback(tmp_path):
+    for args in (("leap", "status", "--job", "nope"), ("job", "show", "--job", "nope")):
+        done = pronk(local_env(tmp_path), *args)
+        assert done.returncode == 1
+        assert done.stderr.startswith("pronk: no job 'nope'; known: ") and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_flow_run_logs_a_refusal_without_its_traceback_and_any_other_error_with_it():
+    import logging
+
+    from pronk.errors import PronkError
+    from pronk.stack.prefect_env import RefusalsWithoutTraceback
+
+    def logged(exc: Exception) -> logging.LogRecord:
+        try:
+            raise exc
+        except (PronkError, RuntimeError):
+            record = logging.LogRecord("prefect.flow_runs", logging.ERROR, __file__, 1, "failed", None, sys.exc_info())
+        assert RefusalsWithoutTraceback().filter(record)
+        return record
+
+    assert logged(PronkError("refused")).exc_info is None
+    assert logged(RuntimeError("a bug")).exc_info is not None
