@@ -103,7 +103,8 @@ def current_admin(caller: CallerDep) -> str:
     if not caller.admin:
         raise ApiError(
             403,
-            "This API key may not change weights: use a key made with `pronk keys create --admin`.",
+            "This API key may not manage weights (upload, reload, status): use a key made with "
+            "`pronk keys create --admin`.",
             code="admin_required",
         )
     return caller.owner

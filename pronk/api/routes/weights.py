@@ -15,7 +15,7 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Query
 from fastapi.concurrency import run_in_threadpool
 
-from pronk.api.deps import AdminDep, OwnerDep, RunsDep, SettingsDep
+from pronk.api.deps import AdminDep, RunsDep, SettingsDep
 from pronk.api.errors import ApiError
 from pronk.api.runs import start_leap
 from pronk.api.weight_sources import allowed_source
@@ -129,11 +129,12 @@ async def reload(
 
 @router.get("/status")
 def status(
-    owner: OwnerDep,
+    owner: AdminDep,
     settings: SettingsDep,
     job_id: Annotated[str | None, Query(description="Only this job.")] = None,
 ) -> WeightsStatus:
-    """Each job's live workers (version, Leap state, staged version) and its latest Leap."""
+    """Each job's live workers (version, Leap state, staged version) and its latest Leap (admin keys: it names
+    every job and the workers' internal addresses, which are the operator's, not the API's users')."""
     jobs = load_jobs(settings)
     if job_id is not None and job_id not in jobs:
         raise ApiError(404, f"No job {job_id!r}.", param="job_id", code="not_found")

@@ -208,6 +208,13 @@ def test_weight_routes_refuse_keys_without_the_admin_scope(api, path, body):
     assert "--admin" in error["message"]
 
 
+def test_weights_status_names_jobs_and_worker_addresses_to_admin_keys_only(api):
+    client, user, admin, _ = api
+    error = assert_error(client.get("/v1/weights/status", headers=user), 403)
+    assert error["code"] == "admin_required"
+    assert client.get("/v1/weights/status", headers=admin).status_code == 200
+
+
 @pytest.mark.parametrize(("path", "body"), WEIGHT_CALLS, ids=["upload", "reload"])
 @pytest.mark.parametrize(
     "source",
