@@ -26,8 +26,9 @@ router = APIRouter(prefix="/batches", tags=["batches"])
 logger = logging.getLogger(__name__)
 
 BatchId = Annotated[str, Path(pattern=ID_PATTERN, description="The batch's id.")]
-HIDDEN = {"owner"}
-"""Batch fields the API never shows."""
+HIDDEN = {"owner", "output_uri", "error_uri", "steps_uri"}
+"""Batch fields the API never shows: its owner, and where its files lie on the server (a client reads them by
+`output_file_id` and `error_file_id`)."""
 
 JOB_ID_PATTERN = r"^job-[0-9a-f]{8}$"
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512

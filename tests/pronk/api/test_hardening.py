@@ -83,6 +83,26 @@ def test_a_deeply_nested_upload_is_stored_for_the_flow_to_reject_its_line(api):
     assert response.json()["bytes"] > 400_000
 
 
+def test_a_batch_shows_its_files_by_id_and_never_where_they_lie_on_the_server(api):
+    from pronk.batches.store import BatchStore
+
+    client, user, _, settings = api
+    uploaded = upload(client, user, line(0)).json()
+    created = create(client, user, uploaded["id"]).json()
+    batches = BatchStore(settings)
+    stored = batches.load(created["id"])
+    stored.output_uri, stored.error_uri = f"{settings.store_uri}/o.jsonl", f"{settings.store_uri}/e.jsonl"
+    stored.steps_uri = f"{settings.store_uri}/s.jsonl"
+    batches.save(stored)
+    for response in (
+        client.get(f"/v1/batches/{created['id']}", headers=user),
+        client.get("/v1/batches", headers=user),
+        client.post(f"/v1/batches/{created['id']}/cancel", headers=user),
+    ):
+        assert response.status_code == 200, response.text
+        assert "_uri" not in response.text and str(settings.data_dir) not in response.text
+
+
 def test_file_content_of_a_file_with_an_emoji_name_is_served_with_an_rfc6266_name(api):
     client, user, *_ = api
     name = "donnée 🐐.jsonl"
