@@ -8,6 +8,7 @@ of the Herd applies over its job file when the job is loaded (`get_job`, `pronk.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +110,32 @@ def get_job(job: str, settings: Settings, versions: bool = True) -> JobConfig:
     for exc in broken:
         logger.warning("job file skipped: %s", exc)
     return with_changes(found, current_changes(found.job_id, settings)) if versions else found
+
+
+class AmbiguousModel(PronkError, ValueError):
+    """No job, or several jobs none of which stands out, serve the model a batch names."""
+
+
+def job_for_model(
+    model: str, jobs: dict[str, JobConfig], has_live_workers: Callable[[str], bool], default_job: str
+) -> JobConfig:
+    """The job a batch naming only `model` goes to: the one job serving it; else, of several, the one with live
+    workers; else, of those with live workers (or of all when none has any), the default job (`default_job`, an id
+    or a name); else `AmbiguousModel`, naming the jobs. Two job files may serve one model (a CPU and a GPU fleet of
+    it), and usually only one of them is up."""
+    serving = sorted((j for j in jobs.values() if j.served_model_name == model), key=lambda j: j.job_id)
+    if len(serving) == 1:
+        return serving[0]
+    if not serving:
+        raise AmbiguousModel(
+            f"no job serves model {model!r}; jobs serve {sorted({j.served_model_name for j in jobs.values()})}"
+        )
+    live = [j for j in serving if has_live_workers(j.job_id)]
+    candidates = live or serving
+    if len(candidates) == 1:
+        return candidates[0]
+    default = [j for j in candidates if default_job in (j.job_id, j.name)]
+    if default:
+        return default[0]
+    names = ", ".join(f"{j.job_id} ({j.name}{', live' if j in live else ''})" for j in serving)
+    raise AmbiguousModel(f"jobs {names} all serve model {model!r}; pass job_id")

@@ -17,10 +17,11 @@ from pronk.api.run_starts import RunStarts
 from pronk.batches.files import FileRecord, FileStore
 from pronk.batches.schemas import TERMINAL_STATUSES, Batch
 from pronk.batches.store import BatchStore
-from pronk.jobs.files import load_jobs
+from pronk.jobs.files import AmbiguousModel, job_for_model, load_jobs
 from pronk.jobs.schema import JobConfig
 from pronk.protocol.bodies import SERVED_URLS
 from pronk.settings import Settings
+from pronk.worker_registry import worker_registry
 
 router = APIRouter(prefix="/batches", tags=["batches"])
 logger = logging.getLogger(__name__)
@@ -76,8 +77,10 @@ class BatchList(BaseModel):
     has_more: bool = False
 
 
-def choose_job(job_id: str | None, file: FileRecord, jobs: dict[str, JobConfig]) -> JobConfig:
-    """The job named by `job_id`, else the one job serving the file's model; anything unclear is a 400."""
+def choose_job(job_id: str | None, file: FileRecord, jobs: dict[str, JobConfig], settings: Settings) -> JobConfig:
+    """The job named by `job_id`, else the job serving the file's model (`pronk.jobs.files.job_for_model`: of
+    several, the one with live workers, else the default job); anything unclear is a 400. Reads the worker
+    registry when several jobs serve the model: call it from the threadpool."""
     if job_id is not None:
         job = jobs.get(job_id)
         if job is None:
@@ -98,13 +101,12 @@ def choose_job(job_id: str | None, file: FileRecord, jobs: dict[str, JobConfig])
             code="ambiguous_job",
         )
     (model,) = file.models
-    serving = sorted(j.job_id for j in jobs.values() if j.served_model_name == model)
-    if len(serving) != 1:
-        found = f"jobs {serving} all serve it" if serving else "no job serves it"
-        raise ApiError(
-            400, f"Cannot choose a job for model {model!r}: {found}; pass job_id.", param="job_id", code="ambiguous_job"
+    try:
+        return job_for_model(
+            model, jobs, lambda job_id: bool(worker_registry(settings).live(job_id)), settings.default_job
         )
-    return jobs[serving[0]]
+    except AmbiguousModel as exc:
+        raise ApiError(400, f"Cannot choose a job: {exc}.", param="job_id", code="ambiguous_job") from exc
 
 
 def owned_batch(batches: BatchStore, owner: str, batch_id: str) -> Batch:
@@ -173,7 +175,7 @@ async def _create_batch(
             param="endpoint",
             code="endpoint_mismatch",
         )
-    job = choose_job(body.job_id, file, await run_in_threadpool(load_jobs, settings))
+    job = await run_in_threadpool(choose_job, body.job_id, file, await run_in_threadpool(load_jobs, settings), settings)
     batch = Batch(
         input_file_id=file.id,
         endpoint=body.endpoint,

@@ -185,7 +185,7 @@ def test_batch_create_picks_the_job_serving_the_model_and_starts_a_run(api):
         ([line(0), line(1, url="/v1/embeddings")], {}, "endpoint", "/v1/embeddings"),
         ([line(0)], {"endpoint": "/v1/embeddings"}, "endpoint", "not served"),
         ([line(0)], {"job_id": "job-00000000"}, "job_id", "No job 'job-00000000'"),
-        ([line(0, model="gpt-x")], {}, "job_id", "no job serves it"),
+        ([line(0, model="gpt-x")], {}, "job_id", "no job serves model 'gpt-x'"),
         ([line(0), line(1, model="gpt-x")], {}, "job_id", "2 models"),
         ([line(0, model="gpt-x")], {"job_id": "job-c0ffee01"}, "job_id", "serves model 'pronk-tiny'"),
         ([line(0)], {"completion_window": "1h"}, "completion_window", "24h"),
@@ -210,6 +210,33 @@ def test_batch_create_refuses_unclear_requests_with_a_400_naming_the_param(api, 
     file_id = upload(client, alice, "\n".join(lines)).json()["id"]
     error = assert_error(create(client, alice, file_id, **extra), 400, param)
     assert needle in error["message"] and runs.started == []
+
+
+def test_a_model_served_by_several_jobs_goes_to_the_one_with_live_workers(api):
+    """smollm2-135m-instruct is served by the agent-real and smollm2-cpu job files; only one is up."""
+    from engine.protocol import WorkerStats
+    from engine.registry import FileRegistry, WorkerEntry
+
+    client, alice, _, _, tmp_path = api
+    file_id = upload(client, alice, line(0, model="smollm2-135m-instruct")).json()["id"]
+    error = assert_error(create(client, alice, file_id), 400, "job_id")
+    assert "job-10d91d95 (agent-real)" in error["message"] and "job-5a011201 (smollm2-cpu)" in error["message"]
+
+    job = "job-5a011201"
+    FileRegistry(Settings(data_dir=tmp_path).registry_dir).announce(
+        WorkerEntry(
+            worker_id=f"{job}-w0",
+            job_id=job,
+            url="http://127.0.0.1:9",
+            pid=1,
+            started_at=0.0,
+            heartbeat_at=time.time(),
+            stats=WorkerStats(worker_id=f"{job}-w0", job_id=job, model_version="smollm2-135m-instruct/1"),
+        )
+    )
+    created = create(client, alice, file_id)
+    assert created.status_code == 200, created.text
+    assert created.json()["job_id"] == job
 
 
 def test_batches_list_newest_first_with_cursor_pagination(api):

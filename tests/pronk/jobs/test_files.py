@@ -163,3 +163,22 @@ harness: {max_steps: 4, routing: least_loaded, tables_dir: data/tables, trace_sa
         True,
     )
     assert (job.harness.max_steps, job.tools.sql.tables_dir, job.observability.trace_sample) == (4, "data/tables", 3)
+
+
+def test_a_model_goes_to_its_one_job_else_the_live_one_else_the_default_else_a_clear_error():
+    from pronk.jobs.files import AmbiguousModel, job_for_model
+
+    jobs = load_jobs(get_settings())
+    model = "smollm2-135m-instruct"  # agent-real (job-10d91d95) and smollm2-cpu (job-5a011201)
+    nobody = frozenset[str]()
+    assert job_for_model("pronk-tiny", jobs, nobody.__contains__, "tiny-cpu").job_id == "job-c0ffee01"
+    assert job_for_model(model, jobs, {"job-5a011201"}.__contains__, "tiny-cpu").job_id == "job-5a011201"
+    assert job_for_model(model, jobs, nobody.__contains__, "agent-real").job_id == "job-10d91d95"
+    with pytest.raises(AmbiguousModel, match=r"job-10d91d95 \(agent-real\), job-5a011201 \(smollm2-cpu\) all serve"):
+        job_for_model(model, jobs, nobody.__contains__, "tiny-cpu")
+    both = {"job-10d91d95", "job-5a011201"}.__contains__
+    assert job_for_model(model, jobs, both, "smollm2-cpu").job_id == "job-5a011201"
+    with pytest.raises(AmbiguousModel, match=r"agent-real, live.*smollm2-cpu, live"):
+        job_for_model(model, jobs, both, "tiny-cpu")
+    with pytest.raises(AmbiguousModel, match="no job serves model 'gpt-x'"):
+        job_for_model("gpt-x", jobs, nobody.__contains__, "tiny-cpu")
