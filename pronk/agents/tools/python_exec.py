@@ -31,7 +31,10 @@ def _why(returncode: int, timed_out: bool, out_of_memory: bool, written: int, li
     if timed_out:
         return f"killed: wall time limit of {limits.wall_s:g}s exceeded"
     if out_of_memory:
-        return f"killed: memory limit of {limits.memory_mb} MiB for the whole call exceeded"
+        return (
+            f"killed: memory limit of {limits.memory_mb} MiB for the whole call exceeded (the kernel killed a "
+            "process of the call; what it printed may be incomplete)"
+        )
     if signum in (signal.SIGXCPU, signal.SIGKILL):
         return f"killed: CPU time limit of {limits.cpu_s}s exceeded"
     if signum == signal.SIGXFSZ or written >= limits.output_bytes * 4:
@@ -112,7 +115,9 @@ class PythonTool:
             text += f"\n[output cut at {limits.output_bytes} bytes]"
         if not_kept:
             text += f"\n[scratch files: {not_kept}]"
-        if process.returncode != 0 or timed_out:
+        # A forked child killed for the call's memory limit fails the call even when its parent exits 0: its
+        # part of the answer is missing.
+        if process.returncode != 0 or timed_out or out_of_memory:
             why = _why(process.returncode, timed_out, out_of_memory, written, limits)
             raise ToolError(f"python: {why}\n{text}".rstrip())
         return text or "(no output)"

@@ -3,9 +3,11 @@
 Each call gets new user, PID, network, IPC, UTS and cgroup namespaces; uid/gid 65534 inside with no
 capabilities and no new privileges; a read-only view of `/usr` and the base interpreter's prefix (its
 stdlib, never the venv's site-packages nor the project tree, the data dir, `/root` or `/etc`); a fresh
-tmpfs `/tmp`; and a size-limited tmpfs at `/scratch`, the only writable place, which the launcher fills from
-the trace's files and hands back as a tar when the code ends (`scratch.py`): no host folder is ever mounted
-writable or handed to the sandbox's uid. The code arrives as a read-only copy at `/cell.py`. Resource limits
+writable tmpfs `/tmp`, gone when the call ends; and a size-limited tmpfs at `/scratch`, which the launcher fills
+from the trace's files and hands back as a tar when the code ends (`scratch.py`): no host folder is ever mounted
+writable or handed to the sandbox's uid. Both tmpfs hold `scratch_mb` at most, and count against the call's
+memory cgroup; every file the code writes, stdout included, is capped at `4 × output_bytes` (RLIMIT_FSIZE).
+The code arrives as a read-only copy at `/cell.py`. Resource limits
 are set inside by `prlimit`, after the user namespace exists, so RLIMIT_NPROC counts this sandbox's processes
 only; memory and processes are bounded for the whole call by its cgroup (`call_cgroup.py`).
 
@@ -216,6 +218,11 @@ class Sandbox:
             "/proc",
             "--dev",
             "/dev",
+            # --size and --perms apply to the next --tmpfs: each of the two gets its own.
+            "--size",
+            str(limits.scratch_mb << 20),
+            "--perms",
+            "1777",
             "--tmpfs",
             "/tmp",
             "--size",

@@ -312,7 +312,8 @@ def test_the_process_limit_binds_each_sandbox_on_its_own(tmp_path):
 @needs_sandbox
 @pytest.mark.skipif(call_cgroup.layout() is None, reason="no cgroup for a call can be made here")
 def test_the_memory_limit_holds_for_the_whole_call_not_each_process(scratch):
-    """Six children of 200 MB each fit a 512 MiB RLIMIT_AS one by one; the call's cgroup holds them to 512 MiB."""
+    """Six children of 200 MB each fit a 512 MiB RLIMIT_AS one by one; the call's cgroup holds them to 512 MiB, and
+    the call fails saying so even though the parent, which only counts its children, exits 0."""
     code = (
         "import os, time\n"
         "children = []\n"
@@ -330,7 +331,28 @@ def test_the_memory_limit_holds_for_the_whole_call_not_each_process(scratch):
     outcome = run(code, scratch, limits)
     held = [line for line in outcome.text.splitlines() if line.startswith("held ")]
     assert held != ["held 6 of 6"], outcome.text
-    assert outcome.ok or "memory limit of 512 MiB for the whole call exceeded" in outcome.text, outcome.text
+    assert not outcome.ok and "memory limit of 512 MiB for the whole call exceeded" in outcome.text, outcome.text
+    assert "the kernel killed a process of the call" in outcome.text
+
+
+@needs_sandbox
+def test_tmp_is_writable_for_the_call_alone_and_files_are_capped_at_four_times_the_output(scratch):
+    code = (
+        "import os, tempfile\n"
+        "with tempfile.NamedTemporaryFile('w', delete=False) as f:\n"
+        "    f.write('kept for this call')\n"
+        "print(open(f.name).read(), os.path.dirname(f.name))\n"
+        "try:\n"
+        "    with open('big', 'wb') as big:\n"
+        "        big.write(b'x' * (4 * 4096 + 1))\n"
+        "except OSError as exc:\n"
+        "    print('refused:', exc.strerror)"
+    )
+    outcome = run(code, scratch)
+    assert outcome.ok, outcome.text
+    assert "kept for this call /tmp" in outcome.text and "refused: File too large" in outcome.text
+    again = run("import os; print(sorted(os.listdir('/tmp')))", scratch)
+    assert again.ok and again.text.strip() == "[]", again.text
 
 
 @needs_sandbox
