@@ -8,6 +8,7 @@ from __future__ import annotations
 from engine.client import ContextTooLong, StepRejected
 from engine.protocol import SamplingSpec, StepRequest, StepResult
 from engine.router import NoWorkerAvailable, Router
+from pronk.agents.client_tools import NotACall, client_tool_step, read_step
 from pronk.agents.outcomes import Completion, LineFailure, RequestOutcome, Usage
 from pronk.agents.step_records import StepRecord, StepRecorder
 from pronk.jobs.schema import JobConfig
@@ -67,12 +68,25 @@ def _chat_record(request: ValidRequest, error: str | None = None) -> StepRecord:
 
 
 async def run_request(
-    router: Router, request: ValidRequest, body: ChatCompletionBody, job: JobConfig, recorder: StepRecorder
+    router: Router,
+    request: ValidRequest,
+    body: ChatCompletionBody,
+    job: JobConfig,
+    recorder: StepRecorder,
+    client_tools: bool = False,
 ) -> RequestOutcome:
-    """Run one request and record its step; engine trouble becomes this request's failed outcome, never an exception."""
+    """Run one request and record its step; engine trouble becomes this request's failed outcome, never an exception.
+
+    With `client_tools` the line's tools are the client's own (`pronk.agents.client_tools`): the step may answer with
+    a call of one, returned as OpenAI's `tool_calls` for the client to run."""
     request_id = new_id("chatcmpl")
+    step = (
+        client_tool_step(body, job, request.custom_id, request_id)
+        if client_tools
+        else to_step_request(body, request.custom_id, job, request_id)
+    )
     try:
-        result = await router.generate(to_step_request(body, request.custom_id, job, request_id))
+        result = await router.generate(step)
     except (StepRejected, NoWorkerAvailable) as exc:
         code = engine_error_code(exc)
         recorder.add(_chat_record(request, error=code))
@@ -83,4 +97,12 @@ async def run_request(
         await router.finish(request.custom_id)
     recorder.add(_chat_record(request)).take(result)
     completion = chat_completion(result, job.served_model_name, request_id)
+    if client_tools:
+        try:
+            answer, completion.tool_calls = read_step(body, result)
+        except NotACall as exc:
+            return failed_outcome(request, ErrorCode.INVALID_TOOL_CALL, exc)
+        completion.text = answer or ""
+        if completion.tool_calls:
+            completion.finish_reason = "tool_calls"
     return RequestOutcome(request.line, request.custom_id, completion)

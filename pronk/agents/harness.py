@@ -23,6 +23,7 @@ from engine.client import ContextTooLong, StepRejected
 from engine.protocol import ChatMessage, SamplingSpec, StepRequest, StepResult
 from engine.router import NoWorkerAvailable, Router
 from pronk import paths
+from pronk.agents.client_tools import is_client_line
 from pronk.agents.completions import engine_error_code, failed_outcome, run_request
 from pronk.agents.outcomes import Completion, RequestOutcome, Usage
 from pronk.agents.replay import run_shape
@@ -150,6 +151,8 @@ class Harness:
         if isinstance(body, ReplayBody):
             return await self.run_replay(request, body)
         if body.tools is not None and body.tool_choice != "none":
+            if is_client_line(body, set(self.tools)):
+                return await run_request(self.router, request, body, self.job, self.recorder, client_tools=True)
             return await self.run_agent(request, body)
         return await run_request(self.router, request, body, self.job, self.recorder)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from pronk.agents.step_records import TraceSummary
 
@@ -49,6 +49,8 @@ class Completion:
     duration_s: float = 0.0
     summary: TraceSummary | None = None
     transcript: list[dict[str, str]] = field(default_factory=list)
+    tool_calls: list[dict[str, Any]] | None = None
+    """OpenAI's `tool_calls` of a client-tool line's answer (`pronk.agents.client_tools`); None: a text answer."""
     created: int = field(default_factory=lambda: int(time.time()))
 
 

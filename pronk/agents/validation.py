@@ -7,6 +7,7 @@ import json
 
 from jsonschema import Draft202012Validator, SchemaError
 
+from pronk.agents.client_tools import mixed_tools
 from pronk.jobs.schema import JobConfig
 from pronk.protocol.bodies import HarnessRequest, NamedToolChoice, ToolChoice, ToolSpec
 from pronk.protocol.error_codes import ErrorCode
@@ -15,11 +16,17 @@ from pronk.protocol.error_codes import ErrorCode
 def check_tools(
     tools: list[ToolSpec], tool_choice: ToolChoice, request: HarnessRequest | None, job: JobConfig, known: set[str]
 ) -> tuple[str, str] | None:
-    """`(error code, message)` for the first problem of an agent line, or None."""
+    """`(error code, message)` for the first problem of a line with tools, or None. Its tools are all the job's
+    (`known`: a server-side agent) or all the client's own (`pronk.agents.client_tools`); never both."""
     names = [t.function.name for t in tools]
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        return ErrorCode.UNKNOWN_TOOL, f"tools {unknown} are not tools of job {job.job_id} (it has {sorted(known)})"
+    mixed = mixed_tools(tools, known)
+    if mixed:
+        server, client = mixed
+        return (
+            ErrorCode.MIXED_TOOLS,
+            f"tools {server} are tools of job {job.job_id}, run by its harness, and {client} are the client's own, "
+            "returned as tool_calls: a line lists one kind or the other",
+        )
     if len(set(names)) != len(names):
         return ErrorCode.INVALID_TOOL_SCHEMA, f"a tool is listed twice: {names}"
     for tool in tools:

@@ -23,14 +23,10 @@ def response_body(completion: Completion) -> dict[str, Any]:
     }
     if c.kind != "replay":
         body["system_fingerprint"] = c.model_version
-        body["choices"] = [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": c.text},
-                "finish_reason": c.finish_reason,
-                "logprobs": None,
-            }
-        ]
+        message: dict[str, Any] = {"role": "assistant", "content": c.text}
+        if c.tool_calls:
+            message = {"role": "assistant", "content": None, "tool_calls": c.tool_calls}
+        body["choices"] = [{"index": 0, "message": message, "finish_reason": c.finish_reason, "logprobs": None}]
     body["usage"] = {
         "prompt_tokens": c.usage.prompt_tokens,
         "completion_tokens": c.usage.completion_tokens,

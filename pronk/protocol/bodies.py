@@ -1,6 +1,8 @@
 """Request bodies of a batch line: OpenAI's chat completion body (with pronk's agent fields) and the replay body.
 
-A chat completion body with `tools` is an agent task whose loop the job's harness runs on the server. A body on
+A chat completion body with `tools` of the job's harness is an agent task whose loop the harness runs on the server;
+one whose tools are all the client's own gets one step that may answer with OpenAI's `tool_calls`
+(`pronk.agents.client_tools`). A body on
 `REPLAY_URL` carries a trace shape to replay with fixed lengths. Checking an agent line against its job (known tools,
 limits within the job's caps) is `pronk.agents.validation`'s.
 """
@@ -34,7 +36,10 @@ class ToolFunction(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     name: str = Field(
-        min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$", description="A tool of the job's harness."
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="A tool of the job's harness, or a function of the client's own.",
     )
     description: str | None = Field(default=None, description="Overrides the tool's own description in the prompt.")
     parameters: dict[str, Any] | None = Field(
@@ -146,7 +151,9 @@ class ChatCompletionBody(BaseModel):
     stop: str | list[str] | None = None
     n: Literal[1] = 1
     tools: list[ToolSpec] | None = Field(
-        default=None, description="Tools the job's harness may call: makes the line an agent task."
+        default=None,
+        description="Tools of the job's harness (the line is an agent task run on the server), or the client's own "
+        "functions (one step, answered with tool_calls); never both.",
     )
     tool_choice: ToolChoice = Field(
         default="auto", description="auto, required, none, or a named function (forced on the first step)."
@@ -156,6 +163,19 @@ class ChatCompletionBody(BaseModel):
         default=None,
         description="Constrain the answer (an agent's final answer, or a plain chat's reply) to a JSON schema.",
     )
+
+    stream: bool = Field(
+        default=False,
+        description="Refused when true: a batch line's answer is one object, never a stream (OpenAI's and vLLM's "
+        "batch runners refuse it too).",
+    )
+
+    @field_validator("stream")
+    @classmethod
+    def _no_stream(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("stream is not supported in a batch: each line's answer is written whole")
+        return value
 
     @field_validator("response_format")
     @classmethod

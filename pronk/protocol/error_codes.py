@@ -21,6 +21,8 @@ class ErrorCode:
     CONTEXT_LENGTH = "context_length"
     UNKNOWN_TOOL = "unknown_tool"
     INVALID_TOOL_SCHEMA = "invalid_tool_schema"
+    MIXED_TOOLS = "mixed_tools"
+    INVALID_TOOL_CALL = "invalid_tool_call"
     HARNESS_LIMIT_EXCEEDED = "harness_limit_exceeded"
     STEP_FAILED = "step_failed"
     CANCELLED = "batch_cancelled"

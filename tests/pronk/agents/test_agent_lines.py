@@ -54,7 +54,7 @@ def test_shipped_batches_validate_for_their_job(path, job_name):
 @pytest.mark.parametrize(
     ("body", "code", "fragment"),
     [
-        ({"tools": [tool("shell")]}, ErrorCode.UNKNOWN_TOOL, "'shell'"),
+        ({"tools": [tool("sql"), tool("shell")]}, ErrorCode.MIXED_TOOLS, "['sql'] are tools of job"),
         (
             {"tools": [tool("sql")], "tool_choice": {"type": "function", "function": {"name": "python"}}},
             ErrorCode.UNKNOWN_TOOL,
@@ -79,7 +79,7 @@ def test_shipped_batches_validate_for_their_job(path, job_name):
         ({"tools": [tool("sql")], "harness": {"max_stepz": 2}}, ErrorCode.INVALID_BODY, "max_stepz"),
     ],
     ids=[
-        "unknown-tool",
+        "mixed-tools",
         "unknown-choice",
         "bad-schema",
         "not-object",
