@@ -169,3 +169,62 @@ def test_an_oversized_upload_is_refused_and_nothing_is_stored(new_client, stack)
         client.files.create(file=("big.jsonl", b"x" * (stack.api_max_upload_bytes + 1)), purpose="batch")
     assert refused.value.status_code == 413 and "too large" in refused.value.message
     assert storage.list_names(content, stack) == before and client.files.list().data == []
+
+
+def test_client_tools_and_vllms_run_batch_lines_end_as_openai_ends_them(new_client):
+    """A client-tool line (its one argument an enum, so the grammar leaves no room for a cut call) comes back as
+    tool_calls; the lines of vLLM's run-batch tests end as OpenAI ends them; every line validates against vLLM's
+    BatchRequestOutput and the official client's types."""
+    from openai.types import BatchError
+    from openai.types.chat import ChatCompletion
+    from vllm.entrypoints.launchers.run_batch import BatchRequestOutput
+
+    unit = {"type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["unit"]}
+    tools = [{"type": "function", "function": {"name": "get_temperature", "parameters": unit}}]
+
+    def line(custom_id: str, model: str = "pronk-tiny", **body) -> str:
+        messages = [{"role": "user", "content": "Hello world!"}]
+        body = {"model": model, "messages": messages, "max_completion_tokens": 32, **body}
+        return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body})
+
+    lines = [
+        line("client-tool", tools=tools, tool_choice="required"),
+        line("request-1"),
+        line("request-2", max_completion_tokens=None, max_tokens=16),
+        line("request-3", model="NonExistModel"),
+        line("request-5", stream="True"),
+    ]
+    client = new_client()
+    uploaded = client.files.create(file=("vllm.jsonl", "\n".join(lines).encode()), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=uploaded.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        extra_body={"job_id": JOB},
+    )
+    batch, _ = wait_for(client, batch.id, lambda b: b.status in TERMINAL)
+    written = jsonl(client, batch.output_file_id) + jsonl(client, batch.error_file_id)
+    ends = {w["custom_id"]: w["error"]["code"] if w["error"] else "ok" for w in written}
+    assert ends == {
+        "client-tool": "ok",
+        "request-1": "ok",
+        "request-2": "ok",
+        "request-3": "model_mismatch",
+        "request-5": "invalid_body",
+    }
+    for w in written:
+        BatchRequestOutput.model_validate(w)
+        if w["error"]:
+            BatchError.model_validate(w["error"])
+        else:
+            ChatCompletion.model_validate(w["response"]["body"])
+    (tool_line,) = [w for w in written if w["custom_id"] == "client-tool"]
+    choice = ChatCompletion.model_validate(tool_line["response"]["body"]).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    assert choice.message.tool_calls[0].function.name == "get_temperature"
+    assert json.loads(choice.message.tool_calls[0].function.arguments)["unit"] in ("celsius", "fahrenheit")
+
+    bad_url = json.dumps({"custom_id": "request-4", "method": "POST", "url": "/bad_url", "body": {}})
+    mixed = client.files.create(file=("bad.jsonl", (lines[1] + "\n" + bad_url).encode()), purpose="batch")
+    with pytest.raises(openai.BadRequestError, match="/bad_url"):
+        client.batches.create(input_file_id=mixed.id, endpoint="/v1/chat/completions", completion_window="24h")
