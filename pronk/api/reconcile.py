@@ -16,10 +16,15 @@ from typing import TYPE_CHECKING, Literal
 
 from fastapi.concurrency import run_in_threadpool
 
+from pronk import storage
 from pronk.api.runs import resume_batch_run
 from pronk.batches.run import end_batch
 from pronk.batches.schemas import TERMINAL_STATUSES
 from pronk.batches.store import BatchStore
+from pronk.control import flow_runs
+from pronk.enrich import open_run
+from pronk.enrich.spec import load_specs
+from pronk.enrich.table import results_uri
 from pronk.settings import Settings
 
 if TYPE_CHECKING:
@@ -84,15 +89,34 @@ class Reconciler:
         )
         return True
 
+    async def check_enrichments(self) -> list[str]:
+        """Mark crashed the flow run of every enrichment run whose process died (`pronk.enrich.open_run`); returns
+        those flow runs. No hook of a SIGKILLed run ran, so nothing else would until the enrichment's next run."""
+        folders = await run_in_threadpool(enrichment_results, self.settings)
+        return await open_run.mark_dead_runs(folders, self.settings, flow_runs.flow_run_state, flow_runs.mark_crashed)
+
     async def loop(self) -> None:
         """Check every `reconcile_interval_s` until cancelled; trouble (Prefect down) waits for the next check."""
         await asyncio.sleep(min(FIRST_CHECK_S, self.settings.reconcile_interval_s))
         while True:
             try:
                 acted = await self.check()
+                crashed = await self.check_enrichments()
             except Exception as exc:  # noqa: BLE001 - the next check tries again
                 logger.warning("reconciling batches with their flow runs failed: %s: %s", type(exc).__name__, exc)
             else:
                 if acted:
                     logger.info("reconciled batches %s", acted)
+                if crashed:
+                    logger.warning("marked crashed the flow runs of dead enrichment runs %s", crashed)
             await asyncio.sleep(self.settings.reconcile_interval_s)
+
+
+def enrichment_results(settings: Settings) -> list[str]:
+    """Every enrichment's results folder: those of the specs the stack deploys (`load_specs`, as `pronk stack up`
+    reads them; a spec may keep its results anywhere) and every folder under the store's `enrichments/` (where a run
+    of any other spec keeps them)."""
+    root = storage.join(settings.store_uri, "enrichments")
+    folders = {results_uri(spec, settings) for _, spec in load_specs()}
+    folders |= {storage.join(root, name) for name in storage.list_names(root, settings)}
+    return sorted(folders)

@@ -152,12 +152,55 @@ async def check_earlier(
             f"flow run crashed in Prefect or delete {marker_uri(results)}"
         )
     if earlier.flow_run_id and not own and state not in ENDED_FLOW_RUN_STATES:
-        await mark_crashed(
-            earlier.flow_run_id,
-            f"its process (pid {earlier.pid} on {earlier.host}) is gone; run {earlier.run_id} of enrichment {spec} "
-            "ended without finishing",
-        )
+        await mark_crashed(earlier.flow_run_id, _crash_message(earlier))
     return earlier
+
+
+def _crash_message(marker: OpenRun) -> str:
+    return (
+        f"its process (pid {marker.pid} on {marker.host}) is gone; run {marker.run_id} of enrichment {marker.spec} "
+        "ended without finishing"
+    )
+
+
+async def mark_dead_run(
+    results: str, settings: Settings, state_of: StateOf, mark_crashed: MarkCrashed
+) -> OpenRun | None:
+    """The marker under `results` of an enrichment run whose process is gone while Prefect still shows its flow run
+    running, that flow run now marked crashed; None when there is no such run.
+
+    Something always running calls it (the API's reconcile loop), so a killed run shows `Crashed` within a check or
+    two instead of `Running` until the enrichment's next run (a day, on a nightly schedule). It reads processes of
+    this host only: a run on another host is left to the next run (`check_earlier`). The marker stays, for the next
+    run to take over the dead run's batch.
+    """
+    marker = read_open_run(results, settings)
+    if marker is None or marker.flow_run_id is None:
+        return None
+    state = await state_of(marker.flow_run_id)
+    if state is None or state in ENDED_FLOW_RUN_STATES or marker.host != socket.gethostname():
+        return None
+    if process_alive(marker.pid, marker.pid_started):
+        return None
+    await mark_crashed(marker.flow_run_id, _crash_message(marker))
+    return marker
+
+
+async def mark_dead_runs(
+    results: list[str], settings: Settings, state_of: StateOf, mark_crashed: MarkCrashed
+) -> list[str]:
+    """`mark_dead_run` for each results folder; the flow runs it marked crashed. One folder's trouble (a store that
+    does not answer) is logged and leaves the others alone."""
+    marked = []
+    for folder in results:
+        try:
+            dead = await mark_dead_run(folder, settings, state_of, mark_crashed)
+        except Exception as exc:  # noqa: BLE001 - the next check tries again
+            logger.warning("%s: looking for a dead enrichment run failed: %s: %s", folder, type(exc).__name__, exc)
+            continue
+        if dead is not None and dead.flow_run_id:
+            marked.append(dead.flow_run_id)
+    return marked
 
 
 @dataclass(slots=True)

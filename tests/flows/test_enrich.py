@@ -212,3 +212,36 @@ def test_the_run_page_shows_pronk_info_logs(local, first_run):
             break
         assert time.monotonic() < deadline, found
         time.sleep(1)
+
+
+def test_a_killed_runs_flow_run_is_marked_crashed_within_a_minute_by_the_api_not_the_next_run(stack, tmp_path):
+    """`pronk enrich run` SIGKILLed mid-run runs no hook; the stack's API (its reconcile loop) sees its process gone
+    and marks its flow run Crashed, leaving its marker for the next run's takeover."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from pronk.control.flow_runs import flow_run_state
+    from pronk.enrich.open_run import read_open_run
+
+    table = pl.concat([small_table().with_columns(pl.col("company_id") + 1000 * i) for i in range(80)])
+    table.write_csv(tmp_path / "companies.csv")
+    spec = write_spec(tmp_path, str(tmp_path / "companies.csv"), None, name="killed-run")
+    results = storage.join(stack.store_uri, "enrichments", "killed-run")
+    run = subprocess.Popen([str(Path(sys.executable).with_name("pronk")), "enrich", "run", str(spec)])
+    try:
+        deadline = time.monotonic() + 120
+        while (marker := read_open_run(results, stack)) is None or marker.flow_run_id is None:
+            assert run.poll() is None and time.monotonic() < deadline, "the run ended before it could be killed"
+            time.sleep(0.1)
+        os.kill(marker.pid, signal.SIGKILL)
+        run.wait(30)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    killed = time.monotonic()
+    while (state := asyncio.run(flow_run_state(marker.flow_run_id))) != "CRASHED":
+        assert time.monotonic() - killed < 60, f"flow run {marker.flow_run_id} still {state} a minute after the kill"
+        time.sleep(1)
+    assert read_open_run(results, stack) == marker
