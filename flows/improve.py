@@ -37,10 +37,12 @@ def _held_out(record: ImproveRound, leap_record: LeapRecord | None) -> None:
 
 
 async def _leap(record: ImproveRound, job: JobConfig, version: str, canary: bool, settings: Settings) -> None:
-    """Leap the fleet to `version` through the canary; the round ends `leapt`, `refused` or `failed`."""
+    """Leap the fleet to `version` through the canary on the job's held-out set; the round ends `leapt`, `refused`
+    or `failed`."""
     try:
+        number = int(version.rsplit("/", 1)[1])
         leapt = LeapRecord.model_validate(
-            await leap(job_id=job.job_id, version=int(version.rsplit("/", 1)[1]), canary=canary)
+            await leap(job_id=job.job_id, version=number, canary=canary, labelled_set=job.quality.labelled_set)
         )
     except (LeapRefused, LeapFailed) as exc:
         failed = exc.record if isinstance(exc, LeapRefused) else None
@@ -96,15 +98,25 @@ async def improve_round(
 
 
 @flow(name="improve", log_prints=False)
-async def improve(job_id: str, rounds: int | None = None, canary: bool = True, seed: int | None = None) -> list[dict]:
+async def improve(
+    job_id: str,
+    rounds: int | None = None,
+    canary: bool = True,
+    seed: int | None = None,
+    training_set: str | None = None,
+    held_out: str | None = None,
+) -> list[dict]:
     """Improve a job's weights from its own checked traces for `rounds` rounds (default: the job's
     `improve.rounds`), each leaping to its new version through the canary; stops at the first that does not leap.
-    `seed` replaces the job's `improve.seed` (which training lines a round draws, and its samples' seeds)."""
+    `seed` replaces the job's `improve.seed` (which training lines a round draws, and its samples' seeds);
+    `training_set` and `held_out` replace its `improve.training_set` and `quality.labelled_set` (an enrichment's
+    sets, made by `python -m pronk.learn.enrichment_tasks`)."""
     show_pronk_logs()
     logger = get_run_logger()
     settings = get_settings()
-    job = await asyncio.to_thread(get_job, job_id, settings)
-    config = job.improve if seed is None else job.improve.model_copy(update={"seed": seed})
+    job = (await asyncio.to_thread(get_job, job_id, settings)).with_labelled_set(held_out)
+    overrides = {"seed": seed, "training_set": training_set}
+    config = job.improve.model_copy(update={k: v for k, v in overrides.items() if v is not None})
     done: list[ImproveRound] = []
     try:
         for number in range(1, (rounds or config.rounds) + 1):

@@ -46,10 +46,12 @@ async def leap(
     alias: str | None = None,
     leap_id: str | None = None,
     canary: bool = True,
+    labelled_set: str | None = None,
 ) -> dict:
     """Swap a job's running workers to version N (or the version alias A names) of its model; its alias follows.
 
     With a labelled set (and `canary`), one worker switches first and the rest follow only if its success rate holds.
+    `labelled_set` replaces the job's `quality.labelled_set` for this Leap's canary.
     """
     show_pronk_logs()
     logger = get_run_logger()
@@ -57,7 +59,7 @@ async def leap(
     flow_run_id = str(runtime.flow_run.id) if runtime.flow_run.id else None
     try:
         record = await asyncio.to_thread(leaps.begin, job_id, version, alias, settings, leap_id, flow_run_id)
-        job = await asyncio.to_thread(get_job, record.job_id, settings)
+        job = (await asyncio.to_thread(get_job, record.job_id, settings)).with_labelled_set(labelled_set)
         lines = await asyncio.to_thread(canaries.labelled_set, job, record, canary, settings)
     except LeapRefused as exc:
         if exc.record is not None:

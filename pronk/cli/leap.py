@@ -144,6 +144,13 @@ def improve(
     seed: Annotated[
         int | None, typer.Option(help="First rollout seed (default: the job's improve.seed); rounds draw from it.")
     ] = None,
+    training_set: Annotated[
+        str | None, typer.Option(help="Labelled lines to learn from (default: the job's improve.training_set).")
+    ] = None,
+    held_out: Annotated[
+        str | None,
+        typer.Option(help="Labelled lines the canary judges each version on (default: the job's quality set)."),
+    ] = None,
 ) -> None:
     """Improve the job's weights from its own checked traces: rollouts of its training set on the running workers,
     the passes kept, a bounded fine-tune, the next MLflow version, a Leap through the canary; round after round."""
@@ -157,7 +164,11 @@ def improve(
 
     job_id = get_job(job or settings.default_job, settings).job_id
     try:
-        records = asyncio.run(improve_flow(job_id=job_id, rounds=rounds, canary=canary, seed=seed))
+        records = asyncio.run(
+            improve_flow(
+                job_id=job_id, rounds=rounds, canary=canary, seed=seed, training_set=training_set, held_out=held_out
+            )
+        )
     except NotImprovable as exc:
         fail(str(exc))
     for record in records:

@@ -335,6 +335,13 @@ class JobConfig(BaseModel):
         description="How `pronk improve` makes the job's next model version from its own checked traces.",
     )
 
+    def with_labelled_set(self, uri: str | None) -> JobConfig:
+        """This job with `uri` as its held-out labelled set for one run (a Leap's canary, an improve loop over an
+        enrichment's rows); itself when `uri` is None."""
+        if uri is None:
+            return self
+        return self.model_copy(update={"quality": self.quality.model_copy(update={"labelled_set": uri})})
+
     @property
     def worker_hour_price(self) -> float:
         """What one worker-hour costs: the worker's price plus its KV host tier's memory."""
