@@ -21,6 +21,8 @@ from pronk.learn.training import (
     TemplateMismatch,
     TrainingBudget,
     TrainingExample,
+    assistant_loss,
+    batch_tensors,
     encode_example,
     fine_tune,
     train,
@@ -87,6 +89,18 @@ def test_only_the_assistant_outputs_and_their_end_of_turn_are_trained_on(tiny):
     assert encoded.input_ids == tok.encode(text, add_special_tokens=False)
     prompt = tok.apply_chat_template(MESSAGES[:5], add_generation_prompt=True, tokenize=False)
     assert text.startswith(prompt) and encoded.trained_tokens == sum(1 for x in encoded.labels if x != IGNORE)
+
+
+@pytest.mark.parametrize("fixture", ["tiny", "tied"])
+def test_the_assistant_loss_is_the_models_own_loss_made_from_the_counted_positions_alone(request, fixture):
+    from transformers import AutoModelForCausalLM
+
+    model_dir = request.getfixturevalue(fixture)
+    tok = tokenizer(model_dir)
+    short = [*MESSAGES[:3], {"role": "assistant", "content": FINAL}]
+    batch = batch_tensors([encode_example(tok, MESSAGES), encode_example(tok, short)], tok.eos_token_id)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    torch.testing.assert_close(assistant_loss(model, batch), model(**batch).loss)
 
 
 def test_a_template_that_does_not_extend_the_prompt_is_refused(tiny):
