@@ -11,6 +11,7 @@ import pytest
 
 from pronk import storage
 from pronk.api.keys import ApiKeyStore
+from tests.peers import how_lines_ended
 
 pytestmark = pytest.mark.e2e
 JOB = "job-c0ffee01"
@@ -175,9 +176,7 @@ def test_client_tools_and_vllms_run_batch_lines_end_as_openai_ends_them(new_clie
     """A client-tool line (its one argument an enum, so the grammar leaves no room for a cut call) comes back as
     tool_calls; the lines of vLLM's run-batch tests end as OpenAI ends them; every line validates against vLLM's
     BatchRequestOutput and the official client's types."""
-    from openai.types import BatchError
     from openai.types.chat import ChatCompletion
-    from vllm.entrypoints.launchers.run_batch import BatchRequestOutput
 
     unit = {"type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["unit"]}
     tools = [{"type": "function", "function": {"name": "get_temperature", "parameters": unit}}]
@@ -204,20 +203,13 @@ def test_client_tools_and_vllms_run_batch_lines_end_as_openai_ends_them(new_clie
     )
     batch, _ = wait_for(client, batch.id, lambda b: b.status in TERMINAL)
     written = jsonl(client, batch.output_file_id) + jsonl(client, batch.error_file_id)
-    ends = {w["custom_id"]: w["error"]["code"] if w["error"] else "ok" for w in written}
-    assert ends == {
+    assert how_lines_ended(written) == {
         "client-tool": "ok",
         "request-1": "ok",
         "request-2": "ok",
         "request-3": "model_mismatch",
         "request-5": "invalid_body",
     }
-    for w in written:
-        BatchRequestOutput.model_validate(w)
-        if w["error"]:
-            BatchError.model_validate(w["error"])
-        else:
-            ChatCompletion.model_validate(w["response"]["body"])
     (tool_line,) = [w for w in written if w["custom_id"] == "client-tool"]
     choice = ChatCompletion.model_validate(tool_line["response"]["body"]).choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.tool_calls

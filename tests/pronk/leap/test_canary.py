@@ -87,15 +87,19 @@ class Fleet:
         return measure
 
 
+def trial(run: LeapRun, job, fleet: Fleet, measure=None, timeout_s: float = TIMEOUT_S):
+    """`canary.trial` of the job's labelled set with the fleet's stage, reload and (unless given) measure."""
+    lines = labelled_lines(job, get_settings())
+    return canary.trial(run, job, lines, fleet.stage, fleet.reload, measure or fleet.measure_on(run), timeout_s)
+
+
 def test_a_canary_that_holds_lets_the_rest_of_the_fleet_switch(settings, tmp_path):
     job = job_with_set(tmp_path)
     run = leap_run(settings, ["w0", "w1", "w2"])
     fleet = Fleet({OLD: 16, NEW: 15})
 
     async def leap():
-        failed = await canary.trial(
-            run, job, labelled_lines(job, get_settings()), fleet.stage, fleet.reload, fleet.measure_on(run), TIMEOUT_S
-        )
+        failed = await trial(run, job, fleet)
         assert failed == []
         await conclude(run, await switch(run, fleet.stage, fleet.reload), fleet.reload, settings)
 
@@ -117,17 +121,7 @@ def test_a_worse_canary_goes_back_and_the_leap_is_refused_naming_both_rates(sett
     run = leap_run(settings, ["w0", "w1"])
     fleet = Fleet({OLD: 16, NEW: 3})
     with pytest.raises(LeapRefused) as refused:
-        asyncio.run(
-            canary.trial(
-                run,
-                job,
-                labelled_lines(job, get_settings()),
-                fleet.stage,
-                fleet.reload,
-                fleet.measure_on(run),
-                TIMEOUT_S,
-            )
-        )
+        asyncio.run(trial(run, job, fleet))
     message = str(refused.value)
     assert message.startswith("canary refused: pronk-tiny/2 on w0: 3/20 passed (15%), against pronk-tiny/1: 16/20")
     assert "the fleet stays on pronk-tiny/1" in message and "--no-canary" in message
@@ -147,17 +141,7 @@ def test_a_one_worker_job_measures_the_baseline_on_it_before_it_switches(setting
     run = leap_run(settings, ["w0"])
     fleet = Fleet({OLD: 16, NEW: 0})
     with pytest.raises(LeapRefused, match="canary refused"):
-        asyncio.run(
-            canary.trial(
-                run,
-                job,
-                labelled_lines(job, get_settings()),
-                fleet.stage,
-                fleet.reload,
-                fleet.measure_on(run),
-                TIMEOUT_S,
-            )
-        )
+        asyncio.run(trial(run, job, fleet))
     assert fleet.calls == [
         ("measure", ("w0",), OLD),
         ("stage", "w0"),
@@ -173,17 +157,7 @@ def test_a_worse_canary_that_cannot_go_back_fails_the_leap_saying_so(settings, t
     run = leap_run(settings, ["w0", "w1"])
     fleet = Fleet({OLD: 20, NEW: 0}, stuck={"w0"})
     with pytest.raises(LeapFailed, match="w0 could not go back to pronk-tiny/1: reload failed"):
-        asyncio.run(
-            canary.trial(
-                run,
-                job,
-                labelled_lines(job, get_settings()),
-                fleet.stage,
-                fleet.reload,
-                fleet.measure_on(run),
-                TIMEOUT_S,
-            )
-        )
+        asyncio.run(trial(run, job, fleet))
     assert run.record.status == "failed"
 
 
@@ -193,9 +167,7 @@ def test_a_canary_that_cannot_stage_fails_the_leap_with_no_worker_switched(setti
     fleet = Fleet({OLD: 20, NEW: 20}, unstageable={"w0"})
 
     async def leap():
-        failed = await canary.trial(
-            run, job, labelled_lines(job, get_settings()), fleet.stage, fleet.reload, fleet.measure_on(run), TIMEOUT_S
-        )
+        failed = await trial(run, job, fleet)
         assert failed == ["w0"]
         await conclude(run, failed, fleet.reload, settings)
 
@@ -215,9 +187,7 @@ def test_a_canary_that_outlasts_its_bound_goes_back_and_the_leap_is_refused_sayi
         return await measure(lines, worker_ids)
 
     with pytest.raises(LeapRefused, match=r"did not finish within leap_canary_timeout_s \(0.2s\) on w0"):
-        asyncio.run(
-            canary.trial(run, job, labelled_lines(job, get_settings()), fleet.stage, fleet.reload, slow_measure, 0.2)
-        )
+        asyncio.run(trial(run, job, fleet, slow_measure, 0.2))
     record = LeapStore(settings).latest("job-c0ffee01")
     assert record.status == "refused" and 0.2 <= record.canary.seconds < 5
     assert {w.version for w in record.workers.values()} == {OLD} and fleet.calls[-1] == ("reload", "w0", OLD)
@@ -228,11 +198,7 @@ def test_a_held_canary_reports_how_long_it_measured(settings, tmp_path):
     job = job_with_set(tmp_path)
     run = leap_run(settings, ["w0", "w1"])
     fleet = Fleet({OLD: 16, NEW: 16})
-    asyncio.run(
-        canary.trial(
-            run, job, labelled_lines(job, get_settings()), fleet.stage, fleet.reload, fleet.measure_on(run), TIMEOUT_S
-        )
-    )
+    asyncio.run(trial(run, job, fleet))
     assert 0 <= run.record.canary.seconds < TIMEOUT_S
     assert run.record.canary_summary().endswith(f"held in {run.record.canary.seconds:.1f}s")
 
