@@ -20,3 +20,23 @@ def answered(request: StepRequest, text: str) -> StepResult:
         queue_time_s=0.0,
         engine_time_s=0.001,
     )
+
+
+def announce_worker(settings, job_id: str, model_version: str) -> None:
+    """A live worker of `job_id` serving `model_version` in the settings' file registry (no process behind it)."""
+    import time
+
+    from engine.protocol import WorkerStats
+    from engine.registry import FileRegistry, WorkerEntry
+
+    FileRegistry(settings.registry_dir).announce(
+        WorkerEntry(
+            worker_id=f"{job_id}-w0",
+            job_id=job_id,
+            url="http://127.0.0.1:9",
+            pid=1,
+            started_at=0.0,
+            heartbeat_at=time.time(),
+            stats=WorkerStats(worker_id=f"{job_id}-w0", job_id=job_id, model_version=model_version),
+        )
+    )

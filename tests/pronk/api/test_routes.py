@@ -17,6 +17,7 @@ from pronk.api.keys import ApiKeyStore
 from pronk.api.runs import RUN_BATCH
 from pronk.batches.store import BatchStore
 from pronk.settings import Settings
+from tests.fakes import announce_worker
 
 
 def line(i: int, model: str = "pronk-tiny", url: str = "/v1/chat/completions") -> str:
@@ -214,26 +215,13 @@ def test_batch_create_refuses_unclear_requests_with_a_400_naming_the_param(api, 
 
 def test_a_model_served_by_several_jobs_goes_to_the_one_with_live_workers(api):
     """smollm2-135m-instruct is served by the agent-real and smollm2-cpu job files; only one is up."""
-    from engine.protocol import WorkerStats
-    from engine.registry import FileRegistry, WorkerEntry
-
     client, alice, _, _, tmp_path = api
     file_id = upload(client, alice, line(0, model="smollm2-135m-instruct")).json()["id"]
     error = assert_error(create(client, alice, file_id), 400, "job_id")
     assert "job-10d91d95 (agent-real)" in error["message"] and "job-5a011201 (smollm2-cpu)" in error["message"]
 
     job = "job-5a011201"
-    FileRegistry(Settings(data_dir=tmp_path).registry_dir).announce(
-        WorkerEntry(
-            worker_id=f"{job}-w0",
-            job_id=job,
-            url="http://127.0.0.1:9",
-            pid=1,
-            started_at=0.0,
-            heartbeat_at=time.time(),
-            stats=WorkerStats(worker_id=f"{job}-w0", job_id=job, model_version="smollm2-135m-instruct/1"),
-        )
-    )
+    announce_worker(Settings(data_dir=tmp_path), job, "smollm2-135m-instruct/1")
     created = create(client, alice, file_id)
     assert created.status_code == 200, created.text
     assert created.json()["job_id"] == job

@@ -6,7 +6,6 @@ Workers are registry entries, the Leap starter a recording double.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +14,12 @@ import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import save_file
 
-from engine.protocol import WorkerStats
-from engine.registry import FileRegistry, WorkerEntry
 from pronk.api.app import create_app
 from pronk.api.keys import ApiKeyStore
 from pronk.api.runs import LEAP
 from pronk.models.registry import latest_version, register_model_dir, set_alias
 from pronk.settings import Settings
+from tests.fakes import announce_worker
 
 JOB = "job-0000beef"
 SHAPES = {"model.embed_tokens.weight": (16, 8), "lm_head.weight": (16, 8)}
@@ -70,17 +68,7 @@ def api(tmp_path: Path):
 
 
 def announce(settings: Settings, version: str = "m/1") -> None:
-    FileRegistry(settings.registry_dir).announce(
-        WorkerEntry(
-            worker_id=f"{JOB}-w0",
-            job_id=JOB,
-            url="http://127.0.0.1:9",
-            pid=1,
-            started_at=0.0,
-            heartbeat_at=time.time(),
-            stats=WorkerStats(worker_id=f"{JOB}-w0", job_id=JOB, model_version=version),
-        )
-    )
+    announce_worker(settings, JOB, version)
 
 
 def test_upload_registers_a_fitting_checkpoint_and_refuses_a_wrong_shape(api):
