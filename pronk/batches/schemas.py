@@ -97,8 +97,8 @@ class FileObject(BaseModel):
     status_details: str | None = None
 
 
-class Batch(BaseModel):
-    """OpenAI's Batch object plus pronk's job addressing and cost."""
+class BatchObject(BaseModel):
+    """OpenAI's Batch object plus pronk's job addressing and cost: what the API shows (its files by id only)."""
 
     id: str = Field(default_factory=lambda: new_id("batch"))
     object: Literal["batch"] = "batch"
@@ -142,19 +142,26 @@ class Batch(BaseModel):
         description="What tasks per dollar counts: the lines whose check passed when any line was checked, "
         "else the completed lines.",
     )
+    flow_run_id: str | None = None
+
+    def model_post_init(self, context: Any) -> None:
+        if self.expires_at is None and self.completion_window == "24h":
+            self.expires_at = self.created_at + 24 * 3600
+
+
+class Batch(BatchObject):
+    """The stored form of a batch: the public object plus its owner and where its files lie on the server, which
+    the API never shows (a client reads the files by `output_file_id` and `error_file_id`)."""
+
     output_uri: str | None = None
     error_uri: str | None = None
     steps_uri: str | None = Field(
         default=None, description="NDJSON step records of the run's traces, beside the output file."
     )
-    flow_run_id: str | None = None
-    owner: str | None = Field(
-        default=None, description="Who made it through the API (an API key's owner); never shown by the API."
-    )
+    owner: str | None = Field(default=None, description="Who made it through the API (an API key's owner).")
 
-    def model_post_init(self, context: Any) -> None:
-        if self.expires_at is None and self.completion_window == "24h":
-            self.expires_at = self.created_at + 24 * 3600
+    def public(self) -> BatchObject:
+        return BatchObject.model_validate(self.model_dump(include=set(BatchObject.model_fields)))
 
     def mark(self, status: BatchStatus) -> None:
         """Move to `status` and stamp its `<status>_at` time."""

@@ -14,8 +14,7 @@ import typer
 from pronk.cli.enrich import register as register_enrich_commands
 from pronk.cli.herd import register as register_herd_commands
 from pronk.cli.leap import register as register_leap_commands
-from pronk.cli.terminal import batch_progress, fail
-from pronk.errors import PronkError
+from pronk.cli.terminal import batch_progress, expected_failure, fail
 from pronk.settings import get_settings
 from pronk.stack.prefect_env import hide_tracebacks_of_refusals
 from pronk.worker_registry import worker_registry
@@ -421,13 +420,17 @@ def main() -> None:
     Not after a command that ran vLLM in its own process (`pronk worker start`): triton's bindings (nanobind) list
     every object still alive at their teardown as a leak, hundreds of lines, and such a command runs for long anyway.
 
-    A `PronkError` (a refusal, a job that does not exist) ends the command with its message and exit status 1, and
-    the flows it runs log it without a traceback: what went wrong is the message, not pronk's call stack."""
+    A failure the user can act on (`pronk.cli.terminal.expected_failure`: a refusal, a job that does not exist, a
+    stack that is not up) ends the command with one line and exit status 1, and the flows it runs log a refusal
+    without a traceback: what went wrong is the message, not pronk's call stack."""
     hide_tracebacks_of_refusals()
     try:
         app()
-    except PronkError as exc:
-        typer.echo(f"pronk: {exc}", err=True)
+    except Exception as exc:
+        message = expected_failure(exc)
+        if message is None:
+            raise
+        typer.echo(f"pronk: {message}", err=True)
         sys.exit(1)
     finally:
         if "triton" not in sys.modules:

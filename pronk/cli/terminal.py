@@ -1,4 +1,5 @@
-"""What every `pronk` command shows on the terminal: a refusal, and a batch's progress bar while it runs."""
+"""What every `pronk` command shows on the terminal: a refusal or a failure the user can act on, as one line, and a
+batch's progress bar while it runs."""
 
 from __future__ import annotations
 
@@ -10,11 +11,34 @@ from typing import NoReturn
 
 import typer
 
+from pronk.errors import PronkError
+
 
 def fail(message: str) -> NoReturn:
     """Say what is wrong on stderr and exit 1."""
     typer.echo(f"pronk: {message}", err=True)
     raise typer.Exit(1)
+
+
+def expected_failure(exc: BaseException) -> str | None:
+    """The one-line message of a failure the user can act on, or None for anything else (a bug, whose traceback is
+    wanted): a `PronkError` (a refusal, a job that does not exist) says what is wrong itself; a server the command
+    needs that does not answer (the stack's Prefect, a worker, the API) is named by its address, whether it is the
+    error itself or what caused it (`raise ... from`); a bug raised while handling one keeps its traceback."""
+    if isinstance(exc, PronkError):
+        return str(exc)
+    import httpx
+
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, (httpx.ConnectError, httpx.ConnectTimeout)):
+        cause = cause.__cause__
+    if cause is None:
+        return None
+    try:
+        address = str(cause.request.url.copy_with(path="/", query=None)).rstrip("/")
+    except RuntimeError:  # an httpx error raised without its request
+        address = "a server this command needs"
+    return f"cannot reach {address} ({str(cause) or type(cause).__name__}): is the stack up? `pronk stack up` starts it"
 
 
 def _draw_progress(batch_id: str | Callable[[], str], label: str, stop: threading.Event) -> None:

@@ -15,7 +15,7 @@ from pronk.api.idempotency import HEADER, Remembered, check_key, request_hash
 from pronk.api.routes.files import ID_PATTERN, owned_file
 from pronk.api.run_starts import RunStarts
 from pronk.batches.files import FileRecord, FileStore
-from pronk.batches.schemas import TERMINAL_STATUSES, Batch
+from pronk.batches.schemas import TERMINAL_STATUSES, Batch, BatchObject
 from pronk.batches.store import BatchStore
 from pronk.jobs.files import AmbiguousModel, job_for_model, load_jobs
 from pronk.jobs.schema import JobConfig
@@ -27,9 +27,6 @@ router = APIRouter(prefix="/batches", tags=["batches"])
 logger = logging.getLogger(__name__)
 
 BatchId = Annotated[str, Path(pattern=ID_PATTERN, description="The batch's id.")]
-HIDDEN = {"owner", "output_uri", "error_uri", "steps_uri"}
-"""Batch fields the API never shows: its owner, and where its files lie on the server (a client reads them by
-`output_file_id` and `error_file_id`)."""
 
 JOB_ID_PATTERN = r"^job-[0-9a-f]{8}$"
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
@@ -71,7 +68,7 @@ class BatchCreate(BaseModel):
 
 class BatchList(BaseModel):
     object: Literal["list"] = "list"
-    data: list[Batch]
+    data: list[BatchObject]
     first_id: str | None = None
     last_id: str | None = None
     has_more: bool = False
@@ -120,7 +117,7 @@ def owned_batch(batches: BatchStore, owner: str, batch_id: str) -> Batch:
     return batch
 
 
-@router.post("", response_model=Batch, response_model_exclude=HIDDEN)
+@router.post("")
 async def create_batch(
     body: BatchCreate,
     owner: OwnerDep,
@@ -132,10 +129,10 @@ async def create_batch(
     idempotency_key: Annotated[
         str | None, Header(alias=HEADER, description="Retries with the same key get the first try's batch.")
     ] = None,
-) -> Batch:
+) -> BatchObject:
     """Check the request and record the batch (`validating`); its run starts in the background."""
     if idempotency_key is None:
-        return await _create_batch(body, owner, files, batches, run_starts, settings)
+        return (await _create_batch(body, owner, files, batches, run_starts, settings)).public()
     key = check_key(idempotency_key)
     async with keys.held(owner, key):
         remembered = await run_in_threadpool(keys.find, owner, key)
@@ -147,12 +144,12 @@ async def create_batch(
                     param=HEADER,
                     code="idempotency_key_reused",
                 )
-            return await run_in_threadpool(owned_batch, batches, owner, remembered.batch_id)
+            return (await run_in_threadpool(owned_batch, batches, owner, remembered.batch_id)).public()
         batch = await _create_batch(body, owner, files, batches, run_starts, settings)
         await run_in_threadpool(
             keys.remember, owner, key, Remembered(batch_id=batch.id, request_sha256=request_hash(body))
         )
-        return batch
+        return batch.public()
 
 
 async def _create_batch(
@@ -192,7 +189,7 @@ async def _create_batch(
     return batch
 
 
-@router.get("", response_model=BatchList, response_model_exclude={"data": {"__all__": HIDDEN}})
+@router.get("")
 def list_batches(
     owner: OwnerDep,
     batches: BatchesDep,
@@ -200,19 +197,20 @@ def list_batches(
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> BatchList:
     """The caller's batches, newest first."""
-    data, has_more = batches.list(owner, after, limit)
+    stored, has_more = batches.list(owner, after, limit)
+    data = [batch.public() for batch in stored]
     return BatchList(
         data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None, has_more=has_more
     )
 
 
-@router.get("/{batch_id}", response_model=Batch, response_model_exclude=HIDDEN)
-def get_batch(batch_id: BatchId, owner: OwnerDep, batches: BatchesDep) -> Batch:
-    return owned_batch(batches, owner, batch_id)
+@router.get("/{batch_id}")
+def get_batch(batch_id: BatchId, owner: OwnerDep, batches: BatchesDep) -> BatchObject:
+    return owned_batch(batches, owner, batch_id).public()
 
 
-@router.post("/{batch_id}/cancel", response_model=Batch, response_model_exclude=HIDDEN)
-def cancel_batch(batch_id: BatchId, owner: OwnerDep, batches: BatchesDep) -> Batch:
+@router.post("/{batch_id}/cancel")
+def cancel_batch(batch_id: BatchId, owner: OwnerDep, batches: BatchesDep) -> BatchObject:
     """Ask the run to stop: the batch is `cancelling` at once and `cancelled` when the run has written what finished."""
     batch = owned_batch(batches, owner, batch_id)
     if batch.status in TERMINAL_STATUSES:
@@ -223,4 +221,4 @@ def cancel_batch(batch_id: BatchId, owner: OwnerDep, batches: BatchesDep) -> Bat
             code="batch_not_cancellable",
         )
     batches.request_cancel(batch_id)
-    return batches.load(batch_id)
+    return batches.load(batch_id).public()

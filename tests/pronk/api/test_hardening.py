@@ -103,6 +103,15 @@ def test_a_batch_shows_its_files_by_id_and_never_where_they_lie_on_the_server(ap
         assert "_uri" not in response.text and str(settings.data_dir) not in response.text
 
 
+def test_the_api_schema_of_a_batch_names_its_files_by_id_only(api):
+    client, *_ = api
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    batch = set(schemas["BatchObject"]["properties"])
+    assert {"output_file_id", "error_file_id"} <= batch
+    assert not batch & {"output_uri", "error_uri", "steps_uri", "owner"}
+    assert "Batch" not in schemas
+
+
 def test_file_content_of_a_file_with_an_emoji_name_is_served_with_an_rfc6266_name(api):
     client, user, *_ = api
     name = "donnée 🐐.jsonl"

@@ -76,3 +76,21 @@ def test_a_flow_run_logs_a_refusal_without_its_traceback_and_any_other_error_wit
 
     assert logged(PronkError("refused")).exc_info is None
     assert logged(RuntimeError("a bug")).exc_info is not None
+
+
+def test_a_stack_that_is_not_up_ends_the_command_with_one_line_and_no_traceback(tmp_path):
+    from pronk.batches.schemas import Batch
+    from pronk.batches.store import BatchStore
+
+    port = free_port()
+    env = {**local_env(tmp_path), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
+    batch = Batch(input_file_id=str(tmp_path / "in.jsonl"), job_id="job-c0ffee01", model="pronk-tiny")
+    BatchStore(Settings(data_dir=tmp_path, storage_uri=str(tmp_path / "store"))).create(batch)
+    done = pronk(env, "batch", "resume", batch.id, "--deployment")
+    assert done.returncode == 1
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"pronk: cannot reach http://127.0.0.1:{port} (All connection attempts failed): is the stack up?")
+    )
+    assert "Traceback" not in done.stderr, done.stderr
