@@ -6,9 +6,10 @@ with the tool's own argument schema, or `{"final": ...}`), so even a small model
 decides the branches: `auto` both, `required` the tools only, a named function that one alone (`none` never comes
 here: such a line is a plain chat). The answer goes back in OpenAI's shape: an assistant message with `tool_calls`
 (an id, `type: "function"`, the arguments as a JSON string) and `finish_reason: "tool_calls"`, or a plain message.
-What the model wrote is checked against the chosen tool's schema before it is returned; a call that is not one is
-the line's error, never a half-made call. The conversation a client sends back (assistant `tool_calls`, `tool`
-results) is shown to the model in the same JSON form its calls take.
+What the model wrote is checked against the chosen tool's schema (its `format`s too) before it is returned; a call
+that is not one is the line's error, never a half-made call. The grammar holds a relaxed copy of each schema
+(`pronk.agents.grammar_schema`), so this check is what enforces the rest. The conversation a client sends back
+(assistant `tool_calls`, `tool` results) is shown to the model in the same JSON form its calls take.
 """
 
 from __future__ import annotations
@@ -118,7 +119,8 @@ def read_step(body: ChatCompletionBody, result: StepResult) -> tuple[str | None,
         raise NotACall(f"{call}{cut}")
     if "final" in call:
         return call["final"], None
-    errors = sorted(Draft202012Validator(schemas[call["tool"]]).iter_errors(call["arguments"]), key=str)
+    validator = Draft202012Validator(schemas[call["tool"]], format_checker=Draft202012Validator.FORMAT_CHECKER)
+    errors = sorted(validator.iter_errors(call["arguments"]), key=str)
     if errors:
         raise NotACall(f"the call of {call['tool']!r} does not match its parameters: {errors[0].message}")
     tool_call = {

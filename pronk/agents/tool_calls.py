@@ -2,7 +2,9 @@
 
 A step's output is `{"tool": NAME, "arguments": {...}}` or `{"final": TEXT}`. Every string and array
 in the schema gets a bound so the whole object fits the step's `max_tokens` (xgrammar enforces
-`maxLength`/`maxItems`), which is what makes even a random-weight model's calls parse.
+`maxLength`/`maxItems`), which is what makes even a random-weight model's calls parse. Each tool's schema goes in
+as the grammar can hold it (`pronk.agents.grammar_schema`): a string with a `pattern` or `format` gets no length
+bound, since xgrammar holds no such pair.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import re
 from typing import Any
 
 from jsonschema import Draft202012Validator
+
+from pronk.agents.grammar_schema import has_local_refs, relaxed, rerooted, resolve
 
 MAX_ARRAY_ITEMS = 4
 FINAL_START = re.compile(r'\s*\{\s*"final"')
@@ -30,21 +34,27 @@ def _cap_arrays(schema: Any) -> Any:
     return schema
 
 
-def _string_slots(schema: Any) -> int:
+def _string_slots(schema: Any, root: Any, seen: frozenset[str] = frozenset()) -> int:
     if isinstance(schema, dict):
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            return 0 if ref in seen else _string_slots(resolve(root, ref), root, seen | {ref})
         if schema.get("type") == "string":
             return 1
         if schema.get("type") == "array":
-            return schema.get("maxItems", MAX_ARRAY_ITEMS) * max(_string_slots(schema.get("items", {})), 1)
-        branches = [_string_slots(b) for key in ("anyOf", "oneOf") for b in schema.get(key, [])]
-        return max(branches, default=0) + sum(_string_slots(v) for v in schema.get("properties", {}).values())
+            items = _string_slots(schema.get("items", {}), root, seen)
+            return schema.get("maxItems", MAX_ARRAY_ITEMS) * max(items, 1)
+        branches = [_string_slots(b, root, seen) for key in ("anyOf", "oneOf") for b in schema.get(key, [])]
+        properties = schema.get("properties", {}).values()
+        return max(branches, default=0) + sum(_string_slots(v, root, seen) for v in properties)
     return 0
 
 
 def _cap_strings(schema: Any, chars: int) -> Any:
     if isinstance(schema, dict):
         schema = {k: _cap_strings(v, chars) for k, v in schema.items()}
-        if schema.get("type") == "string" and "enum" not in schema and "const" not in schema:
+        bounded = "enum" in schema or "const" in schema or "pattern" in schema or "format" in schema
+        if schema.get("type") == "string" and not bounded:
             schema["maxLength"] = min(schema.get("maxLength", chars), chars)
         return schema
     if isinstance(schema, list):
@@ -56,11 +66,21 @@ def step_schema(
     tools: list[Any], allow_final: bool, max_tokens: int, answer_schema: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """The JSON schema of one step's output, bounded to fit `max_tokens`; `answer_schema` constrains the final
-    answer (a line's `response_format`), which is otherwise a string."""
+    answer (a line's `response_format`), which is otherwise a string. A schema with local `$ref`s is held in the
+    root's `$defs` (as `tool:NAME`, or `final`) and the step refers to it there."""
+    defs: dict[str, Any] = {}
+
+    def for_grammar(key: str, schema: dict[str, Any]) -> dict[str, Any]:
+        view = _cap_arrays(relaxed(schema))
+        if not has_local_refs(view):
+            return view
+        defs[key] = rerooted(view, f"#/$defs/{key}")
+        return {"$ref": f"#/$defs/{key}"}
+
     branches: list[dict[str, Any]] = [
         {
             "type": "object",
-            "properties": {"tool": {"const": t.name}, "arguments": _cap_arrays(t.parameters)},
+            "properties": {"tool": {"const": t.name}, "arguments": for_grammar(f"tool:{t.name}", t.parameters)},
             "required": ["tool", "arguments"],
             "additionalProperties": False,
         }
@@ -70,13 +90,15 @@ def step_schema(
         branches.append(
             {
                 "type": "object",
-                "properties": {"final": _cap_arrays(answer_schema) if answer_schema else {"type": "string"}},
+                "properties": {"final": for_grammar("final", answer_schema) if answer_schema else {"type": "string"}},
                 "required": ["final"],
                 "additionalProperties": False,
             }
         )
     schema = branches[0] if len(branches) == 1 else {"anyOf": branches}
-    chars = max(8, (max_tokens - 24) // max(_string_slots(schema), 1) - 8)
+    if defs:
+        schema = {"$defs": defs, **schema}
+    chars = max(8, (max_tokens - 24) // max(_string_slots(schema, schema), 1) - 8)
     return _cap_strings(schema, chars)
 
 

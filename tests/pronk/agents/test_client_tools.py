@@ -6,9 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 
+import openai
 import pytest
 from openai.types.chat import ChatCompletion
+from pydantic import BaseModel
 
+from engine.client import StepRejected
 from engine.protocol import StepRequest, StepResult
 from pronk.agents.harness import Harness
 from pronk.agents.step_records import StepRecorder
@@ -39,14 +42,26 @@ TIME = {"type": "function", "function": {"name": "get_time"}}
 
 
 class ScriptedRouter:
-    """Answers each step with the next scripted output and keeps the steps it was sent."""
+    """Answers each step with the next scripted output and keeps the steps it was sent; refuses a step whose JSON
+    schema vLLM's xgrammar backend refuses, as a worker does."""
 
     def __init__(self, *outputs: str):
         self.outputs = list(outputs)
         self.steps: list[StepRequest] = []
 
     async def generate(self, request: StepRequest) -> StepResult:
+        from vllm import SamplingParams
+        from vllm.exceptions import VLLMClientError
+        from vllm.sampling_params import StructuredOutputsParams
+        from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar
+
         self.steps.append(request)
+        if request.sampling.json_schema is not None:
+            structured = StructuredOutputsParams(json=request.sampling.json_schema)
+            try:
+                validate_xgrammar_grammar(SamplingParams(structured_outputs=structured))
+            except (ValueError, VLLMClientError) as exc:
+                raise StepRejected(str(exc)) from exc
         return answered(request, self.outputs.pop(0))
 
     async def finish(self, trace_id: str) -> None:
@@ -120,6 +135,64 @@ def test_a_call_that_does_not_match_its_tool_is_the_lines_error_not_a_half_made_
     outcome, _ = run(weather_line(tool_choice="required"), output, tmp_path=tmp_path)
     line = output_line(outcome).model_dump(mode="json")
     assert line["response"] is None and line["error"]["code"] == ErrorCode.INVALID_TOOL_CALL
+
+
+class Place(BaseModel):
+    city: str
+    country: str
+
+
+class BookFlight(BaseModel):
+    origin: Place
+    destination: Place
+
+
+DATED = {
+    "type": "function",
+    "function": {
+        "name": "get_forecast",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "day": {"type": "string", "format": "date"},
+                "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+                "days": {"type": "integer", "minimum": 1, "multipleOf": 1},
+            },
+            "required": ["day", "zip"],
+        },
+    },
+}
+
+
+def test_tools_written_by_pydantic_or_with_formats_and_patterns_reach_the_engine_and_come_back_as_calls(tmp_path):
+    """OpenAI takes these schemas; a worker's vLLM refused the steps built from them (a `$ref` into the tool's
+    `$defs` the grammar could not resolve, a length bound beside a `format` or `pattern`, `multipleOf`)."""
+    book = openai.pydantic_function_tool(BookFlight)
+    arguments = {"origin": {"city": "Oslo", "country": "NO"}, "destination": {"city": "Rome", "country": "IT"}}
+    outcome, _ = run(
+        weather_line(tools=[book], tool_choice="required"),
+        json.dumps({"tool": "BookFlight", "arguments": arguments}),
+        tmp_path=tmp_path,
+    )
+    assert outcome.completion is not None and outcome.completion.tool_calls is not None
+    assert json.loads(outcome.completion.tool_calls[0]["function"]["arguments"]) == arguments
+
+    outcome, _ = run(
+        weather_line(tools=[DATED], tool_choice="required"),
+        '{"tool": "get_forecast", "arguments": {"day": "2026-12-06", "zip": "02134"}}',
+        tmp_path=tmp_path,
+    )
+    assert outcome.completion is not None and outcome.completion.finish_reason == "tool_calls"
+
+
+def test_a_call_whose_argument_breaks_its_format_is_the_lines_error(tmp_path):
+    outcome, _ = run(
+        weather_line(tools=[DATED], tool_choice="required"),
+        '{"tool": "get_forecast", "arguments": {"day": "tomorrow", "zip": "02134"}}',
+        tmp_path=tmp_path,
+    )
+    line = output_line(outcome).model_dump(mode="json")
+    assert line["error"]["code"] == ErrorCode.INVALID_TOOL_CALL and "date" in line["error"]["message"]
 
 
 def test_the_clients_tool_results_come_back_to_the_model_in_the_form_of_its_calls(tmp_path):

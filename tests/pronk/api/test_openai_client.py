@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Literal
 
 import openai
 import pytest
+from pydantic import BaseModel
 
 from pronk import storage
 from pronk.api.keys import ApiKeyStore
@@ -174,12 +176,22 @@ def test_an_oversized_upload_is_refused_and_nothing_is_stored(new_client, stack)
 
 def test_client_tools_and_vllms_run_batch_lines_end_as_openai_ends_them(new_client):
     """A client-tool line (its one argument an enum, so the grammar leaves no room for a cut call) comes back as
-    tool_calls; the lines of vLLM's run-batch tests end as OpenAI ends them; every line validates against vLLM's
-    BatchRequestOutput and the official client's types."""
+    tool_calls, and so does one whose tool openai.pydantic_function_tool wrote ($defs and $refs); the lines of
+    vLLM's run-batch tests end as OpenAI ends them; every line validates against vLLM's BatchRequestOutput and the
+    official client's types."""
     from openai.types.chat import ChatCompletion
 
     unit = {"type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["unit"]}
     tools = [{"type": "function", "function": {"name": "get_temperature", "parameters": unit}}]
+
+    class Leg(BaseModel):
+        cabin: Literal["economy", "business"]
+
+    class Trip(BaseModel):
+        outbound: Leg
+        legs: list[Leg]
+
+    pydantic_tools = [openai.pydantic_function_tool(Trip)]  # $defs and $refs, as the client's helper writes them
 
     def line(custom_id: str, model: str = "pronk-tiny", **body) -> str:
         messages = [{"role": "user", "content": "Hello world!"}]
@@ -188,6 +200,7 @@ def test_client_tools_and_vllms_run_batch_lines_end_as_openai_ends_them(new_clie
 
     lines = [
         line("client-tool", tools=tools, tool_choice="required"),
+        line("pydantic-tool", tools=pydantic_tools, tool_choice="required", max_completion_tokens=96),
         line("request-1"),
         line("request-2", max_completion_tokens=None, max_tokens=16),
         line("request-3", model="NonExistModel"),
@@ -205,6 +218,7 @@ def test_client_tools_and_vllms_run_batch_lines_end_as_openai_ends_them(new_clie
     written = jsonl(client, batch.output_file_id) + jsonl(client, batch.error_file_id)
     assert how_lines_ended(written) == {
         "client-tool": "ok",
+        "pydantic-tool": "ok",
         "request-1": "ok",
         "request-2": "ok",
         "request-3": "model_mismatch",
@@ -215,6 +229,9 @@ def test_client_tools_and_vllms_run_batch_lines_end_as_openai_ends_them(new_clie
     assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
     assert choice.message.tool_calls[0].function.name == "get_temperature"
     assert json.loads(choice.message.tool_calls[0].function.arguments)["unit"] in ("celsius", "fahrenheit")
+    (trip_line,) = [w for w in written if w["custom_id"] == "pydantic-tool"]
+    (trip_call,) = ChatCompletion.model_validate(trip_line["response"]["body"]).choices[0].message.tool_calls or []
+    Trip.model_validate_json(trip_call.function.arguments)
 
     bad_url = json.dumps({"custom_id": "request-4", "method": "POST", "url": "/bad_url", "body": {}})
     mixed = client.files.create(file=("bad.jsonl", (lines[1] + "\n" + bad_url).encode()), purpose="batch")
