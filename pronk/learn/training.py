@@ -165,14 +165,13 @@ def batch_tensors(batch: list[EncodedExample], pad_id: int) -> dict[str, Any]:
     }
 
 
-def assistant_loss(model: Any, tensors: dict[str, Any]) -> Any:
-    """The mean cross-entropy of the assistant's tokens (`labels` not IGNORE), as the model's own loss computes it,
-    with the vocabulary's logits made at those positions only.
+def assistant_token_losses(model: Any, tensors: dict[str, Any]) -> Any:
+    """The cross-entropy of each of the assistant's tokens (`labels` not IGNORE), as the model's own loss computes
+    it (its mean is that loss), with the vocabulary's logits made at those positions only.
 
     The model's own forward makes logits at every position: batch × width × vocabulary floats, ~2 GB for four
     transcripts of 2,500 tokens with SmolLM2's 49k-token vocabulary, and as much again for their softmax and their
-    gradient. That was most of a round's memory (one round's training was OOM-killed at 10 GB beside the engine
-    workers), while the loss counts a few percent of the positions.
+    gradient, while the loss counts a few percent of the positions.
     """
     import torch
 
@@ -180,7 +179,23 @@ def assistant_loss(model: Any, tensors: dict[str, Any]) -> Any:
     targets = tensors["labels"][:, 1:]  # the token at t + 1 is predicted at t
     counted = targets != IGNORE
     logits = model.get_output_embeddings()(hidden[:, :-1][counted])
-    return torch.nn.functional.cross_entropy(logits.float(), targets[counted])
+    return torch.nn.functional.cross_entropy(logits.float(), targets[counted], reduction="none")
+
+
+def accumulate_step(model: Any, batch: list[EncodedExample], pad_id: int) -> float:
+    """Backpropagate the batch's loss (the mean over all its assistant tokens) one transcript at a time; the loss.
+
+    A batch's activations kept for the backward pass grow with its size times its longest transcript (four of
+    2,048 tokens held ~7.5 GB beside the engine workers, which the OOM killer once ended); one transcript at a time
+    holds a quarter of that at most, and pads nothing.
+    """
+    counted = sum(e.trained_tokens for e in batch)
+    total = 0.0
+    for example in batch:
+        loss = assistant_token_losses(model, batch_tensors([example], pad_id)).sum() / counted
+        loss.backward()
+        total += loss.item()
+    return total
 
 
 def write_checkpoint(model: Any, parent_dir: Path, out_dir: Path) -> None:
@@ -229,12 +244,10 @@ def fine_tune(
     batches = _batches(usable, min(budget.batch_size, len(usable)), budget.seed)
     while len(losses) < budget.max_steps and time.monotonic() - started < budget.max_seconds:
         batch = next(batches)
-        loss = assistant_loss(model, batch_tensors(batch, pad_id))
-        loss.backward()
+        losses.append(accumulate_step(model, batch, pad_id))
         torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
         optimizer.step()
         optimizer.zero_grad()
-        losses.append(loss.item())
         tokens += sum(len(e.input_ids) for e in batch)
         trained += sum(e.trained_tokens for e in batch)
     write_checkpoint(model, base_model_dir, out_dir)

@@ -21,7 +21,8 @@ from pronk.learn.training import (
     TemplateMismatch,
     TrainingBudget,
     TrainingExample,
-    assistant_loss,
+    accumulate_step,
+    assistant_token_losses,
     batch_tensors,
     encode_example,
     fine_tune,
@@ -100,7 +101,23 @@ def test_the_assistant_loss_is_the_models_own_loss_made_from_the_counted_positio
     short = [*MESSAGES[:3], {"role": "assistant", "content": FINAL}]
     batch = batch_tensors([encode_example(tok, MESSAGES), encode_example(tok, short)], tok.eos_token_id)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    torch.testing.assert_close(assistant_loss(model, batch), model(**batch).loss)
+    torch.testing.assert_close(assistant_token_losses(model, batch).mean(), model(**batch).loss)
+
+
+def test_a_step_one_transcript_at_a_time_has_the_whole_batchs_loss_and_gradient(tiny):
+    from transformers import AutoModelForCausalLM
+
+    tok = tokenizer(tiny)
+    examples = [encode_example(tok, MESSAGES), encode_example(tok, [*MESSAGES[:3], MESSAGES[-1]])]
+    model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+    whole = model(**batch_tensors(examples, tok.eos_token_id)).loss
+    whole.backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    assert accumulate_step(model, examples, tok.eos_token_id) == pytest.approx(whole.item(), rel=1e-5)
+    for name, p in model.named_parameters():
+        if name in expected:
+            torch.testing.assert_close(p.grad, expected[name], rtol=1e-4, atol=1e-6)
 
 
 def test_a_template_that_does_not_extend_the_prompt_is_refused(tiny):
