@@ -44,18 +44,18 @@ def input_file(lines: int, model: str) -> bytes:
     return "\n".join(json.dumps({"custom_id": f"r{i}", **LINE, "body": body}) for i in range(lines)).encode()
 
 
-def flow_run_processes(data_dir: Path) -> int:
+def flow_run_pids(data_dir: Path) -> list[int]:
     """Flow-run processes (`python -m prefect.engine`, as the process work pool starts them) of the stack whose
     data dir is `data_dir`; other stacks on the machine are not counted."""
     mark = f"PRONK_DATA_DIR={data_dir}".encode()
-    count = 0
+    pids = []
     for proc in Path("/proc").iterdir():
         try:
             if b"prefect.engine" in (proc / "cmdline").read_bytes() and mark in (proc / "environ").read_bytes():
-                count += 1
-        except OSError:  # not a process, gone, or another user's
+                pids.append(int(proc.name))
+        except (OSError, ValueError):  # not a process, gone, or another user's
             continue
-    return count
+    return pids
 
 
 class PeakProcesses:
@@ -69,7 +69,7 @@ class PeakProcesses:
 
     def _sample(self) -> None:
         while not self.stopped.wait(0.5):
-            self.peak = max(self.peak, flow_run_processes(self.data_dir))
+            self.peak = max(self.peak, len(flow_run_pids(self.data_dir)))
 
     def __enter__(self) -> PeakProcesses:
         self.thread.start()
@@ -204,7 +204,7 @@ def markdown(result: dict, command: str) -> str:
             f"`{command}` on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
             f"{result['creates']} creates from {result['owners']} owners {sent}, {again} "
             f"of them a second time with the same `Idempotency-Key`; {result['lines']}-line batches on job "
-            f"{result['job']}.",
+            f"{result['job']}, Prefect on {result['prefect_database']}.",
             "",
             "| creates answered | create latency median / p99 / max | all answered | all terminal | batches made | "
             "ended | completion p50 / p100 | keys with two batches / none | crashed flow runs | most flow-run "
@@ -229,11 +229,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lines", type=int, default=2, help="Lines of each batch.")
     parser.add_argument("--over-s", type=float, default=0.0, help="Spread the creates evenly over this many seconds.")
     parser.add_argument("--job", default="tiny-cpu", help="The job (name or id) the batches go to and the stack runs.")
+    parser.add_argument(
+        "--prefect-database", choices=["sqlite", "postgres"], default="sqlite", help="The Prefect server's database."
+    )
     parser.add_argument("--wait-s", type=float, default=1800, help="Longest wait for every batch to end.")
     parser.add_argument("--record", action="store_true", help="Write the section into bench/RESULTS.md.")
     args = parser.parse_args(argv)
 
-    work = scratch_stack("burst", PRONK_API_AUTH="true")
+    work = scratch_stack("burst", PRONK_API_AUTH="true", PRONK_PREFECT_DATABASE=args.prefect_database)
+    work.chmod(0o711)  # run as root, PostgreSQL runs as another user, who must pass through to its cluster
     from pronk.api.keys import ApiKeyStore
     from pronk.jobs.files import get_job
     from pronk.settings import get_settings
@@ -255,6 +259,7 @@ def main(argv: list[str] | None = None) -> None:
             )
         result |= {
             "job": job.job_id,
+            "prefect_database": args.prefect_database,
             "crashed_flow_runs": asyncio.run(crashed_flow_runs()),
             "peak_flow_run_processes": peak.peak,
             "database_locked": database_locked_lines(settings.logs_dir / "prefect-server.log"),

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 
 import httpx
+import openai
 import pytest
 
-from bench.experiments.api_burst import PeakProcesses, input_file
+from bench.experiments.api_burst import PeakProcesses, flow_run_pids, input_file
 from pronk.api.keys import ApiKeyStore
+from tests.pronk.api.test_openai_client import REPLAY_URL, jsonl, slow_line, wait_for
 
 pytestmark = pytest.mark.e2e
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
@@ -58,3 +62,26 @@ def test_a_burst_of_one_line_batches_queues_within_the_pool_limit_and_all_comple
     runs = asyncio.run(run_batch_flow_runs(ids))
     assert sorted(runs) == sorted(ids)  # each batch is a flow run of its own, named by its id
     assert all(parent is not None for parent in runs.values())  # a subflow run of a drainer
+
+
+def test_a_killed_drainer_s_batches_are_resumed_and_end_with_one_line_each(stack):
+    """SIGKILL the drainer mid-way: its subflow runs are marked crashed by the reconcile loop and resumed as runs of
+    their own, which run only what no run persisted; every line still ends as exactly one output or error line."""
+    client = openai.OpenAI(
+        api_key=ApiKeyStore(stack).create(name="kill")[0], base_url=f"http://127.0.0.1:{stack.api_port}/v1"
+    )
+    total = 64
+    data = "\n".join(slow_line(f"r{i}") for i in range(total)).encode()
+    uploaded = client.files.create(file=("slow.jsonl", data), purpose="batch")
+    ids = [
+        client.batches.create(input_file_id=uploaded.id, endpoint=REPLAY_URL, completion_window="24h").id  # type: ignore[arg-type]
+        for _ in range(2)
+    ]
+    wait_for(client, ids[0], lambda b: b.status in TERMINAL or b.request_counts.completed > 0)
+    (drainer,) = flow_run_pids(stack.data_dir)
+    os.kill(drainer, signal.SIGKILL)
+    for batch_id in ids:
+        batch, _ = wait_for(client, batch_id, lambda b: b.status in TERMINAL, timeout_s=300)
+        assert batch.status == "completed", batch
+        outputs, errors = jsonl(client, batch.output_file_id), jsonl(client, batch.error_file_id)
+        assert sorted(line["custom_id"] for line in outputs + errors) == sorted(f"r{i}" for i in range(total))
