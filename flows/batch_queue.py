@@ -45,12 +45,9 @@ async def drain_batch_queue() -> dict[str, int]:
         await asyncio.to_thread(queue.remove, entry)
 
     while True:
-        waiting = await asyncio.to_thread(queue.waiting)
+        room = settings.batch_queue_concurrency - len(running)
+        waiting = await asyncio.to_thread(queue.first, room, frozenset(running)) if room else []
         for entry in waiting:
-            if len(running) >= settings.batch_queue_concurrency:
-                break
-            if entry.run.batch_id in running:
-                continue
             try:
                 batch = await asyncio.to_thread(store.load, entry.run.batch_id)
             except FileNotFoundError:
@@ -70,7 +67,7 @@ async def drain_batch_queue() -> dict[str, int]:
                     logger.error("batch %s: its run could not be finished: %r", task.get_name(), task.exception())
             idle_since = time.monotonic()
         elif waiting:
-            await asyncio.sleep(POLL_S)  # entries of batches removed under us, or the store answered slowly
+            continue  # every entry read was left to the run that owns it: look at the next ones at once
         elif time.monotonic() - idle_since >= settings.batch_queue_idle_s:
             break
         else:

@@ -72,7 +72,7 @@ class Reconciler:
                 acted.append(str(flow_run.parameters.get("batch_id")))
             self.settled.add(run_id)
         self.settled &= {str(flow_run.id) for flow_run in ended}  # only what the query can still return
-        if self.run_starts is not None and len(await run_in_threadpool(self.run_starts.queue.waiting)) > 0:
+        if self.run_starts is not None and len(await run_in_threadpool(self.run_starts.queue.names)) > 0:
             self.run_starts.want_drainer()
         return acted
 

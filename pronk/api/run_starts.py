@@ -22,7 +22,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from pronk.api.runs import start_queue_drain
 from pronk.batches.files import FileStore
-from pronk.batches.queue import BatchQueue
+from pronk.batches.queue import BatchQueue, batch_id_of
 from pronk.batches.schemas import Batch
 from pronk.batches.store import BatchStore
 from pronk.settings import Settings
@@ -69,7 +69,7 @@ class RunStarts:
         record and the queue. Run beside the API's start-up (it reads every batch record); trouble is logged."""
         try:
             records = await run_in_threadpool(self.batches.records)
-            queued = {entry.run.batch_id for entry in await run_in_threadpool(self.queue.waiting)}
+            queued = {batch_id_of(name) for name in await run_in_threadpool(self.queue.names)}
             lost = [b for b in records if b.owner is not None and b.status == "validating" and b.id not in queued]
             for batch in lost:
                 file = await run_in_threadpool(self.files.get, batch.input_file_id)

@@ -45,14 +45,29 @@ class BatchQueue:
         name = f"{time.time_ns():020d}-{batch.id}.json"
         storage.write_bytes(storage.join(self.root, name), run.model_dump_json().encode(), self.settings)
 
+    def names(self) -> list[str]:
+        """The queue's entries by name, first queued first: a listing, without reading them."""
+        return [n for n in storage.list_names(self.root, self.settings) if n.endswith(".json")]
+
     def waiting(self) -> list[Entry]:
-        """The queued batches, first queued first; an entry removed while listed is skipped."""
-        names = [n for n in storage.list_names(self.root, self.settings) if n.endswith(".json")]
+        """Every queued batch, first queued first."""
+        return self.first(None)
+
+    def first(self, count: int | None, skip: frozenset[str] = frozenset()) -> list[Entry]:
+        """The first `count` queued batches (all: None) whose ids are not in `skip`; only those are read, so a queue
+        of thousands costs a drainer a listing per look, not a read of every entry. One removed meanwhile is left
+        out."""
+        names = [n for n in self.names() if batch_id_of(n) not in skip][:count]
         contents = storage.read_many([storage.join(self.root, n) for n in names], self.settings)
         return [Entry(n, QueuedRun.model_validate_json(c)) for n, c in zip(names, contents, strict=True) if c]
 
     def remove(self, entry: Entry) -> None:
         storage.delete(storage.join(self.root, entry.name), self.settings)
+
+
+def batch_id_of(name: str) -> str:
+    """The batch id in an entry's name."""
+    return name.split("-", 1)[-1].removesuffix(".json")
 
 
 def runnable(batch: Batch) -> bool:
