@@ -122,14 +122,25 @@ class Settings(BaseSettings):
     max_batch_runs: int = Field(
         default=3, ge=1, description="Runs a batch may take: a crashed run is resumed until then, else it ends failed."
     )
-    api_run_start_concurrency: int = Field(
-        default=4, ge=1, description="Batch runs the API asks Prefect to start at once (a burst of creates queues)."
-    )
     api_run_start_attempts: int = Field(
-        default=6, ge=1, description="Tries to start a batch's run before the batch ends failed (run_not_started)."
+        default=6,
+        ge=1,
+        description="Tries to start the batch queue's drainer in a row; after them the reconcile loop tries again.",
     )
     api_run_start_first_delay_s: float = Field(
         default=0.5, ge=0, description="The wait before the second try to start a run; it doubles after each try."
+    )
+    batch_queue_concurrency: int = Field(
+        default=8, ge=1, description="API batches the batch queue's drainer runs at once (each a subflow run)."
+    )
+    batch_queue_idle_s: float = Field(
+        default=5.0, ge=0, description="How long the batch queue's drainer waits on an empty queue before it ends."
+    )
+    prefect_pool_concurrency: int = Field(
+        default=4,
+        ge=1,
+        description="Flow-run processes the stack's work pool `pronk` runs at once (Prefect's work pool concurrency "
+        "limit): runs past it wait their turn, in order, instead of starting a process each.",
     )
     prefect_database: Literal["sqlite", "postgres"] = Field(
         default="sqlite",

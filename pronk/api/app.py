@@ -31,11 +31,11 @@ def create_app(settings: Settings | None = None, runs: DeploymentStarter | None 
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        """The reconcile loop runs while the API serves; batches a previous process left unstarted start now."""
+        """The reconcile loop runs while the API serves; batches a previous process left unqueued are queued now."""
         checker = None
         if settings.reconcile_interval_s > 0:
             checker = asyncio.create_task(app.state.reconciler.loop())
-        resubmitting = asyncio.create_task(app.state.run_starts.resubmit_waiting())
+        resubmitting = asyncio.create_task(app.state.run_starts.requeue_waiting())
         yield
         if checker is not None:
             checker.cancel()
@@ -52,8 +52,10 @@ def create_app(settings: Settings | None = None, runs: DeploymentStarter | None 
     app.state.batches = BatchStore(settings)
     app.state.keys = ApiKeyStore(settings)
     app.state.runs = runs or PrefectDeployments(settings)
-    app.state.reconciler = Reconciler(settings, BatchFlowRuns(), app.state.runs, app.state.batches)
     app.state.run_starts = RunStarts(settings, app.state.runs, app.state.files, app.state.batches)
+    app.state.reconciler = Reconciler(
+        settings, BatchFlowRuns(), app.state.runs, app.state.batches, app.state.run_starts
+    )
     app.state.idempotency = IdempotencyKeys(settings)
     install_error_handlers(app)
     app.add_middleware(BodyLimits, settings=settings)

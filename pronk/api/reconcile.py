@@ -6,6 +6,11 @@ outright (SIGKILL, OOM, a lost machine) runs no hook: the Prefect worker only ma
 crashed, failed or were cancelled; a batch still owned by such a run is resumed when it crashed
 (a new run of the deployment, which runs only what no run persisted; at most `max_batch_runs` runs
 in all), else ended `failed` (or `cancelled`) with its persisted lines in its output file.
+
+The batch queue's drainer runs API batches as subflow runs in its own process: when that process is killed, the
+worker marks the drainer `Crashed` and nothing marks its subflow runs, so the check first marks them `Crashed`
+too, and they are resumed like any crashed run. Batches still queued wait for the next drainer, which the check
+asks for whenever the queue is not empty.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from pronk.settings import Settings
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
 
+    from pronk.api.run_starts import RunStarts
     from pronk.api.runs import BatchFlowRuns
     from pronk.stack.deployments import DeploymentStarter
 
@@ -40,17 +46,28 @@ FIRST_CHECK_S = 5.0
 
 
 class Reconciler:
-    def __init__(self, settings: Settings, runs: BatchFlowRuns, starter: DeploymentStarter, store: BatchStore):
+    def __init__(
+        self,
+        settings: Settings,
+        runs: BatchFlowRuns,
+        starter: DeploymentStarter,
+        store: BatchStore,
+        run_starts: RunStarts | None = None,
+    ):
         self.settings = settings
         self.runs = runs
         self.starter = starter
         self.store = store
+        self.run_starts = run_starts
+        """Asked for a drainer when the batch queue is not empty (none: the queue is not looked at)."""
         self.settled: set[str] = set()
         """Flow runs already looked at by this process: each ended run is acted on once."""
 
     async def check(self) -> list[str]:
         """One pass; returns the ids of the batches it resumed or ended."""
         acted = []
+        for orphan in await self.runs.orphaned():
+            await self.runs.crash(str(orphan.id), "the batch queue drainer running it crashed")
         ended = await self.runs.ended()
         for flow_run in ended:
             run_id = str(flow_run.id)
@@ -60,6 +77,8 @@ class Reconciler:
                 acted.append(str(flow_run.parameters.get("batch_id")))
             self.settled.add(run_id)
         self.settled &= {str(flow_run.id) for flow_run in ended}  # only what the query can still return
+        if self.run_starts is not None and len(await run_in_threadpool(self.run_starts.queue.names)) > 0:
+            self.run_starts.want_drainer()
         return acted
 
     async def _settle(self, flow_run: FlowRun) -> bool:

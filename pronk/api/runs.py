@@ -1,7 +1,10 @@
-"""What the API starts as Prefect deployment runs (a batch's run, a resumed run, a Leap) and finds of ended runs."""
+"""What the API starts as Prefect deployment runs (the batch queue's drainer, a resumed run, a Leap) and finds of
+ended runs."""
 
 from __future__ import annotations
 
+import time
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from pronk.batches.schemas import Batch
@@ -12,14 +15,16 @@ if TYPE_CHECKING:
 
 FLOW = "run-batch"
 RUN_BATCH = "run-batch/run-batch"
+DRAINER_FLOW = "drain-batch-queue"
+DRAIN_BATCH_QUEUE = "drain-batch-queue/drain-batch-queue"
 LEAP = "leap/leap"
 TAG = "pronk-api"
 
 
-async def start_batch_run(runs: DeploymentStarter, batch: Batch, input_uri: str) -> str:
-    """The flow finds the batch record the API saved."""
-    parameters = {"input_uri": input_uri, "job_id": batch.job_id, "batch_id": batch.id}
-    return await runs.start(RUN_BATCH, parameters, batch.id, [TAG, batch.job_id])
+async def start_queue_drain(runs: DeploymentStarter) -> str:
+    """A drainer of the batch queue, named by when it was asked for; it runs after the one running now, if any."""
+    name = f"batch-queue-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
+    return await runs.start(DRAIN_BATCH_QUEUE, {}, name, [TAG])
 
 
 async def start_leap(runs: DeploymentStarter, job_id: str, version: int, leap_id: str) -> str:
@@ -57,6 +62,47 @@ class BatchFlowRuns:
                 sort=FlowRunSort.EXPECTED_START_TIME_DESC,
                 limit=limit,
             )
+
+    async def orphaned(self, limit: int = 50) -> list[FlowRun]:
+        """The run-batch subflow runs of the latest crashed batch-queue drainers that never ended: a killed drainer's
+        process took them along, and nothing else marks them."""
+        from prefect import get_client
+        from prefect.client.schemas.filters import (
+            FlowFilter,
+            FlowFilterName,
+            FlowRunFilter,
+            FlowRunFilterParentFlowRunId,
+            FlowRunFilterState,
+            FlowRunFilterStateType,
+        )
+        from prefect.client.schemas.objects import StateType
+        from prefect.client.schemas.sorting import FlowRunSort
+
+        unended = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.CANCELLING, StateType.PAUSED]
+        async with get_client() as client:
+            drainers = await client.read_flow_runs(
+                flow_filter=FlowFilter(name=FlowFilterName(any_=[DRAINER_FLOW])),
+                flow_run_filter=FlowRunFilter(
+                    state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.CRASHED]))
+                ),
+                sort=FlowRunSort.EXPECTED_START_TIME_DESC,
+                limit=limit,
+            )
+            if not drainers:
+                return []
+            return await client.read_flow_runs(
+                flow_filter=FlowFilter(name=FlowFilterName(any_=[FLOW])),
+                flow_run_filter=FlowRunFilter(
+                    parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[d.id for d in drainers]),
+                    state=FlowRunFilterState(type=FlowRunFilterStateType(any_=unended)),
+                ),
+            )
+
+    async def crash(self, flow_run_id: str, message: str) -> bool:
+        """Mark the flow run `Crashed` (best effort): its process is gone."""
+        from pronk.control.flow_runs import mark_crashed
+
+        return await mark_crashed(flow_run_id, message)
 
     async def count(self, batch_id: str) -> int:
         """How many flow runs the batch has had (each is named by the batch's id, a resumed one `<id>-run-<n>`)."""

@@ -8,6 +8,11 @@ sampled traces' step records and the per-trace table's rows) and starts `python 
 finished flow run, each at the time its step ran (`pronk.control.trace_dags`), then the per-trace table and the
 sample's markdown (created last: its presence says the drawing is done).
 
+One drawer runs at a time on a machine: it holds a lock (`logs/trace_samples.lock`) and draws every order placed
+while it runs, one after another, so a burst of small batches (the batch queue's drainer ends dozens a minute) starts
+one drawer, not one process importing Prefect and MLflow per batch. The lock is taken before the drawer starts and
+passed to it, so no second drawer starts while the first is still importing.
+
 It is for show: it never touches the batch or its files. It deletes the order before it starts, so a
 batch's sample is drawn at most once, and it lives at most `deadline_s(order)`: past it the process ends.
 Its own log goes to `logs/trace_samples.log`; a summary line goes to the flow run's logs.
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
 import json
 import logging
 import math
@@ -27,6 +33,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from prefect import get_client
@@ -74,25 +81,45 @@ def order_uri(settings: Settings, batch_id: str) -> str:
 
 
 def place_order(order: SampleOrder, settings: Settings) -> None:
-    """Leave the order in the store and start its drawer, detached: it outlives this process."""
+    """Leave the order in the store and start a drawer for it, detached (it outlives this process), unless a drawer
+    is running: that one draws every order placed before it ends."""
     uri = order_uri(settings, order.batch_id)
     storage.write_bytes(uri, order.model_dump_json().encode(), settings)
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT__FLOW_RUN_ID"}  # the drawer is not the flow run
     try:
-        settings.logs_dir.mkdir(parents=True, exist_ok=True)
+        start_drawer(settings, order.batch_id)
+    except BaseException:
+        storage.delete(uri, settings)  # no drawer: no order left behind
+        raise
+
+
+def lock_path(settings: Settings) -> Path:
+    return settings.logs_dir / "trace_samples.lock"
+
+
+def start_drawer(settings: Settings, batch_id: str) -> bool:
+    """Start the drawer, holding the drawers' lock for it, with `batch_id`'s order first; False when one is running."""
+    settings.logs_dir.mkdir(parents=True, exist_ok=True)
+    lock = os.open(lock_path(settings), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        env = {k: v for k, v in os.environ.items() if k != "PREFECT__FLOW_RUN_ID"}  # the drawer is not the flow run
         with open(settings.logs_dir / "trace_samples.log", "ab") as log:
             subprocess.Popen(
-                [sys.executable, "-m", "pronk.control.trace_sample", "--", order.batch_id],
+                [sys.executable, "-m", "pronk.control.trace_sample", "--lock-fd", str(lock), "--", batch_id],
                 cwd=PROJECT_ROOT,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                pass_fds=(lock,),
             )
-    except BaseException:
-        storage.delete(uri, settings)  # no drawer: no order left behind
-        raise
+        return True
+    finally:
+        os.close(lock)  # the drawer's copy of the descriptor holds the lock from here
 
 
 async def publish_traces(run: BatchRun, settings: Settings, sample_size: int) -> None:
@@ -269,27 +296,62 @@ async def fulfil(order: SampleOrder, settings: Settings) -> None:
         await best_effort("sample's log line", client.create_logs([log_line(order.flow_run_id, summary)]))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Draw a finished batch's trace sample (started by its flow run).")
-    parser.add_argument("batch_id")
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s", force=True
-    )  # Prefect and MLflow configured logging on import
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
-    settings = get_settings()
-    order = take_order(args.batch_id, settings)
+def placed_orders(settings: Settings) -> list[str]:
+    """The batch ids of the orders waiting for a drawer."""
+    names = storage.list_names(storage.join(settings.store_uri, "trace_samples"), settings)
+    return [name.removesuffix(".json") for name in names if name.endswith(".json")]
+
+
+def draw_order(batch_id: str, settings: Settings) -> bool:
+    """Take the batch's order and fulfil it within its deadline; False when that failed."""
+    order = take_order(batch_id, settings)
     if order is None:
-        logger.info("batch %s: no trace sample to draw", args.batch_id)
-        return 0
+        logger.info("batch %s: no trace sample to draw", batch_id)
+        return True
     limit = deadline_s(order)
     signal.alarm(math.ceil(limit) + 5)  # a call that ignores cancellation (MLflow's, in a thread) ends with the process
     try:
         asyncio.run(asyncio.wait_for(fulfil(order, settings), limit))
     except Exception:
         logger.exception("batch %s: drawing its trace sample failed", order.batch_id)
-        return 1
-    return 0
+        return False
+    finally:
+        signal.alarm(0)
+    return True
+
+
+def draw_while_placed(lock: int, settings: Settings) -> bool:
+    """Draw every order placed, holding the drawers' lock; let it go only when none is left after it was let go
+    (an order placed while the lock was held started no drawer of its own)."""
+    ok = True
+    while True:
+        for batch_id in placed_orders(settings):
+            ok = draw_order(batch_id, settings) and ok
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        if not placed_orders(settings):
+            return ok
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return ok  # a drawer started meanwhile: the orders are its
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Draw finished batches' trace samples (started by their flow runs).")
+    parser.add_argument("batch_ids", nargs="*", help="Batches whose orders are drawn first.")
+    parser.add_argument(
+        "--lock-fd", type=int, help="The drawers' lock, held for this drawer: then every placed order is drawn."
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s", force=True
+    )  # Prefect and MLflow configured logging on import
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
+    settings = get_settings()
+    ok = all([draw_order(batch_id, settings) for batch_id in args.batch_ids])
+    if args.lock_fd is not None:
+        ok = draw_while_placed(args.lock_fd, settings) and ok
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

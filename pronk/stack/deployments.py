@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any, Protocol
 
 from pronk.settings import Settings
@@ -11,6 +12,10 @@ from pronk.stack.prefect_env import configure_prefect
 class DeploymentStarter(Protocol):
     async def start(self, deployment: str, parameters: dict[str, Any], run_name: str, tags: list[str]) -> str:
         """Start a run of `deployment` named `run_name` (also its idempotency key); return the flow run's id."""
+        ...
+
+    async def waiting(self, flow_run_id: str) -> bool:
+        """Whether the flow run has yet to start (scheduled, waiting on a concurrency limit, or pending)."""
         ...
 
 
@@ -33,3 +38,11 @@ class PrefectDeployments:
             tags=tags,
         )
         return str(flow_run.id)
+
+    async def waiting(self, flow_run_id: str) -> bool:
+        from prefect import get_client
+        from prefect.client.schemas.objects import StateType
+
+        async with get_client() as client:
+            flow_run = await client.read_flow_run(uuid.UUID(flow_run_id))
+        return flow_run.state_type in (StateType.SCHEDULED, StateType.PENDING)

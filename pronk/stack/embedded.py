@@ -81,8 +81,9 @@ def start_prefect_server(settings: Settings, state: dict[str, int], database_url
 
 
 def deploy_flows(settings: Settings, state: dict[str, int]) -> None:
-    """Create the process work pool, deploy `deployments/prefect.yaml` and the enrichment specs' deployments
-    (`pronk.stack.prefect_yaml`), and start a worker for the pool."""
+    """Create the process work pool, limited to `prefect_pool_concurrency` flow runs at once, deploy
+    `deployments/prefect.yaml` and the enrichment specs' deployments (`pronk.stack.prefect_yaml`), and start a
+    worker for the pool."""
     env = {
         **prefect_environment(settings),
         "PRONK_PROJECT_ROOT": str(PROJECT_ROOT),
@@ -91,6 +92,10 @@ def deploy_flows(settings: Settings, state: dict[str, int]) -> None:
         "PREFECT_WORKER_QUERY_SECONDS": os.environ.get("PREFECT_WORKER_QUERY_SECONDS", "2"),
     }
     _prefect(["work-pool", "create", WORK_POOL, "--type", "process", "--overwrite"], env)
+    limit = str(settings.prefect_pool_concurrency)
+    limited = _prefect(["work-pool", "set-concurrency-limit", WORK_POOL, limit], env)
+    if limited.returncode != 0:
+        raise RuntimeError(f"limiting work pool {WORK_POOL} failed:\n{limited.stdout}\n{limited.stderr}")
     project = write_prefect_yaml(settings.data_dir / "prefect.yaml")
     deployed = _prefect(["--no-prompt", "deploy", "--all", "--prefect-file", str(project)], env)
     if deployed.returncode != 0:

@@ -21,6 +21,9 @@ TUNED_SERVER = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     # A scheduled deployment (an enrichment spec's cron) gets its runs within 10 s of being deployed, not 60.
     "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "10",
+    # A run waiting on its deployment's concurrency limit (the batch queue's next drainer) is offered again 5 s
+    # later, not 30: it starts soon after the drainer before it ends.
+    "PREFECT_SERVER_DEPLOYMENTS_CONCURRENCY_SLOT_WAIT_SECONDS": "5",
 }
 
 

@@ -185,7 +185,7 @@ async def _create_batch(
     )
     batch.request_counts.total = file.lines
     await run_in_threadpool(batches.create, batch)
-    run_starts.submit(batch.id)
+    await run_starts.queue_batch(batch, file.uri)
     return batch
 
 

@@ -18,10 +18,21 @@ from pronk.settings import Settings
 
 
 class FakeRuns:
-    def __init__(self, ended: list[SimpleNamespace], counts: dict[str, int]):
+    def __init__(self, ended: list[SimpleNamespace], counts: dict[str, int], orphans: list[SimpleNamespace] = []):  # noqa: B006
         self._ended = ended
         self.counts = counts
+        self.orphans = orphans
         self.resumed: list[tuple[str, dict, int]] = []
+
+    async def orphaned(self) -> list[SimpleNamespace]:
+        return self.orphans
+
+    async def crash(self, flow_run_id: str, message: str) -> bool:
+        """As Prefect does: the marked subflow run is now among the ended runs, crashed."""
+        (orphan,) = [o for o in self.orphans if o.id == flow_run_id]
+        self.orphans.remove(orphan)
+        self._ended.append(SimpleNamespace(**{**vars(orphan), "state_type": StateType.CRASHED}))
+        return True
 
     async def ended(self) -> list[SimpleNamespace]:
         return self._ended
@@ -109,3 +120,20 @@ def test_a_crashed_run_is_resumed_until_the_limit_then_its_batch_ends_failed(tmp
     assert store.load("batch_moved_on").status == "in_progress"
     assert store.load("batch_cancelled").status == "cancelled"  # a cancel never leaves a batch `cancelling`
     assert asyncio.run(reconciler.check()) == []  # each ended flow run is acted on once
+
+
+def test_the_subflow_runs_of_a_crashed_drainer_are_marked_crashed_and_resumed(tmp_path):
+    """A killed drainer's process took its batch's subflow run along, still RUNNING: it is marked crashed and the
+    batch resumed as a run of its own."""
+    settings = Settings(data_dir=tmp_path, storage_uri=str(tmp_path / "store"), max_batch_runs=3)
+    store = BatchStore(settings)
+    batch = Batch(id="batch_orphan", input_file_id="in.jsonl", job_id="job-c0ffee01", model="pronk-tiny")
+    batch.mark("in_progress")
+    batch.flow_run_id = "subflow-run"
+    store.save(batch)
+    runs = FakeRuns([], {}, orphans=[flow_run("subflow-run", "batch_orphan", StateType.RUNNING, "in.jsonl")])
+    reconciler = Reconciler(settings, runs, runs, store)
+
+    assert asyncio.run(reconciler.check()) == ["batch_orphan"]
+    assert runs.orphans == [] and runs.resumed == [("batch_orphan", "run-batch/run-batch", "batch_orphan-run-2")]
+    assert store.load("batch_orphan").flow_run_id == "resumed-batch_orphan-run-2"

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from pronk.api.app import create_app
 from pronk.api.keys import ApiKeyStore
-from pronk.api.runs import RUN_BATCH
+from pronk.api.runs import DRAIN_BATCH_QUEUE
 from pronk.batches.store import BatchStore
 from pronk.settings import Settings
 from tests.fakes import announce_worker
@@ -29,10 +29,12 @@ INTERNAL_URL = "http://127.0.0.1:4200/api"
 
 
 class RecordingRuns:
-    """A `DeploymentStarter` that records (batch id, input URI) of each run-batch run it is asked to start."""
+    """A `DeploymentStarter` that counts the batch queue drainers it is asked to start; one started has yet to run
+    until `running` is set."""
 
     def __init__(self):
-        self.started: list[tuple[str, str]] = []
+        self.drainers = 0
+        self.running = False
         self.refusals = 0
         """How many of the next starts fail as an overloaded Prefect server answers."""
 
@@ -40,9 +42,12 @@ class RecordingRuns:
         if self.refusals:
             self.refusals -= 1
             raise ConnectionError(f"Server error '503' for url '{INTERNAL_URL}/deployments/x/create_flow_run'")
-        assert deployment == RUN_BATCH and run_name == parameters["batch_id"] and parameters["job_id"] in tags
-        self.started.append((parameters["batch_id"], parameters["input_uri"]))
-        return "flow-run-1"
+        assert deployment == DRAIN_BATCH_QUEUE and parameters == {} and run_name.startswith("batch-queue-")
+        self.drainers += 1
+        return f"drainer-{self.drainers}"
+
+    async def waiting(self, flow_run_id: str) -> bool:
+        return not self.running
 
 
 @pytest.fixture
@@ -151,8 +156,13 @@ def create(client, headers, file_id, key: str | None = None, **extra):
 
 
 def starts_done(client) -> None:
-    """Wait for the runs the API starts in the background."""
+    """Wait for the drainer starts the API makes in the background."""
     client.portal.call(client.app.state.run_starts.drain)
+
+
+def queued(client) -> list[tuple[str, str]]:
+    """(batch id, input URI) of each batch in the batch queue, first queued first."""
+    return [(e.run.batch_id, e.run.input_uri) for e in client.app.state.run_starts.queue.waiting()]
 
 
 def test_batch_create_picks_the_job_serving_the_model_and_starts_a_run(api):
@@ -165,9 +175,9 @@ def test_batch_create_picks_the_job_serving_the_model_and_starts_a_run(api):
     )
     assert batch["expires_at"] == batch["created_at"] + 24 * 3600
     starts_done(client)
-    assert (
-        "owner" not in batch and runs.started[0][0] == batch["id"] and runs.started[0][1].endswith(f"{file_id}.jsonl")
-    )
+    ((queued_id, input_uri),) = queued(client)
+    assert "owner" not in batch and queued_id == batch["id"] and input_uri.endswith(f"{file_id}.jsonl")
+    assert runs.drainers == 1
     assert client.get(f"/v1/batches/{batch['id']}", headers=alice).json()["id"] == batch["id"]
     assert_error(client.get(f"/v1/batches/{batch['id']}", headers=bob), 404, "batch_id")
     assert_error(client.post(f"/v1/batches/{batch['id']}/cancel", headers=bob), 404)
@@ -210,7 +220,7 @@ def test_batch_create_refuses_unclear_requests_with_a_400_naming_the_param(api, 
     client, alice, _, runs, _ = api
     file_id = upload(client, alice, "\n".join(lines)).json()["id"]
     error = assert_error(create(client, alice, file_id, **extra), 400, param)
-    assert needle in error["message"] and runs.started == []
+    assert needle in error["message"] and queued(client) == [] and runs.drainers == 0
 
 
 def test_a_model_served_by_several_jobs_goes_to_the_one_with_live_workers(api):
@@ -259,23 +269,31 @@ def test_cancel_shows_cancelling_at_once_and_refuses_a_finished_batch(api):
     )
 
 
-def test_a_refused_start_is_tried_again_and_one_never_started_fails_the_batch_naming_nothing_internal(api):
+def test_a_refused_drainer_start_is_tried_again_and_batches_wait_queued_until_one_starts(api):
     client, alice, _, runs, _ = api
     file_id = upload(client, alice, line(0)).json()["id"]
     runs.refusals = 2
     first = create(client, alice, file_id)
     assert first.status_code == 200 and first.json()["status"] == "validating"
     starts_done(client)
-    assert [batch_id for batch_id, _ in runs.started] == [first.json()["id"]]
+    assert runs.drainers == 1 and [batch_id for batch_id, _ in queued(client)] == [first.json()["id"]]
 
-    runs.refusals = 100
+    runs.running, runs.refusals = True, 100  # the drainer runs, and Prefect refuses every start of the next one
     second = create(client, alice, file_id).json()
     starts_done(client)
     batch = client.get(f"/v1/batches/{second['id']}", headers=alice).json()
-    (error,) = batch["errors"]["data"]
-    assert batch["status"] == "failed" and error["code"] == "run_not_started"
-    assert "refused 6 times" in error["message"]
-    assert "127.0.0.1" not in error["message"] and "http" not in error["message"]
+    assert batch["status"] == "validating" and runs.drainers == 1
+    assert [batch_id for batch_id, _ in queued(client)] == [first.json()["id"], second["id"]]
+
+    runs.refusals = 0  # Prefect answers again: the reconcile loop's next pass asks for a drainer
+    run_starts = client.app.state.run_starts
+
+    async def ask_again():
+        run_starts.want_drainer()
+        await run_starts.drain()
+
+    client.portal.call(ask_again)
+    assert runs.drainers == 2
 
 
 def test_an_idempotency_key_makes_a_retried_create_return_the_first_batch(api):
@@ -285,7 +303,7 @@ def test_an_idempotency_key_makes_a_retried_create_return_the_first_batch(api):
         answers = list(pool.map(lambda _: create(client, alice, file_id, key="retry-1"), range(8)))
     assert {a.status_code for a in answers} == {200} and len({a.json()["id"] for a in answers}) == 1
     starts_done(client)
-    assert len(runs.started) == 1
+    assert len(queued(client)) == 1 and runs.drainers == 1
     assert create(client, alice, file_id, key="retry-2").json()["id"] != answers[0].json()["id"]
     other = create(client, alice, file_id, key="retry-1", metadata={"a": "b"})
     assert assert_error(other, 409, "Idempotency-Key")["code"] == "idempotency_key_reused"
@@ -313,12 +331,13 @@ def test_a_burst_of_creates_answers_without_waiting_for_the_runs_to_start(api):
     client.portal.call(slow.set)
     starts_done(client)
     ids = [a.json()["id"] for a in answers]
-    assert sorted(batch_id for batch_id, _ in runs.started) == sorted(set(ids))
+    assert sorted(batch_id for batch_id, _ in queued(client)) == sorted(set(ids))
+    assert runs.drainers == 1  # many creates at once ask for one drainer
 
 
-def test_a_restarted_api_starts_the_batches_left_validating(api):
-    """A batch recorded by an API that died before starting its run is started by the next API process (the batch
-    id is the run's idempotency key, so one whose run did start gets no second run from Prefect)."""
+def test_a_restarted_api_queues_the_batches_left_validating_outside_the_queue(api):
+    """A batch recorded by an API that died before queueing it is queued by the next API process, once; a batch
+    already queued is not queued again."""
     client, alice, _, _, _ = api
     file_id = upload(client, alice, line(0)).json()["id"]
     started = create(client, alice, file_id).json()["id"]
@@ -330,7 +349,8 @@ def test_a_restarted_api_starts_the_batches_left_validating(api):
     restarted = create_app(settings, runs=RecordingRuns())
     with TestClient(restarted) as again:
         deadline = time.monotonic() + 10
-        while len(restarted.state.runs.started) < 2 and time.monotonic() < deadline:
+        while restarted.state.runs.drainers < 1 and time.monotonic() < deadline:
             again.portal.call(restarted.state.run_starts.drain)
             time.sleep(0.05)
-    assert sorted(batch_id for batch_id, _ in restarted.state.runs.started) == sorted([started, lost.id])
+        assert sorted(batch_id for batch_id, _ in queued(again)) == sorted([started, lost.id])
+    assert restarted.state.runs.drainers == 1

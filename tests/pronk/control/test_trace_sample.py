@@ -76,10 +76,31 @@ def test_placing_an_order_starts_a_drawer_in_its_own_session(settings, monkeypat
     monkeypatch.setenv("PREFECT__FLOW_RUN_ID", FLOW_RUN)
     trace_sample.place_order(order("-batch"), settings)
     ((args, kw),) = started
-    assert args[-3:] == ["pronk.control.trace_sample", "--", "-batch"]  # a hostile batch id is never an option
+    assert args[-2:] == ["--", "-batch"]  # a hostile batch id is never an option
+    assert args[args.index("--lock-fd") + 1] == str(kw["pass_fds"][0])
     assert kw["start_new_session"] is True and "PREFECT__FLOW_RUN_ID" not in kw["env"]
     taken = take_order("-batch", settings)
     assert taken is not None and taken.traces == order().traces
+
+
+def test_an_order_placed_while_a_drawer_holds_the_lock_starts_no_second_drawer(settings, monkeypatch):
+    """A burst of batches ending starts one drawer; it draws every order placed until it lets the lock go."""
+    import fcntl
+    import os
+
+    started = []
+    monkeypatch.setattr(trace_sample.subprocess, "Popen", lambda args, **kw: started.append(args))
+    settings.logs_dir.mkdir(parents=True, exist_ok=True)
+    held = os.open(trace_sample.lock_path(settings), os.O_RDWR | os.O_CREAT)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        trace_sample.place_order(order("batch_1"), settings)
+        trace_sample.place_order(order("batch_2"), settings)
+        assert started == [] and trace_sample.placed_orders(settings) == ["batch_1", "batch_2"]
+    finally:
+        os.close(held)
+    trace_sample.place_order(order("batch_3"), settings)
+    assert len(started) == 1
 
 
 class FakeClient:
