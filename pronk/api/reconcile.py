@@ -11,12 +11,16 @@ The batch queue's drainer runs API batches as subflow runs in its own process: w
 worker marks the drainer `Crashed` and nothing marks its subflow runs, so the check first marks them `Crashed`
 too, and they are resumed like any crashed run. Batches still queued wait for the next drainer, which the check
 asks for whenever the queue is not empty.
+
+Each check also marks `Crashed` the flow run of an enrichment run whose process died (`check_enrichments`): no
+Prefect worker watched a `pronk enrich run`, so nothing else would until the enrichment's next run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Literal
 
 from fastapi.concurrency import run_in_threadpool
@@ -115,20 +119,26 @@ class Reconciler:
         return await open_run.mark_dead_runs(folders, self.settings, flow_runs.flow_run_state, flow_runs.mark_crashed)
 
     async def loop(self) -> None:
-        """Check every `reconcile_interval_s` until cancelled; trouble (Prefect down) waits for the next check."""
+        """Check every `reconcile_interval_s` until cancelled; trouble (Prefect down) waits for the next check.
+
+        Batches and enrichment runs are checked apart: trouble that keeps one check failing (a batch record that does
+        not load, a spec that does not parse) must not keep a dead enrichment's flow run `Running` for good."""
         await asyncio.sleep(min(FIRST_CHECK_S, self.settings.reconcile_interval_s))
         while True:
-            try:
-                acted = await self.check()
-                crashed = await self.check_enrichments()
-            except Exception as exc:  # noqa: BLE001 - the next check tries again
-                logger.warning("reconciling batches with their flow runs failed: %s: %s", type(exc).__name__, exc)
-            else:
-                if acted:
-                    logger.info("reconciled batches %s", acted)
-                if crashed:
-                    logger.warning("marked crashed the flow runs of dead enrichment runs %s", crashed)
+            if acted := await _tried("reconciling batches with their flow runs", self.check):
+                logger.info("reconciled batches %s", acted)
+            if crashed := await _tried("looking for dead enrichment runs", self.check_enrichments):
+                logger.warning("marked crashed the flow runs of dead enrichment runs %s", crashed)
             await asyncio.sleep(self.settings.reconcile_interval_s)
+
+
+async def _tried(what: str, check: Callable[[], Awaitable[list[str]]]) -> list[str]:
+    """What one check acted on; nothing when it failed (logged: the next check tries again)."""
+    try:
+        return await check()
+    except Exception as exc:  # noqa: BLE001 - the next check tries again
+        logger.warning("%s failed: %s: %s", what, type(exc).__name__, exc)
+        return []
 
 
 def enrichment_results(settings: Settings) -> list[str]:

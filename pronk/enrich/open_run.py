@@ -175,12 +175,10 @@ async def mark_dead_run(
     run to take over the dead run's batch.
     """
     marker = read_open_run(results, settings)
-    if marker is None or marker.flow_run_id is None:
+    if marker is None or marker.flow_run_id is None or marker.host != socket.gethostname():
         return None
     state = await state_of(marker.flow_run_id)
-    if state is None or state in ENDED_FLOW_RUN_STATES or marker.host != socket.gethostname():
-        return None
-    if process_alive(marker.pid, marker.pid_started):
+    if state is None or state in ENDED_FLOW_RUN_STATES or not is_gone(marker, state):
         return None
     await mark_crashed(marker.flow_run_id, _crash_message(marker))
     return marker

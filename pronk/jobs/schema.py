@@ -173,7 +173,10 @@ class PythonToolLimits(BaseModel):
         default=10.0, gt=0, le=3600, description="Wall-clock seconds before the process group is killed."
     )
     output_bytes: int = Field(
-        default=8192, ge=256, le=1 << 24, description="Most bytes of stdout+stderr kept (and file size cap)."
+        default=8192,
+        ge=256,
+        le=1 << 24,
+        description="Most bytes of stdout+stderr kept; 4x this caps each file written (RLIMIT_FSIZE).",
     )
     processes: int = Field(
         default=32, ge=2, le=4096, description="Processes and threads in the sandbox (a cgroup, and RLIMIT_NPROC)."
@@ -182,7 +185,7 @@ class PythonToolLimits(BaseModel):
         default=64,
         ge=1,
         le=16384,
-        description="MiB the trace's scratch folder may hold (the sandbox's /scratch is a tmpfs of this size).",
+        description="MiB each of the sandbox's two tmpfs may hold: /scratch (the trace's scratch folder) and /tmp.",
     )
     open_files: int = Field(
         default=64, ge=16, le=65536, description="Open file descriptors per process (RLIMIT_NOFILE)."

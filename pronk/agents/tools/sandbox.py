@@ -6,7 +6,8 @@ stdlib, never the venv's site-packages nor the project tree, the data dir, `/roo
 writable tmpfs `/tmp`, gone when the call ends; and a size-limited tmpfs at `/scratch`, which the launcher fills
 from the trace's files and hands back as a tar when the code ends (`scratch.py`): no host folder is ever mounted
 writable or handed to the sandbox's uid. Both tmpfs hold `scratch_mb` at most, and count against the call's
-memory cgroup; every file the code writes, stdout included, is capped at `4 × output_bytes` (RLIMIT_FSIZE).
+memory cgroup; every file the code writes, stdout included, is capped at `4 × output_bytes` (RLIMIT_FSIZE), and
+the call names each file the code left at that cap (`LAUNCHER`).
 The code arrives as a read-only copy at `/cell.py`. Resource limits
 are set inside by `prlimit`, after the user namespace exists, so RLIMIT_NPROC counts this sandbox's processes
 only; memory and processes are bounded for the whole call by its cgroup (`call_cgroup.py`).
@@ -65,13 +66,36 @@ run_cell()
 models write calculator-style cells far more often than ones that print. The cell runs in `__main__`, as a script
 would; the runner keeps its own state in a function's locals, so a cell that clears its globals cannot break it."""
 LAUNCHER = f"""
-import os, signal, subprocess, sys, tarfile
+import os, resource, signal, stat, subprocess, sys, tarfile
 with tarfile.open({SEED!r}) as seed:
     seed.extractall({SCRATCH!r}, filter="data")
 def first_to_go():
     with open("/proc/self/oom_score_adj", "w") as adj:
         adj.write("1000")
+def at_the_size_cap():
+    found = {{}}
+    for top in ({SCRATCH!r}, "/tmp"):
+        for folder, _, names in os.walk(top):
+            for name in names:
+                path = os.path.join(folder, name)
+                try:
+                    info = os.lstat(path)
+                except OSError:
+                    continue
+                if stat.S_ISREG(info.st_mode) and info.st_size >= cap:
+                    found[path] = (info.st_ino, info.st_mtime_ns)
+    return found
+cap = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+seeded = at_the_size_cap()
 status = subprocess.run([sys.executable, "-I", "-c", {CELL_RUNNER!r}], preexec_fn=first_to_go).returncode
+try:
+    capped = sorted(path for path, seen in at_the_size_cap().items() if seeded.get(path) != seen)
+    if capped:
+        names = ", ".join(capped[:5]) + (" and more" if len(capped) > 5 else "")
+        note = f"{{names}} reached {{cap}} bytes, the most one file may hold: what was written past it is lost"
+        os.write(2, f"\\n[file size cap: {{note}}]\\n".encode())
+except Exception:
+    pass
 try:
     with os.fdopen(int(sys.argv[1]), "wb") as pipe, tarfile.open(fileobj=pipe, mode="w|") as dump:
         for name in sorted(os.listdir({SCRATCH!r})):
@@ -85,8 +109,11 @@ if status < 0:
 sys.exit(status)
 """
 """Runs inside the sandbox: unpack the trace's files into the tmpfs scratch, run the code (without the dump
-pipe, and first in line for the out-of-memory killer), then write the scratch to the pipe as a tar and end as the
-code ended."""
+pipe, and first in line for the out-of-memory killer), name the files it left at the size cap (RLIMIT_FSIZE: a
+write that crosses it is cut short without an error, and Python drops the error of a flush when a file it never
+closed is collected, so the code may never hear of it; a file the trace brought in at the cap is not named again),
+then write the scratch to the pipe as a tar and end as the
+code ended. The note goes to stderr unbuffered: a failed flush of a buffered stream at exit would change the status."""
 PROBE_TIMEOUT_S = 30.0
 PROBE_DUMP_BYTES = 1 << 20
 BWRAP_ENV = {"PATH": "/usr/bin:/bin"}  # bwrap's own environment: its PID 1 inside shows it in /proc/1/environ

@@ -356,6 +356,28 @@ def test_tmp_is_writable_for_the_call_alone_and_files_are_capped_at_four_times_t
 
 
 @needs_sandbox
+def test_a_file_cut_at_the_size_cap_is_named_even_when_the_code_never_hears_of_it(scratch):
+    """A write that crosses RLIMIT_FSIZE is cut short without an error, and Python drops the error of the flush of a
+    file it never closed: the call names each file left at the cap, and the cap, whether the code heard of it or not.
+    A file the trace brought in at the cap is not named again."""
+    cap = 4 * LIMITS.output_bytes
+    cut = run(
+        "open('cut.txt', 'w').write('x' * 20000)\nopen('/tmp/cut.txt', 'w').write('x' * 20000)\n"
+        "len(open('cut.txt').read())",
+        scratch,
+    )
+    assert cut.ok, cut.text
+    assert cut.text.startswith(f"{cap}\n"), cut.text
+    assert f"/scratch/cut.txt, /tmp/cut.txt reached {cap} bytes, the most one file may hold" in cut.text
+    assert (scratch / "cut.txt").stat().st_size == cap
+
+    refused = run("with open('/tmp/big', 'wb') as big:\n    big.write(b'x' * 20000)", scratch)
+    assert not refused.ok and "OSError: [Errno 27] File too large" in refused.text, refused.text
+    assert f"[file size cap: /tmp/big reached {cap} bytes" in refused.text
+    assert "cut.txt" not in refused.text
+
+
+@needs_sandbox
 def test_the_scratch_fills_up_at_its_size_and_keeps_what_fit(scratch):
     code = (
         "n = 0\n"

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
 from prefect.client.schemas.objects import StateType
 
+from pronk import storage
 from pronk.api.reconcile import Reconciler
 from pronk.batches.results import FinishedLine, ResultParts
 from pronk.batches.schemas import Batch
 from pronk.batches.store import BatchStore
+from pronk.control import flow_runs
+from pronk.enrich import open_run
+from pronk.enrich.open_run import OpenRun
 from pronk.protocol.lines import OutputLine, ResponseEnvelope
 from pronk.settings import Settings
 
@@ -137,3 +143,50 @@ def test_the_subflow_runs_of_a_crashed_drainer_are_marked_crashed_and_resumed(tm
     assert asyncio.run(reconciler.check()) == ["batch_orphan"]
     assert runs.orphans == [] and runs.resumed == [("batch_orphan", "run-batch/run-batch", "batch_orphan-run-2")]
     assert store.load("batch_orphan").flow_run_id == "resumed-batch_orphan-run-2"
+
+
+def test_a_dead_enrichment_run_is_marked_crashed_while_the_batch_check_keeps_failing(tmp_path, monkeypatch):
+    """The loop's two checks stand apart: a batch check that fails every time (a record that does not load, say) must
+    not leave a SIGKILLed enrichment's flow run Running for good."""
+    settings = Settings(data_dir=tmp_path, storage_uri=str(tmp_path / "store"), reconcile_interval_s=0.01)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    results = storage.join(settings.store_uri, "enrichments", "killed")
+    marker = OpenRun(
+        run_id="run-1",
+        spec="killed",
+        batch_id="batch_dead",
+        lines_uri=storage.join(results, "inputs", "run-1.jsonl"),
+        lines_sha256="0" * 64,
+        flow_run_id="flow-run-of-the-killed-run",
+        host=socket.gethostname(),
+        pid=dead.pid,
+        started_at="2026-01-01T00:00:00+00:00",
+    )
+    storage.write_bytes(open_run.marker_uri(results), marker.model_dump_json().encode(), settings)
+    crashed: list[str] = []
+    marked = asyncio.Event()
+
+    async def state_of(flow_run_id: str) -> str:
+        return "CRASHED" if flow_run_id in crashed else "RUNNING"
+
+    async def mark_crashed(flow_run_id: str, message: str) -> bool:
+        crashed.append(flow_run_id)
+        marked.set()
+        return True
+
+    monkeypatch.setattr(flow_runs, "flow_run_state", state_of)
+    monkeypatch.setattr(flow_runs, "mark_crashed", mark_crashed)
+
+    class FailingRuns(FakeRuns):
+        async def ended(self) -> list[SimpleNamespace]:
+            raise ValueError("a batch record that does not load")
+
+    async def until_marked() -> None:
+        runs = FailingRuns([], {})
+        loop = asyncio.create_task(Reconciler(settings, runs, runs, BatchStore(settings)).loop())
+        await marked.wait()
+        loop.cancel()
+
+    asyncio.run(asyncio.wait_for(until_marked(), 10))
+    assert crashed == ["flow-run-of-the-killed-run"]
