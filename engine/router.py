@@ -100,10 +100,15 @@ class Router:
         return [w for w in self._workers if w.heartbeat_at > self.failed.get(w.worker_id, 0.0)]
 
     async def _live(self, excluded: set[str]) -> list[WorkerEntry]:
-        """Live workers not in `excluded`, waiting up to `wait_for_worker_s` for one to appear."""
+        """Live workers not in `excluded` (or, when every live one is, those: a worker that failed a step is live
+        again only with a heartbeat newer than its failure), waiting up to `wait_for_worker_s` for one to appear.
+
+        A machine overloaded for a few seconds can make every worker miss a step at once; a step then waits for one
+        to come back rather than failing its line while the fleet is still there."""
         deadline = time.monotonic() + self.wait_for_worker_s
         while True:
-            candidates = [w for w in self.workers() if w.worker_id not in excluded]
+            live = self.workers()
+            candidates = [w for w in live if w.worker_id not in excluded] or live
             if candidates:
                 return candidates
             if time.monotonic() >= deadline:

@@ -121,6 +121,28 @@ def test_step_is_resent_when_its_worker_dies(registry):
     assert result.worker_id == "w1" and result.request_id == "r0"
 
 
+def test_a_step_whose_workers_all_failed_goes_to_the_first_that_comes_back(registry):
+    """Both workers miss the step (an overloaded machine); w1 heartbeats again and the step's last try runs there."""
+    announce(registry, "w0")
+    announce(registry, "w1", waiting=3)
+    client = StandInClient(dead={"http://w0", "http://w1"})
+    router = Router(JOB, registry, client=client, refresh_interval_s=0.05)
+
+    async def run():
+        async def w1_comes_back():
+            await asyncio.sleep(0.3)
+            client.dead.clear()
+            announce(registry, "w1")
+
+        back = asyncio.create_task(w1_comes_back())
+        result = await router.generate(step())
+        await back
+        return result
+
+    result = asyncio.run(run())
+    assert client.calls == ["http://w0", "http://w1", "http://w1"] and result.worker_id == "w1"
+
+
 def test_a_router_given_only_some_workers_never_sends_a_step_elsewhere(registry):
     announce(registry, "w0")
     announce(registry, "w1", waiting=8)
