@@ -49,6 +49,25 @@ def flow_run_process(flow_run_id: str) -> psutil.Process | None:
     return None
 
 
+def running_process(flow_run_id: str) -> psutil.Process | None:
+    """The process running the flow run: its own, or for a subflow run its parent's (the batch queue's drainer runs
+    API batches as subflow runs in its process)."""
+    from prefect import get_client
+
+    async def parent() -> str | None:
+        async with get_client() as client:
+            run = await client.read_flow_run(UUID(flow_run_id))
+            if run.parent_task_run_id is None:
+                return None
+            return str((await client.read_task_run(run.parent_task_run_id)).flow_run_id)
+
+    own = flow_run_process(flow_run_id)
+    if own is not None:
+        return own
+    drainer = asyncio.run(parent())
+    return flow_run_process(drainer) if drainer else None
+
+
 def assert_each_line_once_with_exact_counts(batch, outputs: list[dict], errors: list[dict], total: int) -> None:
     assert sorted(line["custom_id"] for line in outputs + errors) == sorted(f"r{i}" for i in range(total))
     counts = batch.request_counts
@@ -71,7 +90,7 @@ def test_a_sigkilled_run_is_resumed_without_losing_or_repeating_a_line(stack):
     while not parts.load() and time.monotonic() < deadline:  # some lines finished and persisted
         time.sleep(0.1)
     first_run = BatchStore(get_settings()).load(batch.id).flow_run_id
-    proc = flow_run_process(first_run)
+    proc = running_process(first_run)
     assert proc is not None, f"no process for flow run {first_run}"
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)

@@ -175,7 +175,8 @@ def test_an_oversized_upload_is_refused_and_nothing_is_stored(new_client, stack)
 
 
 def test_client_tools_and_vllms_run_batch_lines_end_as_openai_ends_them(new_client):
-    """A client-tool line (its one argument an enum, so the grammar leaves no room for a cut call) comes back as
+    """A client-tool line (its one argument an enum, and as many tokens as the longest call the grammar allows has
+    characters: a random model may spell it a character a token, so the call is never cut) comes back as
     tool_calls, and so does one whose tool openai.pydantic_function_tool wrote ($defs and $refs); the lines of
     vLLM's run-batch tests end as OpenAI ends them; every line validates against vLLM's BatchRequestOutput and the
     official client's types."""
@@ -189,7 +190,7 @@ def test_client_tools_and_vllms_run_batch_lines_end_as_openai_ends_them(new_clie
 
     class Trip(BaseModel):
         outbound: Leg
-        legs: list[Leg]
+        legs: list[Leg]  # at most 4 items in the grammar: its longest call is 154 characters
 
     pydantic_tools = [openai.pydantic_function_tool(Trip)]  # $defs and $refs, as the client's helper writes them
 
@@ -199,8 +200,8 @@ def test_client_tools_and_vllms_run_batch_lines_end_as_openai_ends_them(new_clie
         return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body})
 
     lines = [
-        line("client-tool", tools=tools, tool_choice="required"),
-        line("pydantic-tool", tools=pydantic_tools, tool_choice="required", max_completion_tokens=96),
+        line("client-tool", tools=tools, tool_choice="required", max_completion_tokens=96),
+        line("pydantic-tool", tools=pydantic_tools, tool_choice="required", max_completion_tokens=192),
         line("request-1"),
         line("request-2", max_completion_tokens=None, max_tokens=16),
         line("request-3", model="NonExistModel"),
