@@ -20,9 +20,8 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from engine.protocol import ChatMessage, SamplingSpec, StepRequest, StepResult
+from engine.protocol import ChatMessage, StepRequest, StepResult
 from pronk.agents.tool_calls import parse_call, step_schema, system_prompt
-from pronk.jobs.schema import JobConfig
 from pronk.protocol.bodies import ChatCompletionBody, NamedToolChoice, ToolSpec
 from pronk.protocol.ids import new_id
 
@@ -83,29 +82,19 @@ def _as_prompt(message: ChatMessage) -> dict[str, Any]:
     return {"role": message.role, "content": message.text()}
 
 
-def client_tool_step(body: ChatCompletionBody, job: JobConfig, trace_id: str, request_id: str) -> StepRequest:
-    """The one step of a client-tool line: the tools listed in a system message, the output constrained to a call
-    of an offered tool (or an answer, when `tool_choice` allows one)."""
+def client_tool_step(body: ChatCompletionBody, chat_step: StepRequest) -> StepRequest:
+    """The one step of a client-tool line, from the plain chat step of its body (`completions.to_step_request`: the
+    same sampling): the tools listed in a system message, the output constrained to a call of an offered tool (or
+    an answer, when `tool_choice` allows one)."""
     tools, allow_final = offered(body)
-    max_tokens = body.output_limit(job.default_max_tokens)
     prompt = system_prompt(tools)
     if not allow_final:
         prompt += "\nCall a tool now: an answer is not allowed."
     messages = [ChatMessage(role="system", content=prompt)]
     messages += [ChatMessage.model_validate(_as_prompt(m)) for m in body.messages]
-    return StepRequest(
-        request_id=request_id,
-        messages=messages,
-        sampling=SamplingSpec(
-            max_tokens=max_tokens,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            seed=body.seed,
-            stop=body.stop if isinstance(body.stop, list) else None,
-            json_schema=step_schema(tools, allow_final, max_tokens, body.answer_schema),
-        ),
-        trace_id=trace_id,
-    )
+    schema = step_schema(tools, allow_final, chat_step.sampling.max_tokens, body.answer_schema)
+    sampling = chat_step.sampling.model_copy(update={"json_schema": schema})
+    return chat_step.model_copy(update={"messages": messages, "sampling": sampling})
 
 
 def read_step(body: ChatCompletionBody, result: StepResult) -> tuple[str | None, list[dict[str, Any]] | None]:

@@ -80,11 +80,9 @@ async def run_request(
     With `client_tools` the line's tools are the client's own (`pronk.agents.client_tools`): the step may answer with
     a call of one, returned as OpenAI's `tool_calls` for the client to run."""
     request_id = new_id("chatcmpl")
-    step = (
-        client_tool_step(body, job, request.custom_id, request_id)
-        if client_tools
-        else to_step_request(body, request.custom_id, job, request_id)
-    )
+    step = to_step_request(body, request.custom_id, job, request_id)
+    if client_tools:
+        step = client_tool_step(body, step)
     try:
         result = await router.generate(step)
     except (StepRejected, NoWorkerAvailable) as exc:
