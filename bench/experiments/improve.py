@@ -25,12 +25,12 @@ import asyncio
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
 
 from bench.experiments import scratch_stack
+from bench.harness.figures import spread
 from bench.harness.report import record_section, write_json
 
 BENCH_DIR = Path(__file__).resolve().parent.parent
@@ -135,10 +135,6 @@ async def improve_with_a_batch(job_id: str, rounds: int, seed: int, work: Path, 
         batch = await batch_task
         paced = {"request_counts": batch["request_counts"], "versions": versions_in_output(batch)}
     return records, paced
-
-
-def median_spread(values: list[float]) -> dict:
-    return {"rounds": values, "min": min(values), "median": statistics.median(values), "max": max(values)}
 
 
 def break_even_tasks(before: dict, after: dict, training_usd: float) -> float | None:
@@ -286,22 +282,22 @@ def main(argv: list[str] | None = None) -> None:
     goals = [
         {
             "figure": "held-out success, points over the starting version",
-            **median_spread([s["points"] for s in seeds]),
+            **spread([s["points"] for s in seeds]),
             "goal": POINTS_GOAL,
         },
         {
             "figure": "held-out checked successes/$, improved / starting version (serving only)",
-            **median_spread([s["successes_per_dollar_ratio"] or 0.0 for s in seeds]),
+            **spread([s["successes_per_dollar_ratio"] or 0.0 for s in seeds]),
             "goal": SUCCESS_PER_DOLLAR_GOAL,
         },
         {
             "figure": "lines lost by the batch running through the first round",
-            **median_spread([float(s["paced"]["request_counts"]["failed"]) if s["paced"] else -1.0 for s in seeds]),
+            **spread([float(s["paced"]["request_counts"]["failed"]) if s["paced"] else -1.0 for s in seeds]),
             "goal": 0,
         },
         {
             "figure": "round minutes (rollouts + training + canary + leap), longest of the seed",
-            **median_spread([max(r["minutes"] for r in s["rounds"]) for s in seeds]),
+            **spread([max(r["minutes"] for r in s["rounds"]) for s in seeds]),
             "goal": 20,
         },
     ]
