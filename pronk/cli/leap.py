@@ -88,14 +88,12 @@ def leap_run(
 
     settings = get_settings()
     configure_prefect(settings)
-    from flows.leap import LeapFailed, LeapRefused, leap
+    from flows.leap import leap
     from pronk.jobs.files import get_job
 
     job_id = get_job(job or settings.default_job, settings).job_id
-    try:
-        record = asyncio.run(leap(job_id=job_id, version=version, alias=alias, canary=canary))
-    except (LeapRefused, LeapFailed) as exc:
-        fail(str(exc))
+    # A refused or failed Leap (a PronkError) ends the command in one line: pronk.cli.main.
+    record = asyncio.run(leap(job_id=job_id, version=version, alias=alias, canary=canary))
     typer.echo(f"{record['message']} (switch {record['switch_seconds'] or 0:.3f}s)", err=True)
     typer.echo(json.dumps(record))
 
@@ -160,17 +158,13 @@ def improve(
     configure_prefect(settings)
     from flows.improve import improve as improve_flow
     from pronk.jobs.files import get_job
-    from pronk.learn.rounds import NotImprovable
 
     job_id = get_job(job or settings.default_job, settings).job_id
-    try:
-        records = asyncio.run(
-            improve_flow(
-                job_id=job_id, rounds=rounds, canary=canary, seed=seed, training_set=training_set, held_out=held_out
-            )
+    records = asyncio.run(  # NotImprovable, a PronkError, ends the command in one line (pronk.cli.main)
+        improve_flow(
+            job_id=job_id, rounds=rounds, canary=canary, seed=seed, training_set=training_set, held_out=held_out
         )
-    except NotImprovable as exc:
-        fail(str(exc))
+    )
     for record in records:
         typer.echo(f"round {record['round']} ({record['id']}): {record['status']}: {record['message']}", err=True)
     typer.echo(json.dumps(records))
