@@ -142,10 +142,12 @@ class Settings(BaseSettings):
         description="Flow-run processes the stack's work pool `pronk` runs at once (Prefect's work pool concurrency "
         "limit): runs past it wait their turn, in order, instead of starting a process each.",
     )
-    prefect_database: Literal["sqlite", "postgres"] = Field(
-        default="sqlite",
+    prefect_database: Literal["auto", "sqlite", "postgres"] = Field(
+        default="auto",
         description="The Prefect server's database: SQLite under data_dir, or a PostgreSQL server the stack starts "
-        "(none is started when PREFECT_API_DATABASE_CONNECTION_URL names one already).",
+        "(none is started when PREFECT_API_DATABASE_CONNECTION_URL names one already). `auto`: what the data dir "
+        "holds already, else PostgreSQL where the machine has it (SQLite's write lock stalls bursts of batches), "
+        "else SQLite.",
     )
     postgres_host: str = Field(default="127.0.0.1", description="Address the stack's PostgreSQL server listens on.")
     postgres_port: int = Field(

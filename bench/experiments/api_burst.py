@@ -233,7 +233,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--over-s", type=float, default=0.0, help="Spread the creates evenly over this many seconds.")
     parser.add_argument("--job", default="tiny-cpu", help="The job (name or id) the batches go to and the stack runs.")
     parser.add_argument(
-        "--prefect-database", choices=["sqlite", "postgres"], default="sqlite", help="The Prefect server's database."
+        "--prefect-database",
+        choices=["auto", "sqlite", "postgres"],
+        default="auto",
+        help="The Prefect server's database (`auto`: the stack's choice, PostgreSQL where the machine has it).",
     )
     parser.add_argument("--wait-s", type=float, default=1800, help="Longest wait for every batch to end.")
     parser.add_argument("--record", action="store_true", help="Write the section into bench/RESULTS.md.")
@@ -245,6 +248,7 @@ def main(argv: list[str] | None = None) -> None:
     from pronk.jobs.files import get_job
     from pronk.settings import get_settings
     from pronk.stack import embedded as stack
+    from pronk.stack.embedded import prefect_database
     from pronk.stack.prefect_env import configure_prefect
 
     settings = get_settings()
@@ -262,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
             )
         result |= {
             "job": job.job_id,
-            "prefect_database": args.prefect_database,
+            "prefect_database": prefect_database(settings),
             "crashed_flow_runs": asyncio.run(crashed_flow_runs()),
             "peak_flow_run_processes": peak.peak,
             "database_locked": database_locked_lines(settings.logs_dir / "prefect-server.log"),

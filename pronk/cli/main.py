@@ -53,8 +53,9 @@ def stack_up(
         bool,
         typer.Option(
             "--postgres",
-            help="Run Prefect on a PostgreSQL server the stack starts (PRONK_PREFECT_DATABASE=postgres); "
-            "PREFECT_API_DATABASE_CONNECTION_URL names an existing one instead.",
+            help="Run Prefect on a PostgreSQL server the stack starts (PRONK_PREFECT_DATABASE=postgres), even where "
+            "`auto`, the default, would keep SQLite; PREFECT_API_DATABASE_CONNECTION_URL names an existing one "
+            "instead.",
         ),
     ] = False,
 ) -> None:

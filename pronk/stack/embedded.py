@@ -1,5 +1,5 @@
-"""The embedded stack: Prefect server (on SQLite, or PostgreSQL: `pronk.stack.postgres`), MLflow UI on SQLite, a
-process work pool worker, and the default job's workers.
+"""The embedded stack: Prefect server (on PostgreSQL where the machine has it, `pronk.stack.postgres`, else
+SQLite), MLflow UI on SQLite, a process work pool worker, and the default job's workers.
 
 `pronk stack up` starts it all in the background under the data dir, records the pids in
 `stack.json`, and leaves a supervisor (`pronk.stack.supervisor`) restarting workers that die;
@@ -12,6 +12,7 @@ import logging
 import os
 import subprocess
 import sys
+from typing import Literal
 
 from pronk.jobs.files import get_job
 from pronk.jobs.schema import JobConfig
@@ -19,7 +20,7 @@ from pronk.models.imports import ensure_job_model
 from pronk.models.registry import ensure_tiny_model
 from pronk.settings import PROJECT_ROOT, Settings
 from pronk.stack.fleet import start_workers, wait_for_workers
-from pronk.stack.postgres import POSTGRES, PREFECT_ON_POSTGRES, start_postgres
+from pronk.stack.postgres import POSTGRES, PREFECT_ON_POSTGRES, cannot_start, cluster_dir, start_postgres
 from pronk.stack.prefect_env import prefect_environment
 from pronk.stack.prefect_yaml import write_prefect_yaml
 from pronk.stack.processes import alive, group_members, spawn, stop, stop_groups, wait_healthy
@@ -43,6 +44,23 @@ def _prefect(args: list[str], env: dict[str, str]) -> subprocess.CompletedProces
     )
 
 
+def prefect_database(settings: Settings) -> Literal["sqlite", "postgres"]:
+    """`settings.prefect_database` with `auto` resolved: the database the data dir holds already (a PostgreSQL
+    cluster, or Prefect's SQLite file, so an earlier stack's runs stay visible), else PostgreSQL where the stack can
+    start it, else SQLite."""
+    if settings.prefect_database != "auto":
+        return settings.prefect_database
+    if (cluster_dir(settings) / "PG_VERSION").exists():
+        return "postgres"
+    if (settings.data_dir / "prefect" / "prefect.db").exists():
+        return "sqlite"
+    reason = cannot_start(settings)
+    if reason is not None:
+        log.info("Prefect on SQLite: %s", reason)
+        return "sqlite"
+    return "postgres"
+
+
 def prefect_database_url(settings: Settings, state: dict[str, int]) -> str | None:
     """The PostgreSQL URL the Prefect server should use, starting the stack's own server for it when needed.
 
@@ -51,7 +69,7 @@ def prefect_database_url(settings: Settings, state: dict[str, int]) -> str | Non
     """
     if any(key in os.environ for key in DATABASE_URL_KEYS):
         return None
-    if settings.prefect_database != "postgres" and not alive(state.get(POSTGRES, 0)):
+    if prefect_database(settings) == "sqlite" and not alive(state.get(POSTGRES, 0)):
         return None
     return start_postgres(settings, state).url("prefect", scheme="postgresql+asyncpg")
 

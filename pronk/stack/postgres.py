@@ -1,7 +1,8 @@
 """The stack's own PostgreSQL server: a cluster under the data dir, made and started from the machine's binaries.
 
-`pronk stack up --postgres` (or `PRONK_PREFECT_DATABASE=postgres`) runs the Prefect server on it, and it can hold
-the engine workers' registry (`PRONK_REGISTRY_URL`) for workers on other hosts. The cluster lives in
+`pronk stack up` runs the Prefect server on it where it can (`PRONK_PREFECT_DATABASE=auto`, see
+`embedded.prefect_database`), and it can hold the engine workers' registry (`PRONK_REGISTRY_URL`) for workers on
+other hosts. The cluster lives in
 `data_dir/postgres` and its address and password in `data_dir/postgres.json` (mode 0600), so a later `stack up`
 finds the same server. PostgreSQL refuses to run as root: run as root, pronk runs it as the system user `postgres`
 (the Debian package's), creating a system user `pronk-postgres` where there is none.
@@ -152,12 +153,35 @@ def _give_to(folder: Path, user: str | None) -> None:
     parent = folder.parent
     if parent.stat().st_mode & stat.S_IXOTH == 0:
         parent.chmod(parent.stat().st_mode | stat.S_IXOTH)  # the data dir: pass through only, no listing
-    for ancestor in parent.parents:
-        mode = ancestor.stat()
-        if mode.st_uid != entry.pw_uid and mode.st_mode & stat.S_IXOTH == 0:
-            raise PostgresError(
-                f"{ancestor} does not let user {user} through (o+x), so PostgreSQL cannot reach {folder}"
-            )
+    closed = closed_ancestor(parent, entry.pw_uid)
+    if closed is not None:
+        raise PostgresError(f"{closed} does not let user {user} through (o+x), so PostgreSQL cannot reach {folder}")
+
+
+def closed_ancestor(folder: Path, uid: int) -> Path | None:
+    """The first existing folder above `folder` that user `uid` cannot pass through (not theirs, no o+x)."""
+    for ancestor in folder.resolve().parents:
+        try:
+            mode = ancestor.stat()
+        except FileNotFoundError:  # made later, by mkdir, passable
+            continue
+        if mode.st_uid != uid and mode.st_mode & stat.S_IXOTH == 0:
+            return ancestor
+    return None
+
+
+def cannot_start(settings: Settings) -> str | None:
+    """Why the stack could not run its own PostgreSQL server for this data dir, or None when it can: no binaries,
+    or (run as root, so the server runs as another user) a folder above the data dir that user cannot pass."""
+    try:
+        find_binaries(settings)
+    except PostgresError as exc:
+        return str(exc)
+    if os.geteuid() != 0:
+        return None
+    uids = [entry.pw_uid for entry in pwd.getpwall() if entry.pw_name in _SYSTEM_USERS]
+    closed = closed_ancestor(settings.data_dir, uids[0] if uids else -1)
+    return None if closed is None else f"{closed} does not let PostgreSQL's system user through (o+x)"
 
 
 def init_cluster(settings: Settings, server: PostgresServer, user: str | None) -> None:

@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import shutil
 import stat
+import tempfile
+from pathlib import Path
 
 import psycopg
 import pytest
 
 from pronk.settings import Settings
-from pronk.stack.postgres import PostgresError, PostgresServer, connect, find_binaries, server_of
+from pronk.stack.postgres import PostgresError, PostgresServer, closed_ancestor, connect, find_binaries, server_of
 
 
 def test_url_quotes_the_password_and_brackets_ipv6():
@@ -62,7 +65,53 @@ def test_a_database_url_already_set_is_honoured_and_no_server_is_started(tmp_pat
     from pronk.stack.embedded import prefect_database_url
 
     state: dict[str, int] = {}
-    assert prefect_database_url(Settings(data_dir=tmp_path), state) is None  # SQLite, the default
+    assert prefect_database_url(Settings(data_dir=tmp_path, prefect_database="sqlite"), state) is None
     monkeypatch.setenv("PREFECT_API_DATABASE_CONNECTION_URL", "postgresql+asyncpg://u:p@db.example:5432/prefect")
     assert prefect_database_url(Settings(data_dir=tmp_path, prefect_database="postgres"), state) is None
     assert state == {} and not (tmp_path / "postgres").exists()
+
+
+def test_auto_keeps_the_database_the_data_dir_holds(tmp_path):
+    from pronk.stack.embedded import prefect_database
+
+    (tmp_path / "prefect").mkdir()
+    (tmp_path / "prefect" / "prefect.db").touch()
+    assert prefect_database(Settings(data_dir=tmp_path)) == "sqlite"
+    (tmp_path / "postgres").mkdir()
+    (tmp_path / "postgres" / "PG_VERSION").write_text("15\n")
+    assert prefect_database(Settings(data_dir=tmp_path)) == "postgres"
+    assert prefect_database(Settings(data_dir=tmp_path, prefect_database="sqlite")) == "sqlite"
+
+
+def test_auto_picks_postgres_where_the_stack_can_start_it_and_sqlite_where_not(tmp_path):
+    from pronk.stack.embedded import prefect_database
+
+    assert prefect_database(Settings(data_dir=tmp_path / "a", postgres_bin_dir=tmp_path)) == "sqlite"  # no binaries
+    try:
+        find_binaries(Settings(data_dir=tmp_path))
+    except PostgresError:
+        pytest.skip("no PostgreSQL binaries on this machine")
+    base = Path(tempfile.mkdtemp())  # under /tmp, not pytest's 0700 folders
+    try:
+        (base / "open").mkdir(mode=0o711)
+        (base / "shut").mkdir(mode=0o700)
+        base.chmod(0o711)
+        assert prefect_database(Settings(data_dir=base / "open" / "data")) == "postgres"
+        # Run as root, the server runs as another user, who must pass through every folder above the data dir.
+        shut = prefect_database(Settings(data_dir=base / "shut" / "data"))
+        assert shut == ("sqlite" if os.geteuid() == 0 else "postgres")
+    finally:
+        shutil.rmtree(base)
+
+
+def test_closed_ancestor_names_the_first_folder_a_user_cannot_pass():
+    base = Path(tempfile.mkdtemp())
+    try:
+        (base / "shut" / "inner").mkdir(parents=True)
+        (base / "shut").chmod(0o700)
+        base.chmod(0o711)
+        assert closed_ancestor(base / "shut" / "inner" / "data", -1) == base / "shut"
+        assert closed_ancestor(base / "shut" / "inner" / "data", os.geteuid()) is None  # their own folders
+        assert closed_ancestor(base / "new" / "data", -1) is None  # folders not made yet are made passable
+    finally:
+        shutil.rmtree(base)
