@@ -243,7 +243,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     work = scratch_stack("burst", PRONK_API_AUTH="true", PRONK_PREFECT_DATABASE=args.prefect_database)
-    work.chmod(0o711)  # run as root, PostgreSQL runs as another user, who must pass through to its cluster
     from pronk.api.keys import ApiKeyStore
     from pronk.jobs.files import get_job
     from pronk.settings import get_settings
