@@ -47,7 +47,7 @@ down:
 bench-smoke: install
 	$(BIN)/python -m pytest -m bench_smoke
 
-# pronk vs N stock vLLM servers, the Herd's ablations and the offline limit on both replay profiles (3 rounds each,
+# pronk vs N stock vLLM servers, the Herd's ablations and the two offline limits on both replay profiles (3 rounds each,
 # traces >= 3x the concurrency), plus the single-step file, then the labelled set's checked agent tasks on SmolLM2
 # (agent-real); records bench/RESULTS.md and bench/results/results.json. agent-long runs twice: as is, and with a
 # KV host tier on both sides beside stock vLLM without one (the agent-long-tiered record).

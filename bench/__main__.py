@@ -35,7 +35,9 @@ def bench(
     single_step_requests: Annotated[
         int, typer.Option(min=0, help="Lines of the single-step batch file (0: skip the single-step comparison).")
     ] = 64,
-    limit: Annotated[bool, typer.Option(help="Also run the offline limit (vLLM LLM.generate, no tool gaps).")] = True,
+    limit: Annotated[
+        bool, typer.Option(help="Also run the two offline limits (capacity-matched and compute-only).")
+    ] = True,
     work_dir: Annotated[Path | None, typer.Option(help="Scratch folder (default: <data dir>/bench).")] = None,
     record: Annotated[
         bool,

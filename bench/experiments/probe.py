@@ -11,9 +11,10 @@ and, from every worker's `/stats` sampled every `--interval-s`:
 - `resident`: per worker, the mean number of admitted traces; `paused`: pauses admission made in the round;
 - `host_tier`: with a KV host tier, what the round looked up, hit and loaded there, and its copies and their time.
 
-`--gap-scale` multiplies every tool gap (0: none). `--limit` also runs the offline limit on the round's shapes
-(with the fleet idle) and adds `limit_traces_per_s` and `over_limit`, as `make bench` computes them. A round with
-no gaps beside the limit shows what the serving path costs; the same round with its gaps shows what they cost.
+`--gap-scale` multiplies every tool gap (0: none). `--limit` also runs the capacity-matched offline limit
+(`bench.harness.fleet.capacity_limit`) on the round's shapes (with the fleet idle) and adds `limit_traces_per_s` and
+`over_limit`, as `make bench` computes them. A round with no gaps beside the limit shows what the serving path
+costs; the same round with its gaps shows what they cost.
 
 Knobs a worker reads at start (the job's `scheduling.kv_budget_headroom`, `scheduling.kv_budget_growth_steps`) are
 tried with a job file that sets them (`base:` the job, and the one change). Probes on one machine must run one at a
@@ -35,8 +36,8 @@ from pathlib import Path
 
 from bench.harness import pronk_runs
 from bench.harness.figures import FULL, AgentRun, over_limit, run_figures
-from bench.harness.fleet import limit_run, pronk_fleet
-from bench.harness.suite import CPU_BLOCK_SIZE, relabel
+from bench.harness.fleet import CPU_BLOCK_SIZE, capacity_limit, limit_run, pronk_fleet
+from bench.harness.suite import relabel
 from bench.harness.workload import cache_bounds, generate
 from engine.protocol import WorkerStats
 from pronk.jobs.files import get_job
@@ -126,7 +127,8 @@ def probe(job: JobConfig, settings: Settings, round_: Round, interval_s: float, 
         from pronk.models.registry import resolve_model
 
         model_dir = resolve_model(job.model, settings).path
-        limit = limit_run(job, model_dir, relabel(workload.shapes, f"{label}-limit"), work_dir / label)
+        shapes = relabel(workload.shapes, f"{label}-limit")
+        limit = limit_run(capacity_limit(job, model_dir, shapes), job, model_dir, shapes, work_dir / label)
         figures["limit_traces_per_s"] = round(limit.traces_per_s, 4)
         figures["over_limit"] = round(over_limit(run, limit), 4)
     return {

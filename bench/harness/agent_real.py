@@ -6,9 +6,10 @@ document of its own in front of its task) and runs them on both setups, in an or
 the very same loop: pronk's agent `Harness` over the lines (real python, sql and search tools), the job's
 `max_concurrency` lines at a time, every answer checked by `run_check` (`pronk.batches.labelled.check_lines`). Only
 what answers a step differs: pronk's workers through `job_router`, or N stock vLLM OpenAI servers behind round-robin
-(`OpenAIServers`, sent chat completions with each step's JSON schema as `response_format`). Then the offline limit
-replays the shapes pronk's own step records give (`pronk.herd.shapes.shapes_from_steps`) with no tool gaps. Every
-round is kept; the goals are those of issue 26 (`figures.checked_goals`).
+(`OpenAIServers`, sent chat completions with each step's JSON schema as `response_format`). Then the two offline
+limits (`bench.harness.fleet.LIMITS`: the same KV capacity as pronk, and compute only) replay the shapes pronk's own
+step records give (`pronk.herd.shapes.shapes_from_steps`) with no tool gaps. Every round is kept; the goals are
+those of issues 26 and 41 (`figures.checked_goals`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from bench.harness.config import BenchConfig
 from bench.harness.figures import (
     BASELINE,
     HARNESS,
-    LIMIT,
     CheckedRound,
     CheckedRun,
     Comparison,
@@ -35,10 +35,11 @@ from bench.harness.figures import (
     checked_table,
     median_run,
 )
-from bench.harness.fleet import job_model_dir, kv_tokens_per_worker, limit_run, pronk_fleet
+from bench.harness.fleet import LIMITS, job_model_dir, kv_tokens_per_worker, limit_run, pronk_fleet
 from bench.harness.report import (
     CHECKED_COLUMNS,
     checked_section,
+    defect_lines,
     goals_table,
     record,
     run_meta,
@@ -108,7 +109,7 @@ class RealBench:
         return CheckedRun.of(name, checked, started, time.monotonic() - started, job.workers, job.price_per_worker_hour)
 
     def round(self, seed: int, servers: VllmServers, turn: int) -> CheckedRound:
-        """Both setups on one round's traces, in an order rotated by `turn`, then the limit on pronk's shapes."""
+        """Both setups on one round's traces, in an order rotated by `turn`, then the limits on pronk's shapes."""
         traces = labelled_traces(self.lines, self.profile, seed, self.config.traces)
         job, settings, scratch = self.job, self.settings, self.work / f"scratch-{seed}"
 
@@ -134,12 +135,14 @@ class RealBench:
             log.info("round %d: %s", seed - self.config.seed, name)
             runs[name] = run()
         self.records += runs[HARNESS].records
-        limit = None
+        limits = {}
         if self.config.limit:
-            log.info("round %d: %s", seed - self.config.seed, LIMIT)
             shapes = shapes_of(runs[HARNESS].records, self.work / f"agent-real-{seed}" / "pronk_steps.jsonl")
-            limit = limit_run(job, self.model_dir, shapes, self.work / f"limit-{seed}")
-        return CheckedRound(runs[BASELINE], runs[HARNESS], limit)
+            for name, plan_of in LIMITS.items():
+                log.info("round %d: %s", seed - self.config.seed, name)
+                plan = plan_of(job, self.model_dir, shapes)
+                limits[name] = limit_run(plan, job, self.model_dir, shapes, self.work / f"limits-{seed}")
+        return CheckedRound(runs[BASELINE], runs[HARNESS], limits)
 
     def run(self, on_round=None) -> dict:
         """Every round; `on_round` gets the outcome so far after each round but the last."""
@@ -219,8 +222,8 @@ def run_real_bench(config: BenchConfig, settings: Settings, echo=print) -> dict:
             "errors": {
                 name: run.errors[:5]
                 for r in rounds
-                for name, run in ((BASELINE, r.baseline.run), (HARNESS, r.pronk.run), (LIMIT, r.limit))
-                if run is not None and run.errors
+                for name, run in ((BASELINE, r.baseline.run), (HARNESS, r.pronk.run), *r.limits.items())
+                if run.errors
             },
         }
         if config.record:
@@ -233,6 +236,8 @@ def run_real_bench(config: BenchConfig, settings: Settings, echo=print) -> dict:
         done = bench.run(on_round=lambda partial: summary(partial, final=False))
     echo(text_table(done["comparisons"]))
     echo(setups_table(done["setups"], CHECKED_COLUMNS))
+    if defects := defect_lines(done["setups"]):
+        echo(defects)
     echo(goals_table(done["goals"]))
     info = summary(done, final=True)
     kv = info["kv"]

@@ -29,18 +29,25 @@ def untiered(job: JobConfig) -> JobConfig:
     return job.model_copy(update={"scheduling": job.scheduling.model_copy(update={"kv_host_tier_bytes": 0})})
 
 
+def stock_host_tier(job: JobConfig) -> dict | None:
+    """The `kv_transfer_config` that gives stock vLLM the job's KV host tier, evicting by vLLM's own LRU (what
+    `--kv-offloading-size` gives a user; on a CPU engine through pronk's copy spec, as vLLM's copies need CUDA);
+    None for a job without a tier."""
+    if not job.scheduling.kv_host_tier_bytes:
+        return None
+    import vllm
+
+    return host_tier_config(job.scheduling.kv_host_tier_bytes, job.device, vllm.__version__, trace_aware=False)
+
+
 def engine_flags(job: JobConfig) -> list[str]:
     """The job's engine args as vLLM command-line flags (the `engine` section only: vLLM's stock first-come-first-served
     order, whatever the job's `scheduling.priority`), with the structured-outputs config pronk's workers run (xgrammar,
     compact JSON), so a JSON-constrained step is held to the same grammar on both sides. A job with a KV host tier
-    gives the stock engine the same tier, evicting by vLLM's own LRU (what `--kv-offloading-size` gives a user; on a
-    CPU engine through pronk's copy spec, as vLLM's copies need CUDA)."""
+    gives the stock engine the same tier (`stock_host_tier`)."""
     flags = ["--served-model-name", job.served_model_name]
     flags += ["--structured-outputs-config", json.dumps(COMPACT_JSON_OUTPUTS)]
-    if job.scheduling.kv_host_tier_bytes:
-        import vllm
-
-        tier = host_tier_config(job.scheduling.kv_host_tier_bytes, job.device, vllm.__version__, trace_aware=False)
+    if (tier := stock_host_tier(job)) is not None:
         flags += ["--kv-transfer-config", json.dumps(tier)]
     for key, value in job.engine.as_vllm_kwargs().items():
         flag = "--" + key.replace("_", "-")

@@ -24,7 +24,9 @@ class BenchConfig(BaseModel):
     single_step_requests: int = Field(
         default=64, ge=0, description="Lines in the single-step batch file (0: no single-step comparison)."
     )
-    limit: bool = Field(default=True, description="Also run the offline limit (vLLM LLM.generate, no tool gaps).")
+    limit: bool = Field(
+        default=True, description="Also run the two offline limits (capacity-matched and compute-only)."
+    )
     work_dir: Path = Field(description="Scratch folder: workload files, outputs, logs.")
     record: bool = Field(default=False, description="Write bench/RESULTS.md, bench/results/results.json and the plot.")
     command: str = Field(default="python -m bench", description="The command line, for the record.")

@@ -17,7 +17,14 @@ UNTIERED = "stock vLLM: round-robin, no host tier"
 """A job with a KV host tier runs every setup with it, and this one more: stock vLLM without a tier (issue 27)."""
 BATCH = "pronk batch flow (Prefect, full)"
 HARNESS = "pronk: harness over the job's router"  # the agent-real profile's pronk setup
-LIMIT = "offline limit (LLM.generate, no gaps)"
+LIMIT = "offline limit, same KV capacity (LLM.generate, no gaps)"
+"""The capacity-matched limit: vLLM's offline engine on the same work with pronk's KV capacity, device and host
+tier (`bench.harness.fleet.capacity_limit`)."""
+COMPUTE_LIMIT = "compute-only limit (LLM.generate, every prefix cached, full batches)"
+"""The limit nothing can beat: every step's prefix cached, waves as full as `max_num_seqs` allows, no gaps
+(`bench.harness.fleet.compute_limit`)."""
+LIMITS = {LIMIT: "over_limit", COMPUTE_LIMIT: "over_compute_limit"}
+"""Each limit, and the key of a setup's ratio to it in the records."""
 FULL = "pronk: + priority"  # the bare loop with every mechanism on (bench.harness.pronk_runs.ABLATIONS)
 
 
@@ -338,9 +345,26 @@ def _or_nan(value: float | None) -> float:
     return math.nan if value is None else float(value)
 
 
+def limit_spread(ratios: list[float]) -> dict:
+    """The spread of a setup's ratio to a limit, flagged `defect` when it is above 1 beyond the rounds' spread (above
+    1 in every round): a limit exceeded is a limit that does not bound, so its figures are wrong, never a goal met."""
+    values = spread(ratios)
+    return values | {"defect": values["min"] is not None and values["min"] > 1.0}
+
+
+def limit_defects(setups: dict[str, dict[str, dict]]) -> list[dict]:
+    """Every setup's ratio to a limit that `limit_spread` flagged: setup, limit, key and the ratio's spread."""
+    return [
+        {"setup": name, "limit": limit, "key": key, **figures[key]}
+        for name, figures in setups.items()
+        for limit, key in LIMITS.items()
+        if (figures.get(key) or {}).get("defect")
+    ]
+
+
 def rounds_table(rounds: list[dict[str, AgentRun]], ideals: list[float]) -> dict[str, dict[str, dict]]:
     """setup -> figure -> spread over rounds, plus each setup's steady traces/s over the baseline's steady
-    traces/s and over the limit's traces per wall second, in the same round. The limit starts every trace at
+    traces/s and over each limit's traces per wall second, in the same round. A limit starts every trace at
     once and runs them back to back with no gaps, so its whole wall time is work: its rate is traces / wall."""
     table: dict[str, dict[str, dict]] = {}
     for name in rounds[0]:
@@ -354,8 +378,12 @@ def rounds_table(rounds: list[dict[str, AgentRun]], ideals: list[float]) -> dict
             table[name]["over_untiered"] = spread(
                 [_ratio(r[name].steady_traces_per_s, r[UNTIERED].steady_traces_per_s) for r in rounds]
             )
-        if LIMIT in rounds[0] and name != LIMIT:
-            table[name]["over_limit"] = spread([over_limit(r[name], r[LIMIT]) for r in rounds])
+        if name in LIMITS:
+            continue
+        for limit, key in LIMITS.items():
+            if limit in rounds[0]:
+                table[name][key] = limit_spread([over_limit(r[name], r[limit]) for r in rounds])
+        if LIMIT in rounds[0]:
             table[name]["recomputed_over_limit"] = spread(
                 [_ratio(r[name].recomputed_prompt_tokens, r[LIMIT].recomputed_prompt_tokens) for r in rounds]
             )
@@ -367,28 +395,93 @@ def _ratio(a: float, b: float) -> float:
 
 
 def over_limit(run: AgentRun, limit: AgentRun) -> float:
-    """`run`'s steady traces/s over the offline limit's traces per wall second on the same shapes."""
+    """`run`'s steady traces/s over an offline limit's traces per wall second on the same shapes."""
     return _ratio(run.steady_traces_per_s, limit.traces_per_s)
 
 
+IDEAL = "the workload's cached-token ratio with no eviction"
+SAMPLES = "every sample of the engines' running gauge (1.0: always a request running)"
+
+
+@dataclass(frozen=True, slots=True)
+class Goal:
+    """One goal of the issues: a figure of pronk's, the records it applies to (`record_key`), its key in pronk's
+    setup table, what it is measured against (a limit or a stock setup by its setup name, or what an absolute figure
+    is a share of), and the goal (None: reported, no goal), a floor unless `ceiling`."""
+
+    figure: str
+    records: tuple[str, ...]
+    key: str
+    against: str
+    goal: float | None
+    ceiling: bool = False
+
+
+REPLAYED = ("agent-long", "agent-long-tiered", "cpu")
 GOALS = (
-    # (figure, the records it applies to, key in the setup's table, goal, whether the goal is a ceiling)
-    ("agent-long traces/s, pronk / stock vLLM round-robin", ("agent-long",), "over_baseline", 3.0, False),
-    ("traces/s, pronk / offline limit", ("agent-long", "cpu"), "over_limit", 0.80, False),
-    ("cached-token ratio / ideal", ("agent-long", "cpu"), "cached_ratio_of_ideal", 0.90, False),
-    ("today's CPU profile traces/s, pronk / baseline", ("cpu",), "over_baseline", 1.4, False),
-    # issue 27: a job with a KV host tier, against stock vLLM without one and with the same tier
-    ("traces/s, pronk with the tier / stock round-robin, no tier", ("agent-long-tiered",), "over_untiered", 3.0, False),
-    (
+    Goal("agent-long traces/s, pronk / stock vLLM round-robin", ("agent-long",), "over_baseline", BASELINE, 3.0),
+    Goal("traces/s, pronk / capacity-matched limit", ("agent-long", "cpu"), "over_limit", LIMIT, 0.80),
+    Goal("cached-token ratio / ideal", ("agent-long", "cpu"), "cached_ratio_of_ideal", IDEAL, 0.90),
+    Goal("today's CPU profile traces/s, pronk / baseline", ("cpu",), "over_baseline", BASELINE, 1.4),
+    # issues 27 and 41: a job with a KV host tier, against stock vLLM without one and with the same tier, against
+    # the limit with the same tier, and with its engines busy through the tool gaps
+    Goal(
+        "traces/s, pronk with the tier / stock round-robin, no tier",
+        ("agent-long-tiered",),
+        "over_untiered",
+        UNTIERED,
+        4.5,
+    ),
+    Goal(
         "traces/s, pronk with the tier / stock round-robin, same tier",
         ("agent-long-tiered",),
         "over_baseline",
-        1.3,
-        False,
+        BASELINE,
+        2.0,
     ),
-    ("traces/s, pronk / offline limit", ("agent-long-tiered",), "over_limit", 0.85, False),
-    ("recomputed prompt tokens, pronk / the limit's", ("agent-long-tiered",), "recomputed_over_limit", 1.10, True),
+    Goal("traces/s, pronk / capacity-matched limit", ("agent-long-tiered",), "over_limit", LIMIT, 0.90),
+    Goal(
+        "recomputed prompt tokens, pronk / the capacity-matched limit's",
+        ("agent-long-tiered",),
+        "recomputed_over_limit",
+        LIMIT,
+        1.10,
+        ceiling=True,
+    ),
+    Goal("engine busy share", ("agent-long-tiered",), "busy_share", SAMPLES, 0.90),
+    Goal("traces/s, pronk / compute-only limit", REPLAYED, "over_compute_limit", COMPUTE_LIMIT, None),
+    # issues 26 and 41: real agent traces, checked (`checked_goals`)
+    Goal(
+        "checked successes per dollar, pronk / stock vLLM round-robin",
+        ("agent-real",),
+        "over_baseline",
+        BASELINE,
+        2.5,
+    ),
+    Goal("traces/s, pronk / capacity-matched limit", ("agent-real",), "over_limit", LIMIT, 0.90),
+    Goal("traces/s, pronk / compute-only limit", ("agent-real",), "over_compute_limit", COMPUTE_LIMIT, None),
 )
+"""Every goal row of every record; each names what it is measured against."""
+
+
+def goal_row(goal: Goal, setup: str, values: dict) -> dict:
+    """One goal's row in a record: `values` (the figure's spread over rounds), whether the median meets the goal
+    (None for a figure only reported), and `defect` when pronk exceeds a limit beyond noise: never met then."""
+    median, defect = values["median"], bool(values.get("defect"))
+    if goal.goal is None:
+        met = False if defect else None
+    else:
+        met = not defect and median is not None and (median <= goal.goal if goal.ceiling else median >= goal.goal)
+    return {
+        "figure": goal.figure,
+        "setup": setup,
+        "against": goal.against,
+        "goal": goal.goal,
+        "ceiling": goal.ceiling,
+        **values,
+        "met": met,
+        "defect": defect,
+    }
 
 
 def record_key(profile: str, tiered: bool) -> str:
@@ -399,20 +492,16 @@ def record_key(profile: str, tiered: bool) -> str:
 
 def goals(rounds: list[dict[str, AgentRun]], ideals: list[float], record: str) -> list[dict]:
     """The issues' goals for this record (`record_key`), measured on pronk's batch flow (the product) and on the
-    bare loop with every mechanism on; each with every round's value and whether the median meets the goal."""
+    bare loop with every mechanism on; each with every round's value and whether the median meets the goal
+    (`goal_row`)."""
     table = rounds_table(rounds, ideals)
-    out = []
-    for figure, records, key, goal, ceiling in GOALS:
-        if record not in records:
-            continue
-        for setup in (BATCH, FULL):
-            values = table.get(setup, {}).get(key)
-            if values is None:
-                continue
-            median = values["median"]
-            met = median is not None and (median <= goal if ceiling else median >= goal)
-            out.append({"figure": figure, "setup": setup, "goal": goal, "ceiling": ceiling, **values, "met": met})
-    return out
+    return [
+        goal_row(goal, setup, values)
+        for goal in GOALS
+        if record in goal.records
+        for setup in (BATCH, FULL)
+        if (values := table.get(setup, {}).get(goal.key)) is not None
+    ]
 
 
 @dataclass(slots=True)
@@ -497,7 +586,7 @@ class CheckedRun:
 
 
 def limit_figures(limit: AgentRun) -> dict[str, float]:
-    """The offline limit's figures in one round (its rate is traces over its wall time: it never idles)."""
+    """An offline limit's figures in one round (its rate is traces over its wall time: it never idles)."""
     return {
         "wall_s": limit.wall_s,
         "traces": float(limit.traces),
@@ -510,21 +599,20 @@ def limit_figures(limit: AgentRun) -> dict[str, float]:
 
 @dataclass(slots=True)
 class CheckedRound:
-    """One agent-real round: the stock baseline and pronk on the same traces, and the offline limit on the shapes
-    pronk's run produced (None without `--limit`)."""
+    """One agent-real round: the stock baseline and pronk on the same traces, and the offline limits on the shapes
+    pronk's run produced, by name (none without `--limit`)."""
 
     baseline: CheckedRun
     pronk: CheckedRun
-    limit: AgentRun | None = None
+    limits: dict[str, AgentRun] = field(default_factory=dict)
 
     def runs(self) -> dict[str, CheckedRun | AgentRun]:
-        named: dict[str, CheckedRun | AgentRun] = {BASELINE: self.baseline, HARNESS: self.pronk}
-        return named | ({LIMIT: self.limit} if self.limit is not None else {})
+        return {BASELINE: self.baseline, HARNESS: self.pronk, **self.limits}
 
 
 def checked_table(rounds: list[CheckedRound]) -> dict[str, dict[str, dict]]:
     """setup -> figure -> spread over rounds, with, in the same round, pronk's checked successes per dollar over the
-    baseline's and its steady traces/s over the limit's traces per wall second."""
+    baseline's and its steady traces/s over each limit's traces per wall second."""
     table: dict[str, dict[str, dict]] = {}
     for name in rounds[0].runs():
         runs = [r.runs()[name] for r in rounds]
@@ -533,9 +621,9 @@ def checked_table(rounds: list[CheckedRound]) -> dict[str, dict[str, dict]]:
     table[HARNESS]["over_baseline"] = spread(
         [_ratio(r.pronk.successes_per_dollar, r.baseline.successes_per_dollar) for r in rounds]
     )
-    limits = [(r.pronk, r.limit) for r in rounds if r.limit is not None]
-    if limits:
-        table[HARNESS]["over_limit"] = spread([over_limit(pronk.run, limit) for pronk, limit in limits])
+    for limit, key in LIMITS.items():
+        if limit in rounds[0].limits:
+            table[HARNESS][key] = limit_spread([over_limit(r.pronk.run, r.limits[limit]) for r in rounds])
     return table
 
 
@@ -547,22 +635,15 @@ def pooled_checks(runs: list[CheckedRun]) -> CheckCounts:
     )
 
 
-CHECKED_GOALS = (
-    # (figure, key in pronk's table, goal)
-    ("checked successes per dollar, pronk / stock vLLM round-robin", "over_baseline", 2.0),
-    ("traces/s, pronk / offline limit", "over_limit", 0.80),
-)
-
-
 def checked_goals(rounds: list[CheckedRound]) -> list[dict]:
-    """The agent-real goals: pronk's per-dollar ratio and its ratio to the limit (the median over rounds against the
-    goal), and whether its success rate, pooled over every round, is lower than the baseline's beyond noise
-    (`compare_success`: that row is met when it is not)."""
+    """The agent-real goals (`GOALS`): pronk's per-dollar ratio and its ratios to the limits (the median over rounds
+    against the goal), and whether its success rate, pooled over every round, is lower than the baseline's beyond
+    noise (`compare_success`: that row is met when it is not)."""
     table = checked_table(rounds)
     out = [
-        {"figure": figure, "setup": HARNESS, "goal": goal, **values, "met": (values["median"] or 0.0) >= goal}
-        for figure, key, goal in CHECKED_GOALS
-        if (values := table[HARNESS].get(key)) is not None
+        goal_row(goal, HARNESS, values)
+        for goal in GOALS
+        if "agent-real" in goal.records and (values := table[HARNESS].get(goal.key)) is not None
     ]
     verdict = compare_success(pooled_checks([r.baseline for r in rounds]), pooled_checks([r.pronk for r in rounds]))
     rates = [_ratio(r.pronk.figures()["success_rate"], r.baseline.figures()["success_rate"]) for r in rounds]
@@ -570,6 +651,7 @@ def checked_goals(rounds: list[CheckedRound]) -> list[dict]:
         {
             "figure": "success rate, pronk / stock vLLM round-robin (pooled over rounds)",
             "setup": HARNESS,
+            "against": BASELINE,
             "goal": "not lower beyond noise",
             **spread(rates),
             "met": not verdict.worse,

@@ -1,19 +1,27 @@
 """The job as every setup of a benchmark run meets it, for both drivers (`suite`, `agent_real`): pronk's stack up
-for the run, the model every setup loads, its KV capacity per engine process, and the offline limit on its cores."""
+for the run, the model every setup loads, its KV capacity per engine process, and the two offline limits on its
+cores (`LIMITS`): what capacity and engine args each gives `bench.harness.offline_limit`'s wave runner."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.harness import offline_limit
-from bench.harness.figures import LIMIT, AgentRun
+from bench.harness.baseline import stock_host_tier
+from bench.harness.figures import COMPUTE_LIMIT, LIMIT, AgentRun
 from engine.worker import cores_for
 from pronk.jobs.schema import JobConfig
 from pronk.protocol.shapes import TraceShape
 from pronk.settings import Settings
 from pronk.worker_registry import worker_registry
+
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -39,29 +47,123 @@ def job_model_dir(job: JobConfig, settings: Settings) -> Path:
     return resolve_model(job.model, settings).path
 
 
-def kv_tokens_per_worker(job: JobConfig, model_dir: Path) -> int:
-    """Tokens one engine process's KV cache holds: the job's KV bytes over the model's bytes per token."""
+CPU_BLOCK_SIZE = 128  # vLLM's default KV block size on CPU (the job leaves block_size unset)
+
+BUDGET_SHARE = 0.9
+"""The share of a KV capacity a limit's group of traces may fill: the admission budget at its default 10% headroom
+(a job's own `kv_budget_headroom` is not read here)."""
+
+COMPUTE_LIMIT_KV_BYTES = 4 << 30
+"""The most KV bytes one compute-only limit process is sized for: two of them beside the stack's own engines fit
+the 23 GB development machine (on CPU the KV cache is RAM). Where a group of `max_num_seqs` traces would need more,
+the group is cut smaller."""
+
+
+def kv_bytes_per_token(job: JobConfig, model_dir: Path) -> int:
+    """Bytes of KV one token takes in the job's engine: keys and values of every layer at the job's dtype."""
     config = json.loads((model_dir / "config.json").read_text())
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     dtype_bytes = {"float32": 4, "float16": 2, "bfloat16": 2}.get(job.engine.dtype, 2)
-    per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * dtype_bytes
-    return (job.engine.kv_cache_memory_bytes or 0) // per_token
+    return 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * dtype_bytes
 
 
-def limit_run(job: JobConfig, model_dir: Path, shapes: list[TraceShape], work_dir: Path) -> AgentRun:
-    """The offline limit of `shapes` on the job's cores, engine args and KV bytes, grouping traces into 90% of the
-    cache (the admission budget at its default 10% headroom; a job's own `kv_budget_headroom` is not read here)."""
-    capacity = kv_tokens_per_worker(job, model_dir)
+def kv_tokens_per_worker(job: JobConfig, model_dir: Path) -> int:
+    """Tokens one engine process's KV cache holds: the job's KV bytes over the model's bytes per token."""
+    return (job.engine.kv_cache_memory_bytes or 0) // kv_bytes_per_token(job, model_dir)
+
+
+def held_tokens(device_tokens: int, tier_tokens: int) -> int:
+    """KV tokens an engine's device cache and its host tier hold together. The tier keeps a copy of every block the
+    engine computed (vLLM's `OffloadingConnector` with `offload_prompt_only` off, for pronk and stock alike), so it
+    mirrors the device rather than adding to it: together they hold the larger of the two. Grouping traces into the
+    sum instead would overfill the tier by the device's size, and its LRU then evicts, wave after wave, the very
+    prefix the next step needs first."""
+    return max(device_tokens, tier_tokens)
+
+
+def kv_footprint(shape: TraceShape, block_size: int) -> int:
+    """KV tokens a trace holds at its end with nothing evicted, in whole blocks: its own final context, and each
+    fan-out child's own tokens plus the block it shares only in part with its parent."""
+    blocks = math.ceil(offline_limit.final_context(shape) / block_size)
+    for step in shape.steps:
+        blocks += sum(kv_footprint(child, block_size) // block_size + 1 for child in step.fan_out)
+    return blocks * block_size
+
+
+@dataclass(frozen=True, slots=True)
+class LimitPlan:
+    """What one offline limit runs with: the setup's name, its work folder's name, the engine args of its processes,
+    the KV tokens a group of traces may fill, and the most traces in a group (None: no cap)."""
+
+    name: str
+    slug: str
+    engine_args: dict
+    capacity_tokens: int
+    max_traces: int | None = None
+
+
+def capacity_limit(job: JobConfig, model_dir: Path, shapes: list[TraceShape]) -> LimitPlan:
+    """The capacity-matched limit: the job's engine args and KV bytes, and its KV host tier as stock vLLM gets it
+    (`stock_host_tier`), with traces grouped into `BUDGET_SHARE` of what device and tier hold together
+    (`held_tokens`). A job without a tier gets its device cache alone: the limit the bench always ran."""
+    per_token = kv_bytes_per_token(job, model_dir)
+    args = job.engine.as_vllm_kwargs()
+    if (tier := stock_host_tier(job)) is not None:
+        args["kv_transfer_config"] = tier
+    held = held_tokens(kv_tokens_per_worker(job, model_dir), job.scheduling.kv_host_tier_bytes // per_token)
+    return LimitPlan(LIMIT, "limit", args, int(held * BUDGET_SHARE))
+
+
+def compute_limit(job: JobConfig, model_dir: Path, shapes: list[TraceShape]) -> LimitPlan:
+    """The compute-only limit: groups of the job's `max_num_seqs` traces (fewer where their final contexts would
+    pass `COMPUTE_LIMIT_KV_BYTES`), each process's KV cache sized to hold its largest group whole (never less than
+    the job's own, which `max_model_len` must fit), and no host tier. Every step finds its whole prefix cached and
+    every wave is as full as the engine schedules, with no tool gap: only the compute is left, so no schedule of
+    this work beats it."""
+    per_token = kv_bytes_per_token(job, model_dir)
+    block = job.engine.block_size or CPU_BLOCK_SIZE
+    capacity = int(COMPUTE_LIMIT_KV_BYTES // per_token * BUDGET_SHARE)
+    max_traces = job.engine.max_num_seqs
+    largest = max(
+        (
+            sum(kv_footprint(shape, block) for shape in group)
+            for share in offline_limit.process_shares(shapes, job.workers)
+            for group in offline_limit.fitting_groups(share, capacity, max_traces)
+        ),
+        default=0,
+    )
+    kv_bytes = max((largest + block) * per_token, job.engine.kv_cache_memory_bytes or 0)  # + vLLM's null block
+    args = job.engine.as_vllm_kwargs() | {"kv_cache_memory_bytes": kv_bytes}
+    return LimitPlan(COMPUTE_LIMIT, "compute-limit", args, capacity, max_traces)
+
+
+LIMITS: dict[str, Callable[[JobConfig, Path, list[TraceShape]], LimitPlan]] = {
+    LIMIT: capacity_limit,
+    COMPUTE_LIMIT: compute_limit,
+}
+"""Every limit setup of a round, by name: what plans it for the job and the round's shapes."""
+
+
+def limit_run(plan: LimitPlan, job: JobConfig, model_dir: Path, shapes: list[TraceShape], work_dir: Path) -> AgentRun:
+    """The offline limit `plan` of `shapes` on the job's cores, in `work_dir / plan.slug`."""
+    log.info(
+        "%s: groups of traces within %d tokens and %s traces, a KV cache of %d MiB a process",
+        plan.name,
+        plan.capacity_tokens,
+        f"at most {plan.max_traces}" if plan.max_traces else "any number of",
+        (plan.engine_args.get("kv_cache_memory_bytes") or 0) >> 20,
+    )
     out = offline_limit.run_limit(
         shapes,
         model_dir,
-        job.engine.as_vllm_kwargs(),
-        int(capacity * 0.9),
+        plan.engine_args,
+        plan.capacity_tokens,
         [cores_for(i, job.cpu_cores_per_worker) for i in range(job.workers)],
-        work_dir,
+        work_dir / plan.slug,
+        plan.max_traces,
     )
     return AgentRun(
-        name=LIMIT,
+        name=plan.name,
         wall_s=out["wall_s"],
         workers=job.workers,
         traces=out["traces"],

@@ -1,14 +1,16 @@
-"""The offline limit: the same token work on vLLM's offline engine, with no tool gaps and no serving stack.
+"""The offline limits' wave runner: the same token work on vLLM's offline engine, with no tool gaps and no serving
+stack.
 
-Each of the job's N worker cores gets one `LLM` process (the job's engine args and KV bytes, prefix caching
-on, pinned like the worker of that index) and every N-th trace. A process runs its traces in groups whose
-final contexts fit its KV cache together, and a group in waves: every trace's step k in one `generate` call,
-then step k+1 with the outputs appended (fan-out children join the wave after their parent's step). So
-every step finds its trace's prefix cached (no eviction, no preemption, batches as full as the cache
-allows) and nothing waits on a tool: about what an engine could do with this work at best.
+Each of the job's N worker cores gets one `LLM` process (the engine args a limit gives it, prefix caching on,
+pinned like the worker of that index) and every N-th trace (`process_shares`). A process runs its traces in groups
+whose final contexts fit the capacity it is given together (and of at most `max_traces` traces), and a group in
+waves: every trace's step k in one `generate` call, then step k+1 with the outputs appended (fan-out children join
+the wave after their parent's step). So every step finds its trace's prefix held (no preemption, batches as full
+as the group allows) and nothing waits on a tool. What capacity and engine args each limit gets is
+`bench.harness.fleet`'s choice.
 
     python -m bench.harness.offline_limit --shapes S.jsonl --model DIR --engine-args JSON --capacity-tokens N \
-        --out OUT.json
+        [--max-traces M] --out OUT.json
 """
 
 from __future__ import annotations
@@ -30,13 +32,16 @@ def final_context(shape: TraceShape) -> int:
     return shape.system_prompt_tokens + sum(s.new_prompt_tokens + s.output_tokens for s in shape.steps)
 
 
-def fitting_groups(shapes: list[TraceShape], capacity_tokens: int) -> list[list[TraceShape]]:
-    """Consecutive shapes grouped while their final contexts together fit `capacity_tokens` (one at least)."""
+def fitting_groups(
+    shapes: list[TraceShape], capacity_tokens: int, max_traces: int | None = None
+) -> list[list[TraceShape]]:
+    """Consecutive shapes grouped while their final contexts together fit `capacity_tokens` and there are at most
+    `max_traces` of them (one at least)."""
     groups: list[list[TraceShape]] = []
     used = 0
     for shape in shapes:
         size = final_context(shape)
-        if not groups or used + size > capacity_tokens:
+        if not groups or used + size > capacity_tokens or len(groups[-1]) == max_traces:
             groups.append([])
             used = 0
         groups[-1].append(shape)
@@ -55,7 +60,12 @@ class _Chain:
     next: int = 0
 
 
-def run_waves(llm, shapes: list[TraceShape], capacity_tokens: int) -> dict:
+def process_shares(shapes: list[TraceShape], processes: int) -> list[list[TraceShape]]:
+    """The shapes each of `processes` offline processes runs: every N-th one."""
+    return [shapes[index::processes] for index in range(processes)]
+
+
+def run_waves(llm, shapes: list[TraceShape], capacity_tokens: int, max_traces: int | None = None) -> dict:
     """Every shape's steps in order, group by group, wave by wave; figures in the bench's terms.
 
     A fan-out child joins the wave after its parent's step, on the parent's tokens, as the replay loop
@@ -67,7 +77,7 @@ def run_waves(llm, shapes: list[TraceShape], capacity_tokens: int) -> dict:
     prompt_tokens = cached_tokens = output_tokens = steps = 0
     finished_s: list[float] = []
     started = time.monotonic()
-    for group in fitting_groups(shapes, capacity_tokens):
+    for group in fitting_groups(shapes, capacity_tokens, max_traces):
         chains = [
             _Chain(s.trace_id, s, filler_tokens(f"{s.trace_id}/system", s.system_prompt_tokens), root=True)
             for s in group
@@ -113,6 +123,7 @@ def run_limit(
     capacity_tokens: int,
     cores: list[list[int]],
     work_dir: Path,
+    max_traces: int | None = None,
     timeout_s: float = 3600.0,
 ) -> dict:
     """The shapes split over one offline process per core set (pinned), run at once; their figures combined."""
@@ -120,9 +131,9 @@ def run_limit(
 
     work_dir.mkdir(parents=True, exist_ok=True)
     procs = []
-    for index, core_set in enumerate(cores):
+    for index, (core_set, share) in enumerate(zip(cores, process_shares(shapes, len(cores)), strict=True)):
         part = work_dir / f"limit-shapes-{index}.jsonl"
-        part.write_text("".join(s.model_dump_json() + "\n" for s in shapes[index :: len(cores)]))
+        part.write_text("".join(s.model_dump_json() + "\n" for s in share))
         out = work_dir / f"limit-{index}.json"
         out.unlink(missing_ok=True)
         argv = [
@@ -137,6 +148,7 @@ def run_limit(
             json.dumps(engine_args),
             "--capacity-tokens",
             str(capacity_tokens),
+            *(["--max-traces", str(max_traces)] if max_traces else []),
             "--out",
             str(out),
         ]
@@ -168,7 +180,8 @@ def main() -> None:
     parser.add_argument("--shapes", type=Path, required=True)
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--engine-args", required=True, help="the job's engine args as JSON")
-    parser.add_argument("--capacity-tokens", type=int, required=True, help="KV cache tokens of one process")
+    parser.add_argument("--capacity-tokens", type=int, required=True, help="KV tokens a group of traces may fill")
+    parser.add_argument("--max-traces", type=int, default=None, help="most traces in a group (default: no cap)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
@@ -177,7 +190,9 @@ def main() -> None:
     from pronk.agents.replay import load_shapes
 
     llm = LLM(model=str(args.model), **json.loads(args.engine_args))
-    args.out.write_text(json.dumps(run_waves(llm, load_shapes(args.shapes), args.capacity_tokens)) + "\n")
+    args.out.write_text(
+        json.dumps(run_waves(llm, load_shapes(args.shapes), args.capacity_tokens, args.max_traces)) + "\n"
+    )
 
 
 if __name__ == "__main__":

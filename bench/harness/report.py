@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bench.harness.config import BenchConfig
-from bench.harness.figures import AgentRun, Comparison, percentile, record_key
+from bench.harness.figures import AgentRun, Comparison, limit_defects, percentile, record_key
 from pronk.jobs.schema import JobConfig
 from pronk.settings import PROJECT_ROOT
 
@@ -79,7 +79,8 @@ def markdown_table(comparisons: list[Comparison]) -> str:
 def write_json(
     path: Path, comparisons: list[Comparison], meta: dict, setups: dict | None = None, goals: list | None = None
 ) -> Path:
-    """This profile's entry of results.json: meta, every setup's figures per round, the goals, the comparisons."""
+    """This profile's entry of results.json: meta, every setup's figures per round, the goals, every ratio to a limit
+    that is a defect (`figures.limit_defects`), the comparisons."""
     data = json.loads(path.read_text()) if path.exists() else {}
     profiles = data.get("profiles", {}) if isinstance(data, dict) else {}
     if isinstance(data, dict) and "meta" in data and "comparisons" in data:  # the one-profile file of the first bench
@@ -87,6 +88,7 @@ def write_json(
     profiles[meta.get("record", meta["profile"])] = {
         "meta": meta,
         "goals": goals or [],
+        "defects": limit_defects(setups or {}),
         "setups": setups or {},
         "comparisons": [c.as_json() for c in comparisons],
     }
@@ -97,13 +99,15 @@ def write_json(
 def _spread(values: dict | None) -> str:
     if not values or values.get("median") is None:
         return "—"
-    return f"{_fmt(values['median'])} ({_fmt(values['min'])}–{_fmt(values['max'])})"
+    flag = " **defect**" if values.get("defect") else ""
+    return f"{_fmt(values['median'])} ({_fmt(values['min'])}–{_fmt(values['max'])}){flag}"
 
 
 SETUP_COLUMNS = (
     ("traces/s steady", "traces_per_s_steady"),
     ("/ stock RR", "over_baseline"),
-    ("/ limit", "over_limit"),
+    ("/ capacity limit", "over_limit"),
+    ("/ compute limit", "over_compute_limit"),
     ("traces/s all / wall", "traces_per_s_wall"),
     ("cached ratio", "cached_ratio"),
     ("/ ideal", "cached_ratio_of_ideal"),
@@ -113,13 +117,24 @@ SETUP_COLUMNS = (
     ("steps moved", "moved_steps"),
     ("recomputed on moved steps", "moved_recomputed_tokens"),
     ("/ stock RR, no tier", "over_untiered"),
-    ("recomputed / limit's", "recomputed_over_limit"),
+    ("recomputed / capacity limit's", "recomputed_over_limit"),
     ("tokens loaded from the tier", "tier_loaded_tokens"),
     ("tier copy s", "tier_copy_s"),
     ("engine busy share", "busy_share"),
     ("running / engine", "running_per_worker"),
 )
 """The agent profiles' columns; one that no setup has a value for is left out (the tier's, without a tier)."""
+
+
+LIMITS_TEXT = (
+    "the capacity-matched limit has pronk's KV capacity (the same KV bytes, and the job's host tier as stock vLLM "
+    "gets it), traces grouped to fill 90% of what device and tier hold together; the compute-only limit runs groups "
+    "of `max_num_seqs` traces on a KV cache sized to hold each group whole, so every step's prefix is cached and "
+    "every wave is as full as the engine allows: nothing can beat it. `/ capacity limit` and `/ compute limit` "
+    "divide a setup's steady traces/s by the limit's traces over its wall time (a limit starts every trace at once "
+    "and never idles); a ratio above 1 in every round is flagged **defect**: the limit is wrong."
+)
+"""How the records describe the two limits (`figures.LIMITS`)."""
 
 
 CHECKED_COLUMNS = (
@@ -132,7 +147,8 @@ CHECKED_COLUMNS = (
     ("tool-call validity", "tool_call_validity"),
     ("traces/s steady", "traces_per_s_steady"),
     ("traces/s all / wall", "traces_per_s_wall"),
-    ("/ limit", "over_limit"),
+    ("/ capacity limit", "over_limit"),
+    ("/ compute limit", "over_compute_limit"),
     ("wall s", "wall_s"),
     ("prompt tokens", "prompt_tokens"),
     ("cached ratio", "cached_ratio"),
@@ -165,20 +181,46 @@ def rounds_lines(setups: dict[str, dict[str, dict]]) -> str:
     return "\n".join(lines)
 
 
+def _target(goal: dict) -> str:
+    if goal["goal"] is None:
+        return "reported"
+    if isinstance(goal["goal"], str):
+        return goal["goal"]
+    return f"{'≤' if goal.get('ceiling') else '≥'} {goal['goal']}"
+
+
+def _met(goal: dict) -> str:
+    if goal.get("defect"):
+        return "**defect**: above the limit in every round"
+    return {True: "yes", False: "**no**", None: "—"}[goal["met"]]
+
+
 def goals_table(goals: list[dict]) -> str:
-    rows = [["goal", "setup", "target", "median (min–max)", "rounds", "met"], ["---"] * 6]
+    """One row per goal: the figure, the setup, what it is measured against, the target and every round."""
+    rows = [["goal", "setup", "against", "target", "median (min–max)", "rounds", "met"], ["---"] * 7]
     for g in goals:
         rows.append(
             [
                 g["figure"],
                 g["setup"],
-                g["goal"] if isinstance(g["goal"], str) else f"{'≤' if g.get('ceiling') else '≥'} {g['goal']}",
+                g.get("against", "—"),
+                _target(g),
                 _spread(g),
                 ", ".join(_fmt(v) for v in g["rounds"]),
-                "yes" if g["met"] else "**no**",
+                _met(g),
             ]
         )
     return "\n".join("| " + " | ".join(row) + " |" for row in rows)
+
+
+def defect_lines(setups: dict[str, dict[str, dict]]) -> str:
+    """A line for every setup that exceeds a limit beyond noise (`figures.limit_defects`), or an empty string."""
+    return "\n".join(
+        f"**Defect**: `{d['setup']}` ran at {_fmt(d['median'])} ({_fmt(d['min'])}–{_fmt(d['max'])}) of "
+        f"`{d['limit']}`, above 1 in every round. A limit exceeded bounds nothing: the limit is wrong, not pronk "
+        "ahead of it."
+        for d in limit_defects(setups)
+    )
 
 
 def plot_completion_times(path: Path, runs: list[AgentRun]) -> Path:
@@ -239,7 +281,7 @@ def section_head(title: str, meta: dict) -> tuple[list[str], str]:
 def checked_section(
     meta: dict, comparisons: list[Comparison], plot_name: str, setups: dict | None = None, goals: list | None = None
 ) -> str:
-    """The agent-real profile's section: real agent traces checked, pronk against stock vLLM, beside the limit."""
+    """The agent-real profile's section: real agent traces checked, pronk against stock vLLM, beside the limits."""
     kv = meta["kv"]
     head, partial = section_head("pronk vs stock vLLM on checked agent tasks", meta)
     lines = [
@@ -262,17 +304,19 @@ def checked_section(
         "JSON schema) and check every answer; only what answers a step differs: pronk's workers through the job's "
         "router, or N stock `python -m vllm.entrypoints.openai.api_server` (vLLM's fcfs, the same structured-outputs "
         f"config) behind round-robin, sent chat completions (they took {meta['vllm_server_startup_s']} s to start, "
-        "not counted). The order of the two is rotated each round. The offline limit "
-        "(`bench/harness/offline_limit.py`) replays the shapes pronk's step records give (each step's prompt and "
-        "output lengths, `pronk.herd.shapes`) with no tool gaps. Checked successes per dollar: passed lines over "
-        f"${meta['price_per_worker_hour']} a worker-hour × workers × wall time. `/ limit`: pronk's steady traces/s "
-        "over the limit's traces per wall second. Cells: median over rounds (min–max).",
+        "not counted). The order of the two is rotated each round. The two offline limits "
+        "(`bench/harness/offline_limit.py`) replay the shapes pronk's step records give (each step's prompt and "
+        "output lengths, `pronk.herd.shapes`) with no tool gaps: " + LIMITS_TEXT + " Checked successes per dollar: "
+        f"passed lines over ${meta['price_per_worker_hour']} a worker-hour × workers × wall time. "
+        "Cells: median over rounds (min–max).",
         "",
     ]
     if setups:
         lines += [setups_table(setups, CHECKED_COLUMNS), ""]
+        if defects := defect_lines(setups):
+            lines += [defects, ""]
     if goals:
-        lines += ["Goals (issue 26):", "", goals_table(goals), ""]
+        lines += ["Goals (issues 26 and 41):", "", goals_table(goals), ""]
         lines += [f"Success rate: {g['reason']}." for g in goals if g.get("reason")] + [""]
     lines += [
         "Medians over rounds (pronk = the harness over pronk's router, baseline = stock round-robin):",
@@ -316,11 +360,9 @@ def markdown_section(
         "replay loop over pronk's router, the Herd's mechanisms switched on one by one (affinity only: pins off, "
         "admission none, one priority for all; + pins: the job's pin TTL; + admission: `kv_budget`; + priority: "
         "each step carries its trace's start); pronk's batch flow (Prefect) with the job as configured; the "
-        "offline limit (`bench/harness/offline_limit.py`: `LLM.generate` per core with the same engine args and KV "
-        "bytes, "
-        "zero tool gaps, each trace's steps in order, traces grouped to fit the cache). traces/s steady = "
-        "completions over the window between the first and the last of the middle 80%; `/ limit` divides it by "
-        "the limit's traces over its wall time (the limit starts every trace at once and never idles). "
+        "two offline limits (`bench/harness/offline_limit.py`: `LLM.generate` per core with the same engine args, "
+        "zero tool gaps, each trace's steps in order, in waves): " + LIMITS_TEXT + " traces/s steady = "
+        "completions over the window between the first and the last of the middle 80%. "
         "Preemptions: the baseline's from vLLM's /metrics, pronk's "
         "from its workers' /stats. Engine busy share and running requests: each engine's running-requests gauge "
         "(the same vLLM gauge on both sides), sampled every second of the setup's run; busy = at least one request "
@@ -342,8 +384,10 @@ def markdown_section(
         ]
     if setups:
         lines += [setups_table(setups), "", "Every round:", "", rounds_lines(setups), ""]
+        if defects := defect_lines(setups):
+            lines += [defects, ""]
     if goals:
-        lines += [f"Goals (issue {27 if tier else 11}):", "", goals_table(goals), ""]
+        lines += [f"Goals (issues {'27 and 41' if tier else '11 and 41'}):", "", goals_table(goals), ""]
     lines += [
         "The classic comparison (pronk = batch flow, bare loop = every mechanism on, baseline = stock round-robin; "
         "medians over rounds):",

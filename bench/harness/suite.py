@@ -4,10 +4,11 @@ One round draws a workload (seed + round) and replays it on every setup, in an o
 each round: N stock vLLM servers behind round-robin (the baseline); pronk's workers through the same bare
 asyncio loop over pronk's router with the Herd's mechanisms switched on one by one (`ABLATIONS`:
 affinity only, + pins, + admission, + priority), so those setups differ only in the mechanism; pronk's
-batch flow with the job as configured (the product, orchestration included); and the offline limit
-(`bench.harness.offline_limit`). Each setup gets the same shapes under its own trace ids, so no setup reads KV
-another left in a cache. Every round's value is kept (`rounds_table`, `goals`); then the single-step file
-runs through pronk's batch flow and through vLLM's `run_batch`.
+batch flow with the job as configured (the product, orchestration included); and the two offline limits
+(`bench.harness.fleet.LIMITS`: the same KV capacity as pronk, and compute only). Each setup gets the same
+shapes under its own trace ids, so no setup reads KV another left in a cache. Every round's value is kept
+(`rounds_table`, `goals`); then the single-step file runs through pronk's batch flow and through vLLM's
+`run_batch`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from bench.harness.figures import (
     BASELINE,
     BATCH,
     FULL,
-    LIMIT,
     UNTIERED,
     AgentRun,
     SingleStepRun,
@@ -40,7 +40,15 @@ from bench.harness.figures import (
     rounds_table,
     single_step_comparisons,
 )
-from bench.harness.fleet import job_model_dir, kv_tokens_per_worker, limit_run, pronk_fleet
+from bench.harness.fleet import (
+    CPU_BLOCK_SIZE,
+    LIMITS,
+    LimitPlan,
+    job_model_dir,
+    kv_tokens_per_worker,
+    limit_run,
+    pronk_fleet,
+)
 from bench.harness.pronk_runs import ABLATIONS
 from bench.harness.report import record, run_meta
 from bench.harness.workload import LABELLED_PROFILES, Workload, cache_bounds, generate, write_single_step_file
@@ -50,8 +58,6 @@ from pronk.protocol.shapes import TraceShape
 from pronk.settings import Settings
 
 log = logging.getLogger(__name__)
-
-CPU_BLOCK_SIZE = 128  # vLLM's default KV block size on CPU (the job leaves block_size unset)
 
 
 def relabel(shapes: list[TraceShape], label: str) -> list[TraceShape]:
@@ -141,10 +147,13 @@ class Bench:
             asyncio.run(pronk_runs.worker_counters(job, settings)).note_run(run, before)
             return run
 
-        def limit() -> AgentRun:
-            return limit_run(
-                job, self.model_dir, relabel(workload.shapes, "limit"), self.work / f"limit-{workload.seed}"
-            )
+        def limit(plan_of: Callable[..., LimitPlan], label: str) -> Callable[[], AgentRun]:
+            def one() -> AgentRun:
+                shapes = relabel(workload.shapes, label)
+                plan = plan_of(job, self.model_dir, shapes)
+                return limit_run(plan, job, self.model_dir, shapes, self.work / f"limits-{workload.seed}")
+
+            return one
 
         setups: list[tuple[str, Callable[[], AgentRun]]] = [(BASELINE, stock(BASELINE, servers, "base", tiered))]
         if untiered is not None:
@@ -152,7 +161,7 @@ class Bench:
         setups += [(a.name, ablation(a, f"abl{i}")) for i, a in enumerate(ABLATIONS)]
         setups += [(BATCH, batch)]
         if self.config.limit:
-            setups.append((LIMIT, limit))
+            setups += [(name, limit(plan_of, f"lim{i}")) for i, (name, plan_of) in enumerate(LIMITS.items())]
         turn %= len(setups)
         runs = {}
         for name, run in setups[turn:] + setups[:turn]:
@@ -276,6 +285,8 @@ def run_bench(config: BenchConfig, settings: Settings, echo=print) -> dict:
         outcome = bench.run(on_round=lambda partial: summary(partial, final=False))
     echo(report.text_table(outcome["comparisons"]))
     echo(report.setups_table(outcome["setups"]))
+    if defects := report.defect_lines(outcome["setups"]):
+        echo(defects)
     echo(report.goals_table(outcome["goals"]))
     info = summary(outcome, final=True)
     echo(

@@ -75,9 +75,9 @@ def test_rounds_goals_and_the_success_rate_judgement():
     steady = [float(t) for t in range(1, 11)]  # 1 trace a second in steady state
     limit = AgentRun(LIMIT, 5.0, 2, 10, 40, 10_000, 8_000, 300, [])  # 2 traces per wall second
     rounds = [
-        CheckedRound(_run(BASELINE, 300.0, 6, 4), _run(HARNESS, 100.0, 6, 4, steady), limit),
-        CheckedRound(_run(BASELINE, 200.0, 5, 5), _run(HARNESS, 100.0, 5, 5, steady), limit),
-        CheckedRound(_run(BASELINE, 300.0, 6, 4), _run(HARNESS, 200.0, 6, 4, steady), limit),
+        CheckedRound(_run(BASELINE, 300.0, 6, 4), _run(HARNESS, 100.0, 6, 4, steady), {LIMIT: limit}),
+        CheckedRound(_run(BASELINE, 200.0, 5, 5), _run(HARNESS, 100.0, 5, 5, steady), {LIMIT: limit}),
+        CheckedRound(_run(BASELINE, 300.0, 6, 4), _run(HARNESS, 200.0, 6, 4, steady), {LIMIT: limit}),
     ]
     table = checked_table(rounds)
     assert set(table) == {BASELINE, HARNESS, LIMIT} and table[LIMIT]["traces_per_s_wall"]["median"] == 2.0
@@ -86,7 +86,7 @@ def test_rounds_goals_and_the_success_rate_judgement():
     )
     assert table[BASELINE]["successes_per_dollar"]["rounds"][0] == pytest.approx(6 / (0.05 * 2 * 300 / 3600), rel=1e-5)
     per_dollar, to_limit, quality = checked_goals(rounds)
-    assert per_dollar["goal"] == 2.0 and per_dollar["met"] and not to_limit["met"]
+    assert per_dollar["goal"] == 2.5 and not per_dollar["met"] and not to_limit["met"]  # 2.0x and 0.5 of the limit
     assert quality["met"] and "holds" in quality["reason"] and quality["rounds"] == [1.0, 1.0, 1.0]
 
     worse = [CheckedRound(_run(BASELINE, 300.0, 30, 2), _run(HARNESS, 10.0, 10, 22, steady))]

@@ -12,7 +12,7 @@ import math
 import pytest
 
 from bench.harness.config import BenchConfig
-from bench.harness.figures import BASELINE, BATCH, FULL, HARNESS, LIMIT, UNTIERED, Comparison
+from bench.harness.figures import BASELINE, BATCH, COMPUTE_LIMIT, FULL, HARNESS, LIMIT, LIMITS, UNTIERED, Comparison
 from bench.harness.pronk_runs import ABLATIONS
 from bench.harness.report import CHECKED_COLUMNS, checked_section, record
 from bench.harness.suite import run_bench
@@ -30,22 +30,22 @@ def test_smoke_bench_runs_every_setup_and_reports_every_figure(stack, tmp_path):
     config, outcome = one_round(stack, tmp_path, profile="smoke", traces=6, single_step_requests=6)
 
     (runs,) = outcome["rounds"]
-    assert list(runs) == [BASELINE, *(a.name for a in ABLATIONS), BATCH, LIMIT]
+    assert list(runs) == [BASELINE, *(a.name for a in ABLATIONS), BATCH, LIMIT, COMPUTE_LIMIT]
     for run in runs.values():
         assert run.traces == 6 and not run.errors, (run.name, run.errors)
         assert run.output_tokens == outcome["workloads"][0].total_output_tokens(), run.name
         assert len(run.finished_s) == 6 and run.wall_s > 0, run.name
-        # the limit's traces end in a few waves, so its steady window can be empty on so small a workload
-        assert not math.isnan(run.steady_traces_per_s) or run.name == LIMIT, run.name
-        assert run.preemptions is not None or run.name == LIMIT
-    assert runs[LIMIT].cached_tokens > 0
+        # a limit's traces end in a few waves, so its steady window can be empty on so small a workload
+        assert not math.isnan(run.steady_traces_per_s) or run.name in LIMITS, run.name
+        assert run.preemptions is not None or run.name in LIMITS
+    assert runs[LIMIT].cached_tokens > 0 and runs[COMPUTE_LIMIT].cached_tokens > 0
     pronk = outcome["runs"][0]
     assert pronk.prefect_lag_s is not None and pronk.orchestration_overhead is not None
     single_pronk, single_vllm = outcome["single"]
     assert single_pronk.completed == single_vllm.completed == 6
 
     setups = outcome["setups"]
-    assert set(setups) == set(runs) and "over_limit" in setups[BATCH]
+    assert set(setups) == set(runs) and {"over_limit", "over_compute_limit"} <= setups[BATCH].keys()
     assert all(len(figures["traces_per_s_steady"]["rounds"]) == 1 for figures in setups.values())
     assert setups[FULL]["over_baseline"]["median"] > 0 and setups[BASELINE]["preemptions"]["median"] is not None
     goal_rows = {(g["figure"], g["setup"]) for g in outcome["goals"]}
@@ -90,15 +90,16 @@ def test_agent_real_smoke_runs_both_setups_and_the_limit_and_reports_every_figur
         assert len(run.run.finished_s) == 4 and run.run.wall_s > 0 and run.run.prompt_tokens > 0, run.run.name
         assert run.tool_calls.total > 0 and run.run.preemptions is not None, run.run.name
         assert not math.isnan(run.successes_per_dollar) and run.cost_usd > 0, run.run.name
-    assert checked.limit is not None and checked.limit.traces == 4 and checked.limit.cached_tokens > 0
+    assert set(checked.limits) == set(LIMITS)
+    assert all(limit.traces == 4 and limit.cached_tokens > 0 for limit in checked.limits.values())
 
     setups = outcome["setups"]
-    assert set(setups) == {BASELINE, HARNESS, LIMIT}
+    assert set(setups) == {BASELINE, HARNESS, LIMIT, COMPUTE_LIMIT}
     for _, key in CHECKED_COLUMNS:
         assert key in setups[HARNESS], key
         assert key in setups[BASELINE] or key.startswith("over_"), key
     assert setups[HARNESS]["over_baseline"]["median"] is not None
-    assert [g["goal"] for g in outcome["goals"]] == [2.0, 0.8, "not lower beyond noise"]
+    assert [g["goal"] for g in outcome["goals"]] == [2.5, 0.9, None, "not lower beyond noise"]
     assert outcome["meta"]["kv"]["cache_share_of_working_set"] > 0
     assert {c.name for c in outcome["comparisons"]} >= {
         "agent-real: checked successes per dollar",
@@ -110,7 +111,7 @@ def test_agent_real_smoke_runs_both_setups_and_the_limit_and_reports_every_figur
     md, data, plot = record(config, outcome, outcome["meta"], tmp_path, section=checked_section)
     assert "profile `agent-real-smoke`" in md.read_text() and plot.stat().st_size > 0
     entry = json.loads(data.read_text())["profiles"]["agent-real-smoke"]
-    assert set(entry["setups"]) == set(setups) and len(entry["goals"]) == 3
+    assert set(entry["setups"]) == set(setups) and len(entry["goals"]) == 4
 
 
 def test_a_tiered_job_runs_stock_with_and_without_its_tier_and_counts_the_tier(stack, tmp_path):
@@ -119,7 +120,7 @@ def test_a_tiered_job_runs_stock_with_and_without_its_tier_and_counts_the_tier(s
     )
 
     (runs,) = outcome["rounds"]
-    assert list(runs) == [BASELINE, UNTIERED, *(a.name for a in ABLATIONS), BATCH, LIMIT]
+    assert list(runs) == [BASELINE, UNTIERED, *(a.name for a in ABLATIONS), BATCH, LIMIT, COMPUTE_LIMIT]
     assert all(run.traces == 4 and not run.errors for run in runs.values()), {n: r.errors for n, r in runs.items()}
     assert runs[UNTIERED].tier_loaded_tokens is None and runs[UNTIERED].tier_copy_s is None
     for name in (BASELINE, FULL, BATCH):  # whether anything was evicted and loaded back is the workload's doing
@@ -127,7 +128,7 @@ def test_a_tiered_job_runs_stock_with_and_without_its_tier_and_counts_the_tier(s
     assert "over_untiered" in outcome["setups"][BATCH] and "recomputed_over_limit" in outcome["setups"][BATCH]
     for name, run in runs.items():  # every serving setup's engines were sampled through its run
         sampled = (run.busy_share, run.running_per_worker, run.moved_recomputed_tokens)
-        assert (name == LIMIT) == (None in sampled), (name, sampled)
+        assert (name in LIMITS) == (None in sampled), (name, sampled)
 
     md, data, _plot = record(config, outcome, outcome["meta"], tmp_path)
     assert "<!-- bench:smoke-tiered:start -->" in md.read_text() and "KV host tier" in md.read_text()

@@ -26,7 +26,6 @@ from bench.harness.figures import (
     steady_rate,
     worker_moves,
 )
-from bench.harness.offline_limit import final_context, fitting_groups
 from bench.harness.pronk_runs import EngineCounters, OneOrder, counters_in_metrics, running_in_metrics, sampling
 from bench.harness.report import END, START, goals_table, markdown_table, setups_table, write_json, write_results_md
 from bench.harness.suite import relabel
@@ -216,13 +215,6 @@ def test_replay_gap_scale_multiplies_every_tool_gap(monkeypatch):
         assert sorted(slept) == [g * scale for g in gaps]
 
 
-def test_offline_limit_groups_traces_to_fit_the_cache():
-    shapes = generate("agent-long", 1).shapes
-    groups = fitting_groups(shapes, 30_000)
-    assert [s for g in groups for s in g] == shapes
-    assert all(len(g) == 1 or sum(final_context(s) for s in g) <= 30_000 for g in groups)
-
-
 def test_preemptions_and_host_tier_counts_from_vllm_metrics():
     page = (
         "# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.\n"
@@ -299,10 +291,11 @@ def test_a_tiered_record_has_its_own_key_the_untiered_baseline_and_the_tier_goal
     assert table[BATCH]["recomputed_over_limit"]["median"] == 1.1 and "over_untiered" not in table[UNTIERED]
     assert record_key("agent-long", tiered=True) == "agent-long-tiered" and record_key("cpu", tiered=False) == "cpu"
     rows = {(g["figure"], g["setup"]): g for g in goals([one], [0.9], "agent-long-tiered")}
-    assert len(rows) == 8 and not any(g["figure"].startswith("agent-long traces/s") for g in rows.values())
-    recomputed = rows[("recomputed prompt tokens, pronk / the limit's", BATCH)]
+    assert len(rows) == 10 and not any(g["figure"].startswith("agent-long traces/s") for g in rows.values())
+    recomputed = rows[("recomputed prompt tokens, pronk / the capacity-matched limit's", BATCH)]
     assert recomputed["ceiling"] and recomputed["met"] and "≤ 1.1" in goals_table([recomputed])
-    assert rows[("traces/s, pronk with the tier / stock round-robin, same tier", BATCH)]["met"]
+    assert recomputed["against"] == LIMIT
+    assert not rows[("traces/s, pronk with the tier / stock round-robin, same tier", BATCH)]["met"]  # 1.5x < 2.0x
     assert "tokens loaded from the tier" in setups_table(table)
     assert "tier" not in setups_table({BASELINE: table[UNTIERED]})
 

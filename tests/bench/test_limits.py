@@ -1,0 +1,253 @@
+"""Unit tests of the two offline limits that need no engine: what capacity and engine args each gets
+(`bench.harness.fleet`), how the wave runner groups traces (`bench.harness.offline_limit`), pronk's ratios to each,
+the defect a limit exceeded is, and the goal rows that name what they are measured against."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.harness.figures import (
+    BASELINE,
+    BATCH,
+    COMPUTE_LIMIT,
+    FULL,
+    GOALS,
+    HARNESS,
+    IDEAL,
+    LIMIT,
+    LIMITS,
+    SAMPLES,
+    UNTIERED,
+    AgentRun,
+    CheckedRound,
+    CheckedRun,
+    checked_goals,
+    checked_table,
+    goals,
+    limit_defects,
+    rounds_table,
+)
+from bench.harness.fleet import (
+    BUDGET_SHARE,
+    COMPUTE_LIMIT_KV_BYTES,
+    CPU_BLOCK_SIZE,
+    capacity_limit,
+    compute_limit,
+    held_tokens,
+    kv_footprint,
+    kv_tokens_per_worker,
+)
+from bench.harness.offline_limit import final_context, fitting_groups, process_shares
+from bench.harness.report import defect_lines, goals_table, setups_table, write_json
+from bench.harness.workload import generate
+from pronk.agents.step_records import ToolCallCounts
+from pronk.batches.schemas import CheckCounts
+from pronk.jobs.files import get_job
+from pronk.protocol.shapes import ShapeStep, TraceShape
+from pronk.settings import get_settings
+
+TINY_BYTES_PER_TOKEN = 2 * 4 * 2 * 64 * 4  # pronk's tiny model: 4 layers, 2 KV heads of 64, float32
+
+
+def _model(tmp_path: Path, layers: int = 4) -> Path:
+    """A model folder with just the config.json the KV sizing reads."""
+    config = {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": layers}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return tmp_path
+
+
+def test_groups_fit_the_capacity_and_hold_at_most_max_traces():
+    shapes = generate("agent-long", 1).shapes
+    for capacity, most in ((30_000, None), (10**9, 4), (30_000, 2)):
+        groups = fitting_groups(shapes, capacity, most)
+        assert [s for g in groups for s in g] == shapes
+        assert all(len(g) == 1 or sum(final_context(s) for s in g) <= capacity for g in groups)
+        assert all(len(g) <= (most or len(shapes)) for g in groups)
+    assert [len(g) for g in fitting_groups(shapes[:10], 10**9, 4)] == [4, 4, 2]
+    shares = process_shares(shapes[:5], 2)
+    assert [[s.trace_id for s in share] for share in shares] == [
+        [shapes[i].trace_id for i in (0, 2, 4)],
+        [shapes[i].trace_id for i in (1, 3)],
+    ]
+
+
+def test_the_capacity_matched_limit_of_a_job_without_a_tier_is_the_device_limit(tmp_path):
+    job = get_job("agent-long", get_settings())
+    plan = capacity_limit(job, _model(tmp_path), generate("agent-long", 0).shapes)
+    device = job.engine.kv_cache_memory_bytes // TINY_BYTES_PER_TOKEN
+    assert plan.name == LIMIT and plan.max_traces is None and plan.engine_args == job.engine.as_vllm_kwargs()
+    assert kv_tokens_per_worker(job, tmp_path) == device and plan.capacity_tokens == int(device * BUDGET_SHARE)
+
+
+def test_the_capacity_matched_limit_gets_the_host_tier_as_stock_vllm_does(tmp_path):
+    job = get_job("agent-long-tiered", get_settings())
+    plan = capacity_limit(job, _model(tmp_path), [])
+    tier = plan.engine_args["kv_transfer_config"]
+    extra = tier["kv_connector_extra_config"]  # stock vLLM's LRU, not pronk's trace-aware eviction
+    assert tier["kv_connector"] == "OffloadingConnector" and extra["cpu_bytes_to_use"] == 512 << 20
+    assert "eviction_policy" not in extra
+    assert plan.engine_args["kv_cache_memory_bytes"] == job.engine.kv_cache_memory_bytes  # the same device cache
+    device, tiered = job.engine.kv_cache_memory_bytes // TINY_BYTES_PER_TOKEN, (512 << 20) // TINY_BYTES_PER_TOKEN
+    assert plan.capacity_tokens == int(held_tokens(device, tiered) * BUDGET_SHARE) > 6 * int(device * BUDGET_SHARE)
+    # the tier mirrors the device's blocks: together they hold the larger, not the sum
+    assert held_tokens(18_432, 131_072) == 131_072 and held_tokens(18_432, 0) == 18_432
+
+
+def test_kv_footprint_counts_whole_blocks_and_each_childs_own_tokens():
+    child = TraceShape(trace_id="c", system_prompt_tokens=10, steps=[ShapeStep(new_prompt_tokens=5, output_tokens=5)])
+    root = TraceShape(
+        trace_id="r",
+        system_prompt_tokens=200,
+        steps=[
+            ShapeStep(new_prompt_tokens=50, output_tokens=6, fan_out=[child]),
+            ShapeStep(new_prompt_tokens=1, output_tokens=1),
+        ],
+    )
+    assert final_context(root) == 258 and kv_footprint(root, 128) == 3 * 128 + (128 + 128)
+    assert kv_footprint(child, 16) == 32
+
+
+@pytest.mark.parametrize("job_id", ["agent-long", "agent-long-tiered"])
+def test_the_compute_only_limit_holds_each_group_of_max_num_seqs_traces_whole(tmp_path, job_id):
+    job = get_job(job_id, get_settings())
+    shapes = generate("agent-long", 0, traces=100).shapes
+    plan = compute_limit(job, _model(tmp_path), shapes)
+    assert plan.name == COMPUTE_LIMIT and plan.max_traces == job.engine.max_num_seqs == 32
+    assert "kv_transfer_config" not in plan.engine_args  # no tier: the device cache holds everything
+    held = plan.engine_args["kv_cache_memory_bytes"] // TINY_BYTES_PER_TOKEN
+    groups = [
+        g for share in process_shares(shapes, job.workers) for g in fitting_groups(share, plan.capacity_tokens, 32)
+    ]
+    assert max(len(g) for g in groups) == 32  # 50 traces a process: groups of 32 and 18
+    assert all(sum(kv_footprint(s, CPU_BLOCK_SIZE) for s in g) < held for g in groups)
+    assert plan.engine_args["kv_cache_memory_bytes"] <= COMPUTE_LIMIT_KV_BYTES
+    assert {k: v for k, v in plan.engine_args.items() if k != "kv_cache_memory_bytes"} == {
+        k: v for k, v in job.engine.as_vllm_kwargs().items() if k != "kv_cache_memory_bytes"
+    }
+
+
+def test_the_compute_only_limit_cuts_groups_to_its_kv_bound_and_keeps_the_jobs_cache_at_least(tmp_path):
+    job = get_job("agent-long", get_settings())
+    shapes = generate("agent-long", 0, traces=100).shapes
+    big = compute_limit(job, _model(tmp_path, layers=40), shapes)  # 10x the bytes a token: 32 traces no longer fit
+    groups = [g for share in process_shares(shapes, 2) for g in fitting_groups(share, big.capacity_tokens, 32)]
+    assert max(len(g) for g in groups) < 32 and big.engine_args["kv_cache_memory_bytes"] <= COMPUTE_LIMIT_KV_BYTES
+    few = compute_limit(job, _model(tmp_path), shapes[:1])
+    assert few.engine_args["kv_cache_memory_bytes"] == job.engine.kv_cache_memory_bytes  # max_model_len must fit
+
+
+def _run(name: str, rate: float, busy: float | None = None) -> AgentRun:
+    """A run of 10 traces, one every 1/rate s in steady state; 10 s of wall time."""
+    run = AgentRun(name, 10.0, 2, 10, 40, 1000, 800, 100, [1.0], finished_s=[t / rate for t in range(1, 11)])
+    run.busy_share = busy
+    return run
+
+
+def _limit(name: str, rate: float) -> AgentRun:
+    return AgentRun(name, 10 / rate, 2, 10, 40, 1000, 800, 100, [])  # `rate` traces per wall second
+
+
+def test_ratios_to_both_limits_and_a_limit_exceeded_in_every_round_is_a_defect():
+    rounds = [
+        {
+            BASELINE: _run(BASELINE, 1.0),
+            UNTIERED: _run(UNTIERED, 0.5),
+            BATCH: _run(BATCH, batch, busy=0.95),
+            FULL: _run(FULL, full, busy=0.8),
+            LIMIT: _limit(LIMIT, 2.0),
+            COMPUTE_LIMIT: _limit(COMPUTE_LIMIT, 4.0),
+        }
+        for batch, full in ((2.2, 1.8), (2.4, 2.2), (2.6, 1.6))
+    ]
+    table = rounds_table(rounds, [0.9] * 3)
+    batch, full = table[BATCH], table[FULL]
+    assert [round(v, 6) for v in batch["over_limit"]["rounds"]] == [1.1, 1.2, 1.3] and batch["over_limit"]["defect"]
+    assert [round(v, 6) for v in full["over_limit"]["rounds"]] == [0.9, 1.1, 0.8] and not full["over_limit"]["defect"]
+    assert batch["over_compute_limit"]["median"] == 0.6 and not batch["over_compute_limit"]["defect"]
+    assert not any(key in table[name] for name in LIMITS for key in (*LIMITS.values(), "recomputed_over_limit"))
+    assert [(d["setup"], d["limit"]) for d in limit_defects(table)] == [(BATCH, LIMIT)]
+
+    rows = {(g["figure"], g["setup"]): g for g in goals(rounds, [0.9] * 3, "agent-long-tiered")}
+    to_limit = rows[("traces/s, pronk / capacity-matched limit", BATCH)]
+    assert to_limit["defect"] and not to_limit["met"] and to_limit["against"] == LIMIT  # never a goal met
+    assert "**defect**" in goals_table([to_limit]) and "**defect**" in setups_table(table)
+    compute = rows[("traces/s, pronk / compute-only limit", BATCH)]
+    assert compute["goal"] is None and compute["met"] is None and not compute["defect"]
+    assert "| reported |" in goals_table([compute]) and compute["against"] == COMPUTE_LIMIT
+    assert rows[("engine busy share", BATCH)]["met"] and not rows[("engine busy share", FULL)]["met"]
+    assert rows[("traces/s, pronk with the tier / stock round-robin, no tier", BATCH)]["met"]  # 4.8x >= 4.5x
+    assert not rows[("traces/s, pronk with the tier / stock round-robin, same tier", FULL)]["met"]  # 1.8x < 2.0x
+    lines = defect_lines(table)
+    assert lines.count("**Defect**") == 1 and BATCH in lines and LIMIT in lines
+
+
+def test_a_compute_only_limit_exceeded_is_a_defect_even_with_no_goal():
+    rounds = [
+        {
+            BASELINE: _run(BASELINE, 1.0),
+            BATCH: _run(BATCH, 3.0),
+            FULL: _run(FULL, 3.0),
+            COMPUTE_LIMIT: _limit(COMPUTE_LIMIT, 2.0),
+        }
+    ]
+    rows = [g for g in goals(rounds, [0.9], "cpu") if g["against"] == COMPUTE_LIMIT]
+    assert len(rows) == 2 and all(g["defect"] and g["met"] is False for g in rows)
+
+
+def _checked(name: str, wall_s: float, passed: int, finished: list[float]) -> CheckedRun:
+    run = AgentRun(name, wall_s, 2, 10, 40, 10_000, 6_000, 300, [1.0], finished_s=finished)
+    return CheckedRun(run, CheckCounts(passed=passed, failed=10 - passed), ToolCallCounts(10, 9, 8), 0.05)
+
+
+def test_agent_real_rounds_carry_both_limits_and_their_defects(tmp_path):
+    steady = [float(t) for t in range(1, 11)]  # 1 trace a second in steady state
+    limits = {LIMIT: _limit(LIMIT, 0.9), COMPUTE_LIMIT: _limit(COMPUTE_LIMIT, 2.0)}
+    rounds = [CheckedRound(_checked(BASELINE, 300.0, 6, []), _checked(HARNESS, 100.0, 6, steady), limits)] * 2
+    table = checked_table(rounds)
+    assert set(table) == {BASELINE, HARNESS, LIMIT, COMPUTE_LIMIT}
+    assert table[HARNESS]["over_compute_limit"]["median"] == 0.5 and table[HARNESS]["over_limit"]["defect"]
+    rows = checked_goals(rounds)
+    assert [(g["goal"], g["against"]) for g in rows] == [
+        (2.5, BASELINE),
+        (0.9, LIMIT),
+        (None, COMPUTE_LIMIT),
+        ("not lower beyond noise", BASELINE),
+    ]
+    per_dollar, to_limit, *_ = rows
+    assert per_dollar["met"] and to_limit["defect"] and not to_limit["met"]
+    path = write_json(tmp_path / "results.json", [], {"profile": "agent-real"}, table, rows)
+    entry = json.loads(path.read_text())["profiles"]["agent-real"]
+    assert [(d["setup"], d["limit"]) for d in entry["defects"]] == [(HARNESS, LIMIT)]
+    assert all("against" in g for g in entry["goals"])
+
+
+def test_every_goal_row_names_what_it_is_measured_against():
+    known = {BASELINE, UNTIERED, IDEAL, SAMPLES, *LIMITS}
+    assert all(goal.against in known for goal in GOALS)
+    for goal in GOALS:  # a ratio to a limit names that limit, and a figure named after a limit is measured on it
+        assert (goal.key in LIMITS.values() or goal.key == "recomputed_over_limit") == (goal.against in LIMITS)
+        if goal.against == LIMIT:
+            assert "capacity-matched limit" in goal.figure
+        if goal.against == COMPUTE_LIMIT:
+            assert "compute-only limit" in goal.figure and goal.goal is None
+    tiered = {(g.key, g.goal) for g in GOALS if "agent-long-tiered" in g.records}
+    assert tiered == {
+        ("over_untiered", 4.5),
+        ("over_baseline", 2.0),
+        ("over_limit", 0.90),
+        ("recomputed_over_limit", 1.10),
+        ("busy_share", 0.90),
+        ("over_compute_limit", None),
+    }
+    real = {(g.key, g.goal) for g in GOALS if "agent-real" in g.records}
+    assert real == {("over_baseline", 2.5), ("over_limit", 0.90), ("over_compute_limit", None)}
+    cpu = {(g.key, g.goal) for g in GOALS if "cpu" in g.records}
+    assert cpu == {
+        ("over_limit", 0.80),
+        ("cached_ratio_of_ideal", 0.90),
+        ("over_baseline", 1.4),
+        ("over_compute_limit", None),
+    }
