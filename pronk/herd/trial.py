@@ -5,7 +5,7 @@ Trials never touch the job's own workers: each fleet is a job of its own (the ca
 fresh `job-…` id, its file in a folder of its own that only its workers read through `PRONK_JOBS_DIR`), so it
 registers under that id and no batch of the job is ever routed to it. Trials that differ only in settings the
 router and harness read per run (routing, pins, admission, concurrency) reuse one fleet; a change of engine
-settings, workers, the priority queue or the admission budget starts a new one (`restart_key`).
+settings, workers, the priority queue, the admission budget or the KV host tier starts a new one (`restart_key`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,13 @@ from pronk.worker_registry import worker_registry
 
 logger = logging.getLogger(__name__)
 
-RESTART_SCHEDULING_KEYS = ("priority", "kv_budget_headroom", "kv_budget_growth_steps", "kv_pin_max_fraction")
+RESTART_SCHEDULING_KEYS = (
+    "priority",
+    "kv_budget_headroom",
+    "kv_budget_growth_steps",
+    "kv_pin_max_fraction",
+    "kv_host_tier_bytes",
+)
 """Scheduling settings a worker reads when it starts: changing them needs new workers, like engine settings."""
 
 

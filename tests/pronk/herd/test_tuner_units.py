@@ -37,6 +37,7 @@ def test_live_knobs_need_no_new_workers():
         "priority",
         "kv_budget_headroom",
         "kv_budget_growth_steps",
+        "kv_host_tier_bytes",
     ):
         changed = with_changes(job, changes_of({knob: KNOBS[knob][1][-1]}))
         assert restart_key(changed) != restart_key(job), knob
