@@ -28,6 +28,7 @@ from pronk.batches.traces import scratch_dir
 from pronk.control.artifacts import ProgressArtifact, publish_batch_report, publish_summary
 from pronk.control.trace_sample import publish_traces
 from pronk.errors import PronkError
+from pronk.herd.profile import in_flight_start
 from pronk.jobs.files import get_job
 from pronk.jobs.schema import MAX_TRACE_SAMPLE
 from pronk.settings import get_settings
@@ -116,7 +117,12 @@ async def run_batch(
             logger.exception("batch %s: reading its input failed", batch.id)
         reject_input(batch, store, exc)
         raise BatchFailed(f"batch {batch.id} failed: {exc}") from exc
-    run = BatchRun.resume(batch, job, validated, ResultParts(batch.id, settings), flow_run_id)
+    start = (
+        await asyncio.to_thread(in_flight_start, job.job_id, settings)
+        if job.scheduling.concurrency == "adaptive"
+        else None
+    )
+    run = BatchRun.resume(batch, job, validated, ResultParts(batch.id, settings), flow_run_id, start)
     batch.mark("in_progress")
     store.save(batch)
     logger.info(

@@ -30,7 +30,8 @@ def herd(
     apply: bool = False,
 ) -> dict:
     """Profile the job, replay its traces against Optuna's candidates within the budget, apply the winner when
-    `apply` and the guard accepts it. `knobs`: names of `pronk.herd.tuner.KNOBS`, or ["live"]."""
+    `apply` and the guard accepts it. `knobs`: names of `pronk.herd.tuner.KNOBS`, or one group of its `KNOB_GROUPS`
+    (["live"], ["concurrency"])."""
     show_pronk_logs()
     logger = get_run_logger()
     settings = get_settings()

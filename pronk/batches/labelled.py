@@ -14,6 +14,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from engine.registry import WorkerEntry
 from pronk import storage
 from pronk.agents.checks import run_check
 from pronk.agents.harness import Harness
@@ -22,6 +23,7 @@ from pronk.agents.step_records import StepRecord
 from pronk.agents.tools import project_path
 from pronk.agents.tools.python_exec import PythonTool
 from pronk.agents.transcripts import Transcript
+from pronk.batches.in_flight import InFlight
 from pronk.batches.input import validate_input
 from pronk.batches.schemas import CheckCounts
 from pronk.errors import PronkError
@@ -116,22 +118,27 @@ class CheckedLine:
 
 
 async def check_lines(lines: list[ValidRequest], harness: Harness) -> list[CheckedLine]:
-    """Run every line through `harness` (whose router picks the workers measured), the job's `max_concurrency` at a
-    time, and check each answer."""
+    """Run every line through `harness` (whose router picks the workers measured), within the job's lines in flight
+    (`max_concurrency`, or the adaptive target: `pronk.batches.in_flight`), and check each answer."""
     predicates = any(isinstance(r.check, PythonCheck) for r in lines)
     python = PythonTool(harness.job.tools.python) if predicates else None
-    slots = asyncio.Semaphore(harness.job.scheduling.max_concurrency)
+    in_flight = InFlight(harness.job)
+
+    def live_workers() -> list[WorkerEntry]:
+        return harness.router.workers()
 
     async def one(request: ValidRequest) -> CheckedLine:
-        async with slots:
+        async with in_flight.slots:
             outcome = await harness.run_line(request)
             finished_at = time.monotonic()
-        records = harness.recorder.take_line(request.custom_id)
+            records = harness.recorder.take_line(request.custom_id)
+            in_flight.observe(records, live_workers)
         transcripts = [] if harness.transcripts is None else harness.transcripts.take_line(request.custom_id)
         answer = outcome.result.text if isinstance(outcome.result, Completion) else None
         check = await run_check(request.check, answer, python)
         return CheckedLine(request, outcome, check, records, finished_at, transcripts)
 
+    in_flight.retarget(live_workers)
     return list(await asyncio.gather(*(one(r) for r in lines)))
 
 

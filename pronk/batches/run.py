@@ -13,6 +13,7 @@ import time
 from dataclasses import asdict
 from typing import Literal
 
+from engine.registry import WorkerEntry
 from pronk import storage
 from pronk.agents.checks import run_check
 from pronk.agents.harness import Harness
@@ -20,6 +21,7 @@ from pronk.agents.outcomes import Completion, RequestOutcome
 from pronk.agents.step_records import StepRecord, ToolCallCounts, record_order, steps_ndjson
 from pronk.agents.tools.python_exec import PythonTool
 from pronk.batches.files import FileStore
+from pronk.batches.in_flight import InFlight, LineLoad
 from pronk.batches.input import BatchInputError, InputLimits, ValidatedInput, validate_input
 from pronk.batches.outputs import output_line
 from pronk.batches.results import FinishedLine, ResultParts, RunRecord, jsonl, new_run_tag
@@ -103,6 +105,7 @@ class BatchRun:
         parts: ResultParts | None = None,
         finished: dict[int, FinishedLine] | None = None,
         prior_worker_seconds: float = 0.0,
+        in_flight_start: LineLoad | None = None,
     ):
         self.batch = batch
         self.job = job
@@ -113,7 +116,9 @@ class BatchRun:
         self.todo = [r for r in requests if r.line not in self.finished]
         """The requests no earlier run finished: the only ones this run starts."""
         self.run_tag = new_run_tag()
-        self.slots = asyncio.Semaphore(job.scheduling.max_concurrency)
+        self.in_flight = InFlight(job, in_flight_start)
+        """How many lines run at once: the job's `max_concurrency`, or the adaptive target (`in_flight_start`: the
+        Herd's measure of the job's earlier runs, for it to start from)."""
         self.pending: list[FinishedLine] = []
         self.parts_written = 0
         self.workers_seen: set[str] = set()
@@ -128,11 +133,17 @@ class BatchRun:
 
     @classmethod
     def resume(
-        cls, batch: Batch, job: JobConfig, validated: ValidatedInput, parts: ResultParts, flow_run_id: str | None
+        cls,
+        batch: Batch,
+        job: JobConfig,
+        validated: ValidatedInput,
+        parts: ResultParts,
+        flow_run_id: str | None,
+        in_flight_start: LineLoad | None = None,
     ) -> BatchRun:
         """A run that starts from everything earlier runs of this batch persisted, and registers itself."""
         prior = sum(r.worker_seconds for r in parts.runs())
-        run = cls(batch, job, validated.requests, validated.errors, parts, parts.load(), prior)
+        run = cls(batch, job, validated.requests, validated.errors, parts, parts.load(), prior, in_flight_start)
         batch.request_counts.total = validated.total
         parts.save_run(RunRecord(run=run.run_tag, flow_run_id=flow_run_id))
         return run
@@ -164,19 +175,27 @@ class BatchRun:
         return [(start, min(start + size, len(self.todo))) for start in range(0, len(self.todo), size)]
 
     async def run_lines(self, harness: Harness, start: int, stop: int) -> None:
-        """Run `todo[start:stop]` concurrently within the job's concurrency, recording each line as it ends; once
-        the run is told to stop, the lines not yet started are left unstarted."""
+        """Run `todo[start:stop]` concurrently within the run's lines in flight (`in_flight`), recording each line as
+        it ends; once the run is told to stop, the lines not yet started are left unstarted."""
+
+        def live_workers() -> list[WorkerEntry]:
+            return harness.router.workers()
 
         async def one(request: ValidRequest) -> None:
-            async with self.slots:
+            async with self.in_flight.slots:
                 if self.stop_reason is not None:
                     self.unstarted.append(request)
                     return
                 outcome = await harness.run_line(request)
+                steps = harness.recorder.take_line(request.custom_id)
+                self.in_flight.observe(steps, live_workers)
+                self.batch.in_flight = list(self.in_flight.points)
                 answer = outcome.result.text if isinstance(outcome.result, Completion) else None
                 checked = await run_check(request.check, answer, self.python)
-                self.record(outcome, harness.recorder.take_line(request.custom_id), checked)
+                self.record(outcome, steps, checked)
 
+        self.in_flight.retarget(live_workers)
+        self.batch.in_flight = list(self.in_flight.points)
         await asyncio.gather(*(one(r) for r in self.todo[start:stop]))
 
     def record(self, outcome: RequestOutcome, steps: list[StepRecord], checked: CheckResult | None = None) -> None:
@@ -304,6 +323,9 @@ class BatchRun:
             "tool calls parsed": batch.tool_calls.parsed,
             "tool calls valid": batch.tool_calls.valid,
             "tool call validity": batch.tool_calls.validity,
+            "concurrency": self.job.scheduling.concurrency,
+            "lines in flight (last target)": self.in_flight.target,
+            "lines in flight (most)": max(p.target for p in self.in_flight.points),
         }
         return [{"figure": k, "value": v} for k, v in rows.items()]
 

@@ -68,6 +68,18 @@ class BatchUsage(BaseModel):
         self.total_tokens += prompt + completion
 
 
+class InFlightPoint(BaseModel):
+    """The lines in flight a run chose from some time on (`pronk.batches.in_flight`)."""
+
+    at_s: float = Field(description="Seconds since the run began.")
+    target: int = Field(description="Lines (root traces) the run keeps in flight from then on.")
+    source: Literal["fixed", "start", "profile", "run"] = Field(
+        description="`fixed`: the job's `max_concurrency`; `start`: adaptive's first value, `max_concurrency`; "
+        "`profile`: chosen from the Herd's profile of the job's earlier runs; `run`: from this run's finished lines."
+    )
+    lines: int = Field(default=0, description="Finished lines the target was measured on.")
+
+
 class BatchErrorData(BaseModel):
     code: str
     message: str
@@ -136,6 +148,11 @@ class BatchObject(BaseModel):
         description="Agent steps whose output was meant as a tool call, every attempt: `total`, `parsed`, `valid` "
         "(a tool the step offered, arguments valid against its schema) and `validity`, valid over total "
         "(None: no call).",
+    )
+    in_flight: list[InFlightPoint] = Field(
+        default_factory=list,
+        description="The lines in flight the latest run of the batch chose, from its start on: one point with the "
+        "job's fixed `max_concurrency`, or every change of the adaptive target (`scheduling.concurrency`).",
     )
     tasks_counted: Literal["completed", "passed"] = Field(
         default="completed",

@@ -53,7 +53,11 @@ def herd_tune(
     sample: Annotated[int, typer.Option(help="Root traces of the job's own traffic replayed per trial.")] = 8,
     repeats: Annotated[int, typer.Option(help="Replays of the current configuration (the guard's noise).")] = 2,
     knobs: Annotated[
-        str | None, typer.Option(help="Comma-separated knobs to search (default: all; `live` = no new workers).")
+        str | None,
+        typer.Option(
+            help="Comma-separated knobs to search (default: all; `live` = no new workers; `concurrency` = lines in "
+            "flight and the KV host tier's size)."
+        ),
     ] = None,
     max_workers: Annotated[int | None, typer.Option(help="Most workers a candidate may have.")] = None,
     time_scale: Annotated[float, typer.Option(help="Multiplies the replayed tool-call gaps.")] = 1.0,

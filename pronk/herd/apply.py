@@ -2,7 +2,8 @@
 
 Settings the router and harness read per run apply live: every batch run resolves its job when it starts, so the
 next run uses them. Settings a worker reads when it starts (`trial.restart_key`: engine arguments, workers, the
-priority queue, the admission budget) reach the running workers by a rolling restart, one worker at a time.
+priority queue, the admission budget, the KV host tier) reach the running workers by a rolling restart, one worker
+at a time.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Every run of a batch writes `<batch id>_steps.jsonl` (`steps_uri` in the batch r
 attempt. The profile keeps each step's last good attempt (a worker served it, no error) and measures:
 system-prompt tokens (a root trace's first prompt), new prompt tokens per later step (what the step added
 to its prefix), output tokens, steps per trace, fan-out (children per spawning step), tool-call gaps per
-tool, traces in flight and their arrival rate, and the cached share of prompt tokens.
+tool, traces in flight and their arrival rate, the cached share of prompt tokens, and what a trace family keeps at
+the engines and in their KV while in flight (`line_load`, where an adaptive run's lines in flight start from).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import polars as pl
 
 from pronk import storage
 from pronk.agents.step_records import steps_frame
+from pronk.batches.in_flight import LineLoad
 from pronk.batches.store import BatchStore
 from pronk.settings import Settings
 
@@ -116,6 +118,8 @@ class TrafficProfile:
     cached_ratio: float
     host_tier_ratio: float = 0.0
     """Share of prompt tokens loaded from the workers' KV host tier (part of `cached_ratio`)."""
+    line_load: LineLoad = field(default_factory=LineLoad)
+    """Root trace families' spans, engine seconds and KV token-seconds (`pronk.batches.in_flight`)."""
 
     def distributions(self) -> dict[str, Distribution]:
         named = {
@@ -139,6 +143,8 @@ class TrafficProfile:
             "arrival_rate_per_s": self.arrival_rate_per_s,
             "cached_ratio": self.cached_ratio,
             "host_tier_ratio": self.host_tier_ratio,
+            "running_per_line": round(self.line_load.running, 6),
+            "resident_tokens_per_line": round(self.line_load.resident_tokens, 3),
             **{name: d.summary() for name, d in self.distributions().items()},
         }
 
@@ -212,8 +218,13 @@ def profile_steps(steps: pl.LazyFrame) -> TrafficProfile:
         good.filter(pl.col("parent_trace_id").is_not_null()).group_by("trace_id").agg(pl.col("parent_trace_id").first())
     )
     spawning = children.group_by("parent_trace_id").agg(pl.len().alias("children"))
+    held_s = pl.col("engine_time_s") + pl.col("tool_time_s").fill_null(0.0)
     families = good.group_by("root_trace_id").agg(
-        pl.col("_run").first(), pl.col("started_at").min().alias("start"), pl.col("ended_at").max().alias("end")
+        pl.col("_run").first(),
+        pl.col("started_at").min().alias("start"),
+        pl.col("ended_at").max().alias("end"),
+        pl.col("engine_time_s").sum().alias("busy_s"),
+        ((pl.col("prompt_tokens") + pl.col("output_tokens")) * held_s).sum().alias("token_s"),
     )
     gaps = good.filter(pl.col("tool_name").is_not_null())
     tool_gaps = {
@@ -240,6 +251,12 @@ def profile_steps(steps: pl.LazyFrame) -> TrafficProfile:
         arrival_rate_per_s=_arrival_rate(families.group_by("_run").agg(pl.col("start"))["start"].to_list()),
         cached_ratio=round(int(good["cached_tokens"].sum()) / prompt_total, 6) if prompt_total else 0.0,
         host_tier_ratio=round(int(good["host_tier_tokens"].sum()) / prompt_total, 6) if prompt_total else 0.0,
+        line_load=LineLoad(
+            lines=families.height,
+            span_s=float((families["end"] - families["start"]).sum()),
+            busy_s=float(families["busy_s"].sum()),
+            token_s=float(families["token_s"].sum()),
+        ),
     )
 
 
@@ -258,6 +275,15 @@ def _arrival_rate(starts_by_run: list[list[float]]) -> float:
     arrivals = sum(len(starts) - 1 for starts in starts_by_run if starts)
     span = sum(max(starts) - min(starts) for starts in starts_by_run if starts)
     return round(arrivals / span, 6) if span > 0 else 0.0
+
+
+def in_flight_start(job_id: str, settings: Settings, runs: int = 3) -> LineLoad | None:
+    """What the job's last `runs` batches measured of their lines, for an adaptive run to start from (None: the job
+    has no step records yet)."""
+    try:
+        return job_profile(job_id, settings, runs).line_load
+    except NoStepRecords:
+        return None
 
 
 def job_profile(job_id: str, settings: Settings, runs: int | None = None) -> TrafficProfile:

@@ -5,7 +5,7 @@ Trials never touch the job's own workers: each fleet is a job of its own (the ca
 fresh `job-…` id, its file in a folder of its own that only its workers read through `PRONK_JOBS_DIR`), so it
 registers under that id and no batch of the job is ever routed to it. Trials that differ only in settings the
 router and harness read per run (routing, pins, admission, concurrency) reuse one fleet; a change of engine
-settings, workers, the priority queue or the admission budget starts a new one (`restart_key`).
+settings, workers, the priority queue, the admission budget or the KV host tier starts a new one (`restart_key`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from pronk.agents.harness import Harness, job_router
 from pronk.agents.replay import TraceRecord, run_shape
 from pronk.agents.step_records import StepRecorder
 from pronk.agents.tool_gaps import ToolGaps
+from pronk.batches.in_flight import InFlight
 from pronk.batches.labelled import run_labelled
 from pronk.batches.schemas import CheckCounts
 from pronk.jobs.schema import JobConfig
@@ -41,7 +42,13 @@ from pronk.worker_registry import worker_registry
 
 logger = logging.getLogger(__name__)
 
-RESTART_SCHEDULING_KEYS = ("priority", "kv_budget_headroom", "kv_budget_growth_steps", "kv_pin_max_fraction")
+RESTART_SCHEDULING_KEYS = (
+    "priority",
+    "kv_budget_headroom",
+    "kv_budget_growth_steps",
+    "kv_pin_max_fraction",
+    "kv_host_tier_bytes",
+)
 """Scheduling settings a worker reads when it starts: changing them needs new workers, like engine settings."""
 
 
@@ -77,9 +84,14 @@ class Measurement:
     cached_tokens: int
     output_tokens: int
     errors: list[str] = field(default_factory=list)
+    in_flight: list[int] = field(default_factory=list)
+    """The traces in flight the replay chose, in order: one value when fixed, every change when adaptive."""
 
     def metrics(self) -> dict[str, float]:
-        return {k: float(v) for k, v in asdict(self).items() if isinstance(v, (int, float))}
+        figures = {k: float(v) for k, v in asdict(self).items() if isinstance(v, (int, float))}
+        if self.in_flight:
+            figures["in_flight_last"] = float(self.in_flight[-1])
+        return figures
 
 
 def measure(
@@ -142,22 +154,26 @@ async def run_labelled_set(job: JobConfig, lines: list[ValidRequest], settings: 
 async def replay_sample(
     job: JobConfig, shapes: list[TraceShape], settings: Settings, time_scale: float, timeout_s: float
 ) -> Measurement:
-    """Replay `shapes` on the live workers of `job` with its scheduling settings; at most `max_concurrency`
-    traces at once. Traces still running at `timeout_s` count as failed."""
+    """Replay `shapes` on the live workers of `job` with its scheduling settings, within its traces in flight
+    (`max_concurrency`, or the adaptive target: `pronk.batches.in_flight`). Traces still running at `timeout_s`
+    count as failed."""
     scheduling = job.scheduling
     router = trial_router(job, settings)
     gaps = ToolGaps(scheduling.kv_pin_ttl_s) if scheduling.kv_pin_ttl == "auto" else None
-    slots = asyncio.Semaphore(scheduling.max_concurrency)
+    in_flight = InFlight(job)
 
     async def one(shape: TraceShape) -> TraceRecord | BaseException:
-        async with slots:
+        async with in_flight.slots:
             try:
-                return await run_shape(
+                record = await run_shape(
                     router, shape, kv_pin_ttl_s=scheduling.kv_pin_ttl_s, time_scale=time_scale, gaps=gaps
                 )
             except Exception as exc:  # noqa: BLE001 - one failed trace is a figure of the trial, not its end
                 return exc
+            in_flight.observe(record.records, router.workers)
+            return record
 
+    in_flight.retarget(router.workers)
     tasks = [asyncio.create_task(one(shape)) for shape in shapes]
     started = time.monotonic()
     try:
@@ -171,7 +187,9 @@ async def replay_sample(
         t.result() if t.done() and not t.cancelled() else TimeoutError(f"not finished within {timeout_s:.0f}s")
         for t in tasks
     ]
-    return measure(records, wall, job.workers, job.worker_hour_price)
+    measurement = measure(records, wall, job.workers, job.worker_hour_price)
+    measurement.in_flight = [p.target for p in in_flight.points]
+    return measurement
 
 
 class TrialFleet:

@@ -5,12 +5,17 @@ Knobs searched (`KNOBS`): the engine's `max_num_seqs`, `max_num_batched_tokens` 
 budget) and n-gram speculative decoding (`speculative_ngram_tokens`); vLLM's priority queue (`priority`); the
 admission scheduler (`admission`, `kv_budget_headroom`, `kv_budget_growth_steps`); KV pins (`kv_pin_ttl_s`,
 `kv_pin_ttl`); the KV host tier's size (`kv_host_tier_bytes`, priced by the job's `price_per_host_gb_hour`, which
-tasks per dollar counts); the routing policy; batch concurrency (`max_concurrency`); the number of workers and the
-cores of each (a candidate never has more workers than the machine has cores for; a worker's price grows with its
-cores). The current configuration is replayed `repeats` times first (the guard's noise), then Optuna's TPE
-sampler proposes candidates until the next trial would not fit in the budget; the best one is replayed once more
-when there is time. Every trial is a child MLflow run of the tuning run (params; tasks per dollar, p50/p90 trace
-time, cached ratio).
+tasks per dollar counts); the routing policy; batch concurrency (`concurrency`, fixed or adaptive, and
+`max_concurrency`, its number or adaptive's start); the number of workers and the cores of each (a candidate never
+has more workers than the machine has cores for; a worker's price grows with its cores). The current configuration
+is replayed `repeats` times first (the guard's noise), then Optuna's TPE sampler proposes candidates until the next
+trial would not fit in the budget; the best one is replayed once more when there is time. Every trial is a child
+MLflow run of the tuning run (params; tasks per dollar, p50/p90 trace time, cached ratio, the traces in flight it
+chose).
+
+`--knobs concurrency` searches the lines in flight and the host tier's size together (`CONCURRENCY_KNOBS`): an
+adaptive target is capped by the KV room, device cache and tier, so the two set the fleet's load jointly, and the
+guard judges their winner like any other.
 
 When the job has a labelled set (`quality.labelled_set`), the first replay of the current configuration and the
 winner's second replay also run the set on their fleet, and the guard refuses a winner that answers worse. Only
@@ -60,20 +65,28 @@ KNOBS: dict[str, tuple[str, list[Any]]] = {
     "kv_pin_ttl": ("scheduling", ["fixed", "auto"]),
     "kv_host_tier_bytes": ("scheduling", [0, 1 << 28, 1 << 30, 1 << 32]),
     "routing": ("scheduling", ["trace_affinity", "least_loaded"]),
+    "concurrency": ("scheduling", ["fixed", "adaptive"]),
     "max_concurrency": ("scheduling", [4, 8, 16, 32, 64]),
     "workers": ("", []),  # 1 … max_workers
     "cpu_cores_per_worker": ("", [1, 2, 4, 8]),  # those the machine has
 }
 """Each knob: the job-file section it lives in ("" = top level) and its candidate values."""
-LIVE_KNOBS = ("admission", "kv_pin_ttl_s", "kv_pin_ttl", "routing", "max_concurrency")
+LIVE_KNOBS = ("admission", "kv_pin_ttl_s", "kv_pin_ttl", "routing", "concurrency", "max_concurrency")
 """Knobs that need no new workers: a search over only these runs every trial on one fleet."""
+CONCURRENCY_KNOBS = ("concurrency", "max_concurrency", "kv_host_tier_bytes")
+"""The lines in flight and the KV room that holds them: searched together, since an adaptive target is capped by the
+device cache and host tier (`pronk.batches.in_flight`) and more lines in flight pay only where the tier holds them."""
+KNOB_GROUPS = {"live": LIVE_KNOBS, "concurrency": CONCURRENCY_KNOBS}
 
 
 def chosen_knobs(names: list[str] | None) -> tuple[str, ...]:
-    """The knobs a tuning searches: every one when none are named, the live ones for ["live"], else those named."""
+    """The knobs a tuning searches: every one when none are named, a group's for its one name (`live`,
+    `concurrency`), else those named."""
     if not names:
         return tuple(KNOBS)
-    return LIVE_KNOBS if names == ["live"] else tuple(names)
+    if len(names) == 1 and names[0] in KNOB_GROUPS:
+        return KNOB_GROUPS[names[0]]
+    return tuple(names)
 
 
 def fit_to_cores(params: dict[str, Any], job: JobConfig, cores: int) -> dict[str, Any]:
@@ -160,6 +173,7 @@ class TuneResult:
                     "p50_s": t.measurement.p50_s if t.measurement else None,
                     "p90_s": t.measurement.p90_s if t.measurement else None,
                     "cached_ratio": t.measurement.cached_ratio if t.measurement else None,
+                    "in_flight": t.measurement.in_flight if t.measurement else None,
                     "labelled": (
                         {**t.quality.model_dump(), "success_rate": t.quality.success_rate}
                         if t.quality is not None

@@ -72,7 +72,27 @@ class SchedulingConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_concurrency: int = Field(default=32, ge=1, le=4096, description="Requests in flight per batch run.")
+    max_concurrency: int = Field(
+        default=32,
+        ge=1,
+        le=4096,
+        description="Lines (root traces) in flight per batch run; with `concurrency: adaptive`, the number it starts "
+        "at until lines of the run (or the Herd's profile of the job's earlier runs) are measured.",
+    )
+    concurrency: Literal["fixed", "adaptive"] = Field(
+        default="fixed",
+        description="`fixed`: `max_concurrency` lines in flight. `adaptive`: as many as keep each engine "
+        "`engine.max_num_seqs` requests to run while other traces wait on tools (Little's law on the run's measured "
+        "step and tool-gap times: traces needed = workers x max_num_seqs x (step + gap) / step), at most what the "
+        "workers' KV room holds (device cache and host tier, over the measured context a line keeps), at most "
+        "`concurrency_ceiling`; re-chosen as lines finish (pronk.batches.in_flight).",
+    )
+    concurrency_ceiling: int = Field(
+        default=512,
+        ge=1,
+        le=4096,
+        description="With `concurrency: adaptive`, the most lines in flight whatever the measurements say.",
+    )
     routing: str = Field(
         default="trace_affinity", description="Routing policy for this job's steps (engine.routing.POLICIES)."
     )

@@ -57,6 +57,13 @@ def test_profile_of_known_step_records(tmp_path):
     assert profile.concurrency.max == 2.0
     assert profile.arrival_rate_per_s == 2.0  # two roots 0.5 s apart
     assert "new_prompt_tokens" in profile.text()
+    # what a family keeps at the engines and in KV while in flight: a spans 3.1 s, b 0.1 s; six served steps of
+    # 0.1 s; each step's context held through its step and its tool call
+    load = profile.line_load
+    assert (load.lines, load.span_s, load.busy_s) == (2, pytest.approx(3.2), pytest.approx(0.6))
+    held = 110 * 0.6 + 150 * 1.1 + 205 * 0.1 + 158 * 0.1 + 174 * 0.1 + 126 * 0.1
+    assert load.token_s == pytest.approx(held)
+    assert profile.summary()["running_per_line"] == round(0.6 / 3.2, 6)
 
 
 def test_runs_stay_apart(tmp_path):

@@ -19,6 +19,7 @@ from pronk.herd import tuner
 from pronk.herd.trial import Measurement, restart_key
 from pronk.jobs.files import get_job
 from pronk.jobs.schema import JobConfig, QualityConfig
+from pronk.jobs.versions import with_changes
 from pronk.protocol.shapes import ShapeStep, TraceShape
 from pronk.settings import Settings, get_settings
 from tests.bench.test_herd_bench import measurement
@@ -139,3 +140,56 @@ def test_a_labelled_set_that_cannot_be_read_stops_the_tuning_before_any_trial(se
     job = job.model_copy(update={"quality": QualityConfig(labelled_set=str(tmp_path / "missing.jsonl"))})
     with pytest.raises(LabelledSetError, match="cannot read the labelled set"):
         tuner.Tuner(job, settings, tuner.TuneConfig(budget_minutes=1.0)).tune(traffic=[])
+
+
+def gain_of(job: JobConfig) -> float:
+    """The stand-in's tasks per dollar: adaptive concurrency and a host tier each add half of the current's."""
+    scheduling = job.scheduling
+    return 100.0 * (1 + 0.5 * (scheduling.concurrency == "adaptive") + 0.5 * (scheduling.kv_host_tier_bytes > 0))
+
+
+@pytest.mark.parametrize(("candidate_tally", "accept"), [(CheckCounts(passed=18, failed=2), True),
+                                                         (CheckCounts(passed=4, failed=16), False)])  # fmt: skip
+def test_the_concurrency_search_tries_lines_in_flight_and_the_host_tier_together_under_the_guard(
+    monkeypatch, settings, tmp_path, candidate_tally, accept
+):
+    """`--knobs concurrency`: every candidate sets the lines in flight and the tier together, each tier size on a fleet
+    of its own (a worker reads it when it starts), and the labelled set decides whether the winner stands."""
+    fleets: list[int] = []
+    replayed: list[JobConfig] = []
+
+    class TierFleet(StandInFleet):
+        def serve(self, candidate: JobConfig) -> JobConfig:
+            if restart_key(candidate) != self.key:
+                fleets.append(candidate.scheduling.kv_host_tier_bytes)
+            return super().serve(candidate)
+
+    async def stand_in_replay(job, shapes, settings, time_scale, timeout_s) -> Measurement:
+        replayed.append(job)
+        return replace(measurement(gain_of(job)), wall_s=0.2)
+
+    async def stand_in_labelled(job, lines, settings) -> CheckCounts:
+        return CheckCounts(passed=20) if gain_of(job) == 100.0 else candidate_tally
+
+    monkeypatch.setattr(tuner, "TrialFleet", TierFleet)
+    monkeypatch.setattr(tuner, "replay_sample", stand_in_replay)
+    monkeypatch.setattr(tuner, "run_labelled_set", stand_in_labelled)
+    job = get_job("tiny-cpu", get_settings(), versions=False)
+    assert (job.scheduling.concurrency, job.scheduling.kv_host_tier_bytes) == ("fixed", 0)
+    line = {"method": "POST", "url": "/v1/chat/completions", "check": {"type": "regex", "pattern": ""},
+            "body": {"model": "any", "messages": [{"role": "user", "content": "Say something."}]}}  # fmt: skip
+    path = tmp_path / "labelled.jsonl"
+    path.write_text("".join(json.dumps({**line, "custom_id": f"q{i}"}) + "\n" for i in range(2)))
+    job = job.model_copy(update={"quality": QualityConfig(labelled_set=str(path))})
+    config = tuner.TuneConfig(budget_minutes=1.0, sample=1, knobs=tuner.chosen_knobs(["concurrency"]), seed=3)
+    shape = TraceShape(trace_id="t", system_prompt_tokens=10, steps=[ShapeStep(new_prompt_tokens=5, output_tokens=5)])
+    result = CountedTuner(job, settings, config).tune(traffic=[shape])
+
+    candidates = [t for t in result.trials if t.params]
+    assert candidates and all(set(t.params) == set(tuner.CONCURRENCY_KNOBS) for t in candidates)
+    assert all(set(t.changes) == {"scheduling"} for t in candidates)
+    tiers = [j.scheduling.kv_host_tier_bytes for j in replayed]
+    assert fleets == [tier for i, tier in enumerate(tiers) if i == 0 or tier != tiers[i - 1]]
+    assert result.winner is not None and result.verdict is not None
+    assert gain_of(with_changes(job, result.winner.changes)) > 100.0
+    assert result.verdict.accept is accept and result.verdict.quality is not None

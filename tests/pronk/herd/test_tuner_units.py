@@ -28,7 +28,7 @@ def test_knobs_become_job_changes():
 def test_live_knobs_need_no_new_workers():
     job = get_job("job-c0ffee01", get_settings(), versions=False)
     every_live = {"admission": "kv_budget", "kv_pin_ttl_s": 5.0, "kv_pin_ttl": "auto", "routing": "least_loaded",
-                  "max_concurrency": 4}  # fmt: skip
+                  "concurrency": "adaptive", "max_concurrency": 4}  # fmt: skip
     assert set(every_live) == set(LIVE_KNOBS)
     assert restart_key(with_changes(job, changes_of(every_live))) == restart_key(job)
     for knob in (
@@ -37,6 +37,7 @@ def test_live_knobs_need_no_new_workers():
         "priority",
         "kv_budget_headroom",
         "kv_budget_growth_steps",
+        "kv_host_tier_bytes",
     ):
         changed = with_changes(job, changes_of({knob: KNOBS[knob][1][-1]}))
         assert restart_key(changed) != restart_key(job), knob
@@ -74,6 +75,7 @@ def test_unknown_knobs_are_refused(tmp_path):
 def test_chosen_knobs_all_live_or_named():
     assert chosen_knobs(None) == chosen_knobs([]) == tuple(KNOBS)
     assert chosen_knobs(["live"]) == LIVE_KNOBS
+    assert chosen_knobs(["concurrency"]) == ("concurrency", "max_concurrency", "kv_host_tier_bytes")
     assert chosen_knobs(["routing", "max_num_seqs"]) == ("routing", "max_num_seqs")
 
 
