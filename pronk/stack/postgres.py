@@ -3,8 +3,9 @@
 `pronk stack up` runs the Prefect server on it where it can (`PRONK_PREFECT_DATABASE=auto`, see
 `embedded.prefect_database`), and it can hold the engine workers' registry (`PRONK_REGISTRY_URL`) for workers on
 other hosts. The cluster lives in `data_dir/postgres` and its address and password in `data_dir/postgres.json`
-(mode 0600), so a later `stack up` finds the same server. PostgreSQL refuses to run as root: run as root, pronk runs it as the system user `postgres`
-(the Debian package's), creating a system user `pronk-postgres` where there is none.
+(mode 0600), so a later `stack up` finds the same server. PostgreSQL refuses to run as root: run as root, pronk
+runs it as the system user `postgres` (the Debian package's), creating a system user `pronk-postgres` where there is
+none.
 
 Clients log in as `pronk` with a password (SCRAM) over TCP only, on `postgres_host` (127.0.0.1 by default): no
 Unix socket, so nothing depends on a socket folder another user owns.
