@@ -163,14 +163,16 @@ def markdown(seeds: list[dict], meta: dict, goals: list[dict]) -> str:
         "Held-out = the job's `quality.labelled_set` run as an ordinary batch before and after the loop; "
         "the training set never includes it. Helpers' unit tests and edits shared the 2 cores during the run.",
         "",
-        "| seed | held-out before | after | points | successes/$ after / before | rounds (status, kept, steps, "
-        "loss, canary before → after, minutes) | loop minutes | loop $ | break-even tasks for 1.3x incl. training "
+        "| seed | held-out before | after | points | successes/$ after / before | rounds (status, rollouts passed "
+        "by family, kept, steps, loss, canary before → after, minutes) | loop minutes | loop $ "
+        "| break-even tasks for 1.3x incl. training "
         "| batch during the round: lines, failed, versions |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for s in seeds:
         rounds = "; ".join(
-            f"{r['status']}, {r['kept']}, {r['steps']}, {r['loss']}, {r['canary']}, {r['minutes']}" for r in s["rounds"]
+            f"{r['status']}, {r['passed']}, {r['kept']}, {r['steps']}, {r['loss']}, {r['canary']}, {r['minutes']}"
+            for r in s["rounds"]
         )
         paced = s["paced"]
         batch = (
@@ -222,11 +224,13 @@ def round_figures(r: dict) -> dict:
     def rate(counts: dict | None) -> str:
         return "—" if not counts else f"{counts['passed']}/{counts['passed'] + counts['failed']}"
 
+    selection = r.get("selection") or {}
     training = r.get("training") or {}
     losses = training.get("losses") or []
     return {
         "status": r["status"],
-        "kept": (r.get("selection") or {}).get("kept"),
+        "kept": f"{selection.get('kept')} ({(selection.get('hinted') or {}).get('kept', 0)} hinted)",
+        "passed": " ".join(f"{k} {c['passed']}/{c['samples']}" for k, c in selection.get("families", {}).items()),
         "steps": training.get("steps"),
         "loss": f"{losses[0]:.3f} → {losses[-1]:.3f}" if losses else "—",
         "canary": f"{rate(r.get('held_out_before'))} → {rate(r.get('held_out_after'))}",

@@ -82,18 +82,23 @@ def _addressed_to(data: bytes, job: JobConfig) -> bytes:
     return b"\n".join(lines)
 
 
+def read_labelled_set(uri: str, settings: Settings) -> bytes:
+    """A labelled set's bytes: `uri` is a path relative to the project root, or s3://…; LabelledSetError when it
+    cannot be read."""
+    source = uri if "://" in uri else str(project_path(uri))
+    try:
+        return storage.read_bytes(source, settings)
+    except OSError as exc:
+        raise LabelledSetError(f"cannot read the labelled set {uri}: {exc}") from exc
+
+
 def labelled_lines(job: JobConfig, settings: Settings, uri: str | None = None) -> list[ValidRequest]:
     """A labelled set (default: the job's held-out `quality.labelled_set`), validated for the job; LabelledSetError
     names the first bad line."""
     uri = uri or job.quality.labelled_set
     if uri is None:
         raise LabelledSetError(f"job {job.job_id} has no quality.labelled_set")
-    source = uri if "://" in uri else str(project_path(uri))
-    try:
-        data = storage.read_bytes(source, settings)
-    except OSError as exc:
-        raise LabelledSetError(f"cannot read the labelled set {uri}: {exc}") from exc
-    validated = validate_input(_addressed_to(data, job), job)
+    validated = validate_input(_addressed_to(read_labelled_set(uri, settings), job), job)
     if validated.errors:
         first = validated.errors[0].error
         raise LabelledSetError(f"labelled set {uri}: {first.message if first else 'an invalid line'}")

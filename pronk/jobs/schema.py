@@ -271,19 +271,26 @@ class ImproveConfig(BaseModel):
         description="Labelled lines to roll out and learn from; never the job's held-out `quality.labelled_set`.",
     )
     tasks_per_round: int | None = Field(
-        default=24,
+        default=32,
         ge=1,
         description="Lines of the training set a round rolls out, drawn by the round's seed (None: every line).",
     )
     samples_per_task: int = Field(default=4, ge=1, le=64, description="Rollouts of each training line (k).")
     temperature: float = Field(default=0.8, gt=0, le=2, description="Sampling temperature of the rollouts.")
     seed: int = Field(default=0, description="First rollout seed; sample i of a line uses seed + i.")
+    hinted_samples: int = Field(
+        default=2,
+        ge=0,
+        le=64,
+        description="Rollouts, with its reference tool call as a hint, of each line that carries one and none of "
+        "whose samples passed (STaR's rationalization; trained on without the hint). 0: no hints.",
+    )
     cap_per_task: int = Field(
         default=2, ge=1, le=64, description="Distinct passed transcripts kept per task, so easy tasks do not dominate."
     )
     rounds: int = Field(default=1, ge=1, le=100, description="Rollout, selection and training rounds.")
-    max_steps: int = Field(default=40, ge=1, le=100_000, description="Optimizer steps per round at most.")
-    max_seconds: float = Field(default=300.0, gt=0, description="Training seconds per round at most.")
+    max_steps: int = Field(default=60, ge=1, le=100_000, description="Optimizer steps per round at most.")
+    max_seconds: float = Field(default=420.0, gt=0, description="Training seconds per round at most.")
     learning_rate: float = Field(default=1e-5, gt=0, le=1, description="AdamW learning rate.")
     batch_size: int = Field(default=4, ge=1, le=1024, description="Transcripts per optimizer step.")
     threads: int = Field(default=1, ge=1, le=256, description="torch threads of the training process.")

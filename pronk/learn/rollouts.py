@@ -4,6 +4,8 @@ The k samples of a line share its messages, so its prompt (system prompt, tools,
 workers' prefix cache computes once; they differ by seed (sample i: `seed + i`) and by custom id (`ID#i`), and run
 one line after another so a line's samples are in flight together. Running and checking is
 `pronk.batches.labelled.check_lines`, the canary's own; a sample carries its step records and transcripts.
+Hinted samples (`pronk.learn.hints`) are numbered after a line's plain ones, so every sample of a round has an id
+and a seed of its own.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from pronk.agents.harness import Harness
 from pronk.agents.transcripts import Transcript
 from pronk.batches.labelled import CheckedLine, check_lines
+from pronk.learn.hints import without_hint
 from pronk.protocol.bodies import ChatCompletionBody
 from pronk.protocol.lines import ValidRequest
 
@@ -21,11 +24,12 @@ SAMPLE_SEPARATOR = "#"
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """One rollout of a training line: which line, which sample, and its checked run."""
+    """One rollout of a training line: which line, which sample, its checked run, and whether it ran with a hint."""
 
     task_id: str
     index: int
     run: CheckedLine
+    hinted: bool = False
 
     @property
     def passed(self) -> bool:
@@ -36,18 +40,23 @@ class Sample:
         """The root trace's transcript (None: the line failed before its trace ran)."""
         return next((t for t in reversed(self.run.transcripts) if t.is_root), None)
 
+    def training_messages(self, transcript: Transcript) -> list[dict[str, str]]:
+        """The transcript's messages as training sees them: a hinted sample's without its hint."""
+        return without_hint(transcript.messages) if self.hinted else transcript.messages
+
 
 def sample_requests(
-    lines: list[ValidRequest], samples_per_task: int, temperature: float, seed: int
+    lines: list[ValidRequest], samples_per_task: int, temperature: float, seed: int, first_index: int = 0
 ) -> list[tuple[str, int, ValidRequest]]:
-    """(task id, sample index, request) for each of the k samples of each agent line, line by line."""
+    """(task id, sample index, request) for each of the k samples of each agent line, line by line; sample indexes
+    (and seeds) start at `first_index`."""
     if temperature <= 0:
         raise ValueError(f"rollouts sample at a temperature above 0, not {temperature}")
     requests = []
     for line in lines:
         if not isinstance(line.body, ChatCompletionBody):
             raise ValueError(f"line {line.custom_id!r} is a replay: only chat and agent lines can be rolled out")
-        for index in range(samples_per_task):
+        for index in range(first_index, first_index + samples_per_task):
             body = line.body.model_copy(update={"temperature": temperature, "seed": seed + index})
             custom_id = f"{line.custom_id}{SAMPLE_SEPARATOR}{index}"
             requests.append((line.custom_id, index, ValidRequest(line.line, custom_id, body, line.check)))
@@ -55,11 +64,18 @@ def sample_requests(
 
 
 async def rollout(
-    lines: list[ValidRequest], harness: Harness, samples_per_task: int, temperature: float, seed: int
+    lines: list[ValidRequest],
+    harness: Harness,
+    samples_per_task: int,
+    temperature: float,
+    seed: int,
+    first_index: int = 0,
+    hinted: bool = False,
 ) -> list[Sample]:
-    """Run every line `samples_per_task` times through `harness` (which must keep transcripts) and check each."""
+    """Run every line `samples_per_task` times through `harness` (which must keep transcripts) and check each;
+    `hinted`: the lines carry a hint (`pronk.learn.hints.hinted_request`) that training takes out again."""
     if harness.transcripts is None:
         raise ValueError("rollouts need a Harness with a TranscriptRecorder: selection trains on transcripts")
-    requests = sample_requests(lines, samples_per_task, temperature, seed)
+    requests = sample_requests(lines, samples_per_task, temperature, seed, first_index)
     checked = await check_lines([request for _, _, request in requests], harness)
-    return [Sample(task_id, index, run) for (task_id, index, _), run in zip(requests, checked, strict=True)]
+    return [Sample(task_id, index, run, hinted) for (task_id, index, _), run in zip(requests, checked, strict=True)]

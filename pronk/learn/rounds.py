@@ -29,6 +29,7 @@ from pronk.batches.schemas import CheckCounts
 from pronk.batches.traces import scratch_dir
 from pronk.errors import PronkError
 from pronk.jobs.schema import ImproveConfig, JobConfig
+from pronk.learn.hints import hinted_request, reference_calls
 from pronk.learn.rollouts import Sample, rollout
 from pronk.learn.selection import SelectionReport, select
 from pronk.learn.training import TrainingExample, TrainingResult
@@ -118,6 +119,7 @@ class RoundStore:
                 {
                     "task_id": s.task_id,
                     "sample": s.index,
+                    "hinted": s.hinted,
                     "custom_id": s.run.request.custom_id,
                     "check": s.run.check.model_dump(mode="json"),
                     "steps": [asdict(r) for r in s.run.records],
@@ -158,13 +160,28 @@ def training_lines(job: JobConfig, config: ImproveConfig, settings: Settings, se
 async def roll_out(
     round_id: str, job: JobConfig, config: ImproveConfig, settings: Settings, seed: int
 ) -> tuple[list[TrainingExample], SelectionReport]:
-    """Run the training set `samples_per_task` times on the job's live workers, keep every sample with the round,
-    and select the passed transcripts."""
+    """Run the training set `samples_per_task` times on the job's live workers, then `hinted_samples` times with a
+    hint each line none of whose samples passed (`pronk.learn.hints`); keep every sample with the round, and select
+    the passed transcripts."""
     lines = training_lines(job, config, settings, seed)
+    references = reference_calls(config.training_set, settings) if config.hinted_samples else {}
     router = job_router(job, settings)
     harness = Harness(router, job, StepRecorder(), scratch_dir(settings, round_id), TranscriptRecorder())
     try:
         samples = await rollout(lines, harness, config.samples_per_task, config.temperature, seed)
+        solved = {s.task_id for s in samples if s.passed}
+        unsolved = [line for line in lines if line.custom_id not in solved and line.custom_id in references]
+        if unsolved:
+            hinted = [hinted_request(line, references[line.custom_id]) for line in unsolved]
+            samples += await rollout(
+                hinted,
+                harness,
+                config.hinted_samples,
+                config.temperature,
+                seed,
+                first_index=config.samples_per_task,
+                hinted=True,
+            )
     finally:
         await router.aclose()
     RoundStore(settings).save_rollouts(round_id, samples)
@@ -209,6 +226,8 @@ def register(
                 "samples": selection.samples,
                 "passed": selection.passed,
                 "kept": selection.kept,
+                "hinted_samples": selection.hinted.samples,
+                "hinted_kept": selection.hinted.kept,
                 "steps": training.steps,
                 "stopped_by": training.stopped_by,
                 "threads": training.threads,

@@ -3,7 +3,8 @@
 A sample is kept when its check passed and its trace ended with a final answer (a check that passes on a trace cut
 off by `max_steps` passed on a tool call's text, not an answer). Identical passes of a task (the same conversation
 word for word) count once, and at most `cap_per_task` distinct passes of a task are kept, the first samples first,
-so tasks the model already solves every time do not outweigh the rest.
+so tasks the model already solves every time do not outweigh the rest. A hinted sample (`pronk.learn.hints`) is
+kept the same way, its transcript without the hint.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ class SelectionCounts(BaseModel):
 class SelectionReport(SelectionCounts):
     families: dict[str, SelectionCounts] = Field(default_factory=dict)
     """The same counts by task family (`arith`, `lookup`, `search`)."""
+    hinted: SelectionCounts = Field(default_factory=SelectionCounts)
+    """The counts of the hinted samples alone (tasks: those hinted); they are in the totals too."""
 
 
 def select(samples: Iterable[Sample], cap_per_task: int) -> tuple[list[TrainingExample], SelectionReport]:
@@ -39,25 +42,32 @@ def select(samples: Iterable[Sample], cap_per_task: int) -> tuple[list[TrainingE
     report = SelectionReport()
     examples: list[TrainingExample] = []
     seen: dict[str, set[str]] = {}
+    hinted_tasks: set[str] = set()
     for sample in sorted(samples, key=lambda s: (s.task_id, s.index)):
-        family = report.families.setdefault(task_family(sample.task_id), SelectionCounts())
+        counts = [report, report.families.setdefault(task_family(sample.task_id), SelectionCounts())]
+        if sample.hinted:
+            counts.append(report.hinted)
+            if sample.task_id not in hinted_tasks:
+                hinted_tasks.add(sample.task_id)
+                report.hinted.tasks += 1
         kept = seen.get(sample.task_id)
         if kept is None:
             kept = seen[sample.task_id] = set()
-            report.tasks += 1
-            family.tasks += 1
-        report.samples += 1
-        family.samples += 1
+            for c in counts[:2]:
+                c.tasks += 1
+        for c in counts:
+            c.samples += 1
         transcript = sample.transcript
         if not (sample.passed and transcript is not None and transcript.finish_reason == "stop"):
             continue
-        report.passed += 1
-        family.passed += 1
-        key = json.dumps(transcript.messages, sort_keys=True)
+        for c in counts:
+            c.passed += 1
+        messages = sample.training_messages(transcript)
+        key = json.dumps(messages, sort_keys=True)
         if key in kept or len(kept) >= cap_per_task:
             continue
         kept.add(key)
-        report.kept += 1
-        family.kept += 1
-        examples.append(TrainingExample(sample.task_id, sample.run.request.custom_id, transcript.messages))
+        for c in counts:
+            c.kept += 1
+        examples.append(TrainingExample(sample.task_id, sample.run.request.custom_id, messages))
     return examples, report

@@ -15,6 +15,10 @@ changed, so system prompts, tools, tool_choice, harness options and sampling are
 No task repeats a held-out question or a held-out prompt's example, nor asks a company fact that any held-out
 question asks (whatever its family), nor is passed by echoing its own question; every check is run on its expected
 answer before the line is written.
+
+Each line also carries, beside its check, a `reference`: the tool call its answer came from (the expression, the
+SQL, the question as the search query), in the harness's `{"tool", "arguments"}` form. Batches ignore it; the
+improve loop shows it as a hint to a task none of its rollouts solved (`pronk.learn.hints`).
 """
 
 from __future__ import annotations
@@ -158,15 +162,31 @@ def _column(sql: Tool, query: str) -> list[str]:
     return [row[0] for row in csv.reader(io.StringIO(run_tool(sql, {"query": query})))][1:]
 
 
-def sql_tasks(sql: Tool, held_out: list[str]) -> list[tuple[str, dict[str, Any]]]:
-    """(question, check) of every company field no held-out question asks, then aggregates, each answer from `sql`."""
+Task = tuple[str, dict[str, Any], dict[str, Any]]
+"""A generated task: its question, its check, and the reference tool call its answer came from."""
+
+
+def reference_call(tool: str, **arguments: str) -> dict[str, Any]:
+    """A tool call in the harness's form, as a model's turn writes it."""
+    return {"tool": tool, "arguments": arguments}
+
+
+def sql_tasks(sql: Tool, held_out: list[str]) -> list[Task]:
+    """(question, check, reference) of every company field no held-out question asks, then aggregates, each answer
+    from `sql`."""
     tasks = []
     for name in _column(sql, "SELECT name FROM companies ORDER BY company_id"):
         for field, (question, marker) in COMPANY_FIELDS.items():
             if any(name in text and marker in text for text in held_out):
                 continue
-            answer = sql_value(sql, f"SELECT {field} FROM companies WHERE name = '{name}'")
-            tasks.append((f"{question.format(name=name)} Query the companies table with sql.", _check_of(answer)))
+            query = f"SELECT {field} FROM companies WHERE name = '{name}'"
+            tasks.append(
+                (
+                    f"{question.format(name=name)} Query the companies table with sql.",
+                    _check_of(sql_value(sql, query)),
+                    reference_call("sql", query=query),
+                )
+            )
     aggregates = [("How many rows does the orders table have? Use sql with COUNT(*).", "SELECT COUNT(*) FROM orders")]
     for word, function in [("smallest", "MIN"), ("total", "SUM")]:
         aggregates.append(
@@ -201,7 +221,10 @@ def sql_tasks(sql: Tool, held_out: list[str]) -> list[tuple[str, dict[str, Any]]
                 f"SELECT COUNT(*) FROM companies WHERE industry = '{industry}'",
             )
         )
-    return tasks + [(question, _check_of(sql_value(sql, query))) for question, query in aggregates]
+    return tasks + [
+        (question, _check_of(sql_value(sql, query)), reference_call("sql", query=query))
+        for question, query in aggregates
+    ]
 
 
 def _check_of(answer: str) -> dict[str, Any]:
@@ -213,14 +236,15 @@ def _check_of(answer: str) -> dict[str, Any]:
     return {"type": "regex", "pattern": re.escape(answer), "ignore_case": True}
 
 
-def search_tasks(search: Tool) -> list[tuple[str, dict[str, Any]]]:
-    """(question, check) of each corpus fact whose answer the search tool returns for the question itself."""
+def search_tasks(search: Tool) -> list[Task]:
+    """(question, check, reference) of each corpus fact whose answer the search tool returns for the question
+    itself."""
     tasks = []
     for questions, pattern in SEARCH_FACTS:
         check = {"type": "regex", "pattern": pattern, "ignore_case": True}
         for question in questions:
             if _passes(check, run_tool(search, {"query": question})):
-                tasks.append((f"{question} Search the corpus.", check))
+                tasks.append((f"{question} Search the corpus.", check, reference_call("search", query=question)))
     return tasks
 
 
@@ -240,12 +264,13 @@ def training_lines(tools: dict[str, Tool], held_out: list[dict[str, Any]], seed:
     for line in held_out:
         templates.setdefault(task_family(line["custom_id"]), line)
     texts = [m["content"] for line in held_out for m in line["body"]["messages"]]
-    arithmetic = []
+    arithmetic: list[Task] = []
     for expression in arithmetic_expressions(rng):
         expected = evaluate(expression)
         number = int(expected) if float(expected).is_integer() else expected
         question = f"Use python to compute {expression}. Then answer with the number."
-        arithmetic.append((question, {"type": "number", "expected": number, "tolerance": 0.001}))
+        check = {"type": "number", "expected": number, "tolerance": 0.001}
+        arithmetic.append((question, check, reference_call("python", code=expression)))
     generated = {
         "arith": arithmetic,
         "lookup": sql_tasks(tools["sql"], [_question(line) for line in held_out]),
@@ -255,19 +280,18 @@ def training_lines(tools: dict[str, Tool], held_out: list[dict[str, Any]], seed:
     for family, candidates in generated.items():
         # Nothing a held-out line (or its prompt's example) asks, and nothing its question alone would pass.
         tasks = [
-            (question, check)
-            for question, check in candidates
-            if not any(question in text for text in texts) and not _passes(check, question)
+            task for task in candidates if not any(task[0] in text for text in texts) and not _passes(task[1], task[0])
         ]
         chosen = sorted(rng.sample(range(len(tasks)), min(PER_FAMILY[family], len(tasks))))
         for number, index in enumerate(chosen, start=1):
-            question, check = tasks[index]
+            question, check, reference = tasks[index]
             if not _passes(check, _canonical_answer(check)):
                 raise ValueError(f"{family} task {question!r}: its check fails its own answer: {check}")
             line = copy.deepcopy(templates[family])
             line["custom_id"] = f"{family}-train-{number:03d}"
             line["body"]["messages"][-1]["content"] = question
             line["check"] = check
+            line["reference"] = reference
             lines.append(line)
     return lines
 

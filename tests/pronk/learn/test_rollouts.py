@@ -16,6 +16,7 @@ from pronk.agents.transcripts import Transcript, TranscriptRecorder
 from pronk.batches.input import validate_input
 from pronk.batches.labelled import CheckedLine
 from pronk.jobs.files import get_job
+from pronk.learn.hints import HINT_PREFIX, hinted_request
 from pronk.learn.rollouts import Sample, rollout, sample_requests
 from pronk.learn.selection import SelectionCounts, select
 from pronk.protocol.checks import CheckResult
@@ -104,9 +105,11 @@ def test_a_rollout_needs_a_harness_that_keeps_transcripts(tmp_path):
         asyncio.run(rollout(lines("arith-1"), harness, 2, 0.8, 0))
 
 
-def sample(task: str, index: int, status: str, answer: str = "4", finish: str = "stop") -> Sample:
+def sample(
+    task: str, index: int, status: str, answer: str = "4", finish: str = "stop", question: str = "q", hinted=False
+) -> Sample:
     request = dataclasses.replace(lines(task)[0], custom_id=f"{task}#{index}")
-    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": json.dumps({"final": answer})}]
+    messages = [{"role": "user", "content": question}, {"role": "assistant", "content": json.dumps({"final": answer})}]
     transcript = Transcript(f"{task}#{index}", f"{task}#{index}", None, messages, finish, answer)
     completion = Completion("agent", "r", "m", "1", "w", Usage(1, 0, 1), text=answer)
     run = CheckedLine(
@@ -117,7 +120,7 @@ def sample(task: str, index: int, status: str, answer: str = "4", finish: str = 
         0.0,
         [transcript],
     )
-    return Sample(task, index, run)
+    return Sample(task, index, run, hinted)
 
 
 def test_selection_keeps_distinct_answered_passes_capped_per_task_and_counts_by_family():
@@ -146,4 +149,31 @@ def test_selection_keeps_distinct_answered_passes_capped_per_task_and_counts_by_
             "arith": SelectionCounts(tasks=2, samples=5, passed=4, kept=2).model_dump(),
             "lookup": SelectionCounts(tasks=1, samples=2, passed=1, kept=1).model_dump(),
         },
+        "hinted": SelectionCounts().model_dump(),
     }
+
+
+def test_hinted_samples_run_after_the_plain_ones_with_the_hint_in_the_question(tmp_path):
+    router = AnsweringRouter({"lookup-1": ["no", "no", "4", "no"]})
+    harness = Harness(router, get_job("tiny-cpu", get_settings()), StepRecorder(), tmp_path, TranscriptRecorder())  # type: ignore[arg-type]
+    call = '{"tool":"sql","arguments":{"query":"SELECT 4"}}'
+    hinted = hinted_request(lines("lookup-1")[0], call)
+    samples = asyncio.run(rollout([hinted], harness, 2, 0.8, 0, first_index=2, hinted=True))
+
+    assert [(s.index, s.hinted, s.passed) for s in samples] == [(2, True, True), (3, True, False)]
+    assert router.sent["lookup-1#2"][-1]["content"].endswith(HINT_PREFIX + call)
+    assert [s.run.request.body.seed for s in samples] == [2, 3]  # type: ignore[union-attr]
+
+
+def test_a_kept_hinted_pass_is_trained_on_without_its_hint_and_counted_apart():
+    hinted_question = "What is 2 + 2?" + HINT_PREFIX + '{"tool":"python","arguments":{"code":"2 + 2"}}'
+    samples = [
+        sample("lookup-1", 0, "failed", answer="5", question="What is 2 + 2?"),
+        sample("lookup-1", 1, "passed", question=hinted_question, hinted=True),
+        sample("lookup-1", 2, "failed", answer="3", question=hinted_question, hinted=True),
+    ]
+    examples, report = select(samples, cap_per_task=2)
+
+    assert [e.messages[0]["content"] for e in examples] == ["What is 2 + 2?"]
+    assert (report.tasks, report.samples, report.passed, report.kept) == (1, 3, 1, 1)
+    assert report.hinted == SelectionCounts(tasks=1, samples=2, passed=1, kept=1)

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import ast
+import asyncio
 import json
 from collections import Counter
 
 import pytest
+from pydantic import TypeAdapter
 
+from pronk.agents.checks import run_check
 from pronk.agents.tools import job_tools
 from pronk.batches.input import validate_input
 from pronk.jobs.files import get_job
 from pronk.jobs.schema import ImproveConfig
 from pronk.learn.training import TrainingBudget
-from pronk.learn.training_tasks import HELD_OUT, TRAINING_SET, evaluate, task_family, training_lines
+from pronk.learn.training_tasks import HELD_OUT, TRAINING_SET, evaluate, run_tool, task_family, training_lines
+from pronk.protocol.checks import Check
 from pronk.settings import get_settings
 
 
@@ -63,7 +67,7 @@ def test_each_line_is_a_held_out_line_of_its_family_but_for_its_question_and_che
     for line in training:
         family = templates[task_family(line["custom_id"])]
         template = family[0]
-        assert list(line) == list(template)
+        assert list(line) == [*template, "reference"]
         assert {k: v for k, v in line["body"].items() if k != "messages"} == {
             k: v for k, v in template["body"].items() if k != "messages"
         }
@@ -85,3 +89,17 @@ def test_a_jobs_improve_section_gives_the_training_budget():
     budget = TrainingBudget.of(improve)
     assert (budget.max_steps, budget.max_seconds, budget.threads, budget.nice) == (7, 30, 2, 3)
     assert (budget.learning_rate, budget.batch_size) == (2e-5, 8)
+
+
+def test_each_reference_call_is_the_lines_own_tool_and_finds_its_answer(training):
+    tools = job_tools(get_job("smollm2-cpu", get_settings()))
+    for line in training:
+        reference = line["reference"]
+        assert reference["tool"] == line["body"]["tool_choice"]["function"]["name"]
+        if reference["tool"] == "python":
+            expression = question(line).removeprefix("Use python to compute ")
+            assert reference["arguments"] == {"code": expression.removesuffix(". Then answer with the number.")}
+            continue
+        result = run_tool(tools[reference["tool"]], reference["arguments"])
+        check = TypeAdapter(Check).validate_python(line["check"])
+        assert asyncio.run(run_check(check, result)).status == "passed", (line["custom_id"], result)

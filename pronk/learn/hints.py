@@ -1,0 +1,59 @@
+"""Hints for the tasks no rollout solved: STaR's rationalization, with the task's tool call as the hint.
+
+Rejection sampling learns only from tasks the served version already solves now and then. A family it never solves
+gives it nothing to learn from: in bench/RESULTS.md's improve runs, search passed 0 of 12 samples a round and
+lookups ~10%, so each round trained on arithmetic the model already answered. STaR (Zelikman et al., 2022)
+answers this with rationalization: show the model the answer of a task it failed, let it produce the rest, keep
+what passes and train on it as if no hint had been given.
+
+Here the hint is a training line's `reference` tool call (`training_tasks` writes one on every generated line), not
+its answer. The model still writes the call (copying it), the tool runs it for real, and the model writes its own
+final answer from the tool's result, which the task's check judges as for any sample. A passed hinted sample is
+trained on with the hint taken out of the question, so the model learns to make that call from the question alone.
+The held-out set carries no references and is never hinted.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pronk.batches.input import split_lines
+from pronk.batches.labelled import read_labelled_set
+from pronk.protocol.bodies import ChatCompletionBody
+from pronk.protocol.lines import ValidRequest
+from pronk.settings import Settings
+
+HINT_PREFIX = "\nHint: a tool call that answers this is "
+
+
+def reference_calls(uri: str, settings: Settings) -> dict[str, str]:
+    """custom id -> reference call of every line of a labelled set that carries one, as a model's turn writes a
+    call (compact JSON, like the prompts' examples)."""
+    references = {}
+    for _, raw in split_lines(read_labelled_set(uri, settings)):
+        line: Any = json.loads(raw)
+        reference = line.get("reference") if isinstance(line, dict) else None
+        if isinstance(reference, dict) and isinstance(line.get("custom_id"), str):
+            references[line["custom_id"]] = json.dumps(reference, separators=(",", ":"))
+    return references
+
+
+def hinted_request(line: ValidRequest, reference: str) -> ValidRequest:
+    """The line with its reference call appended to its last user message as a hint."""
+    if not isinstance(line.body, ChatCompletionBody):
+        raise ValueError(f"line {line.custom_id!r} is a replay: only chat and agent lines take a hint")
+    messages = list(line.body.messages)
+    last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=None)
+    if last_user is None:
+        raise ValueError(f"line {line.custom_id!r} has no user message to hint")
+    messages[last_user] = messages[last_user].model_copy(
+        update={"content": messages[last_user].text() + HINT_PREFIX + reference}
+    )
+    body = line.body.model_copy(update={"messages": messages})
+    return ValidRequest(line.line, line.custom_id, body, line.check)
+
+
+def without_hint(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    """A hinted sample's transcript as the question alone would have started it: the hint cut from user turns."""
+    return [{**m, "content": m["content"].split(HINT_PREFIX, 1)[0]} if m.get("role") == "user" else m for m in messages]
