@@ -248,15 +248,16 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     work = scratch_stack("improve", PRONK_DEFAULT_JOB=args.job, MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR="false")
-    from flows.leap import leap
-    from pronk.jobs.files import get_job
-    from pronk.learn.rounds import served_version
     from pronk.settings import get_settings
-    from pronk.stack import embedded as stack
     from pronk.stack.prefect_env import configure_prefect
 
     settings = get_settings()
-    configure_prefect(settings)
+    configure_prefect(settings)  # before anything imports prefect, which reads its settings once, on import
+    from flows.leap import leap
+    from pronk.jobs.files import get_job
+    from pronk.learn.rounds import served_version
+    from pronk.stack import embedded as stack
+
     job = get_job(args.job, settings)
     labelled = PROJECT_ROOT / str(job.quality.labelled_set)
     usd_per_s = job.workers * job.worker_hour_price / 3600
