@@ -82,11 +82,11 @@ def test_rounds_goals_and_the_success_rate_judgement():
     table = checked_table(rounds)
     assert set(table) == {BASELINE, HARNESS, LIMIT} and table[LIMIT]["traces_per_s_wall"]["median"] == 2.0
     assert (
-        table[HARNESS]["over_baseline"]["rounds"] == [3.0, 2.0, 1.5] and table[HARNESS]["over_limit"]["median"] == 0.5
+        table[HARNESS]["over_baseline"]["rounds"] == [3.0, 2.0, 1.5] and table[HARNESS]["over_limit"]["median"] == 0.05
     )
     assert table[BASELINE]["successes_per_dollar"]["rounds"][0] == pytest.approx(6 / (0.05 * 2 * 300 / 3600), rel=1e-5)
     per_dollar, to_limit, quality = checked_goals(rounds)
-    assert per_dollar["goal"] == 2.5 and not per_dollar["met"] and not to_limit["met"]  # 2.0x and 0.5 of the limit
+    assert per_dollar["goal"] == 2.5 and not per_dollar["met"] and not to_limit["met"]  # 2.0x and 0.05 of the limit
     assert quality["met"] and "holds" in quality["reason"] and quality["rounds"] == [1.0, 1.0, 1.0]
 
     worse = [CheckedRound(_run(BASELINE, 300.0, 30, 2), _run(HARNESS, 10.0, 10, 22, steady))]

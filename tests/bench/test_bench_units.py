@@ -160,7 +160,7 @@ def test_rounds_keep_every_value_and_goals_use_the_same_round():
     def run(name, rate, cached):
         return AgentRun(
             name,
-            wall_s=10.0,
+            wall_s=10 / rate,
             workers=2,
             traces=10,
             steps=40,

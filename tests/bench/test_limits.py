@@ -140,8 +140,8 @@ def test_the_compute_only_limit_cuts_groups_to_its_kv_bound_and_keeps_the_jobs_c
 
 
 def _run(name: str, rate: float, busy: float | None = None) -> AgentRun:
-    """A run of 10 traces, one every 1/rate s in steady state; 10 s of wall time."""
-    run = AgentRun(name, 10.0, 2, 10, 40, 1000, 800, 100, [1.0], finished_s=[t / rate for t in range(1, 11)])
+    """A run of 10 traces, one every 1/rate s: `rate` traces a second, steady and over its whole wall time."""
+    run = AgentRun(name, 10 / rate, 2, 10, 40, 1000, 800, 100, [1.0], finished_s=[t / rate for t in range(1, 11)])
     run.busy_share = busy
     return run
 
@@ -184,6 +184,13 @@ def test_ratios_to_both_limits_and_a_limit_exceeded_in_every_round_is_a_defect()
     assert lines.count("**Defect**") == 1 and BATCH in lines and LIMIT in lines
 
 
+def test_a_run_is_set_against_a_limit_over_its_whole_wall_time_not_its_steady_window():
+    bunched = AgentRun(BATCH, 20.0, 2, 10, 40, 1000, 800, 100, [1.0], finished_s=[15 + t / 4 for t in range(1, 11)])
+    assert bunched.steady_traces_per_s == 4.0 and bunched.traces_per_s == 0.5
+    rounds = [{BASELINE: _run(BASELINE, 1.0), BATCH: bunched, LIMIT: _limit(LIMIT, 1.0)}]
+    assert rounds_table(rounds, [0.9])[BATCH]["over_limit"]["rounds"] == [0.5]
+
+
 def test_a_compute_only_limit_exceeded_is_a_defect_even_with_no_goal():
     rounds = [
         {
@@ -203,9 +210,9 @@ def _checked(name: str, wall_s: float, passed: int, finished: list[float]) -> Ch
 
 
 def test_agent_real_rounds_carry_both_limits_and_their_defects(tmp_path):
-    steady = [float(t) for t in range(1, 11)]  # 1 trace a second in steady state
+    steady = [float(t) for t in range(1, 11)]  # 1 trace a second, steady and over its 10 s of wall time
     limits = {LIMIT: _limit(LIMIT, 0.9), COMPUTE_LIMIT: _limit(COMPUTE_LIMIT, 2.0)}
-    rounds = [CheckedRound(_checked(BASELINE, 300.0, 6, []), _checked(HARNESS, 100.0, 6, steady), limits)] * 2
+    rounds = [CheckedRound(_checked(BASELINE, 300.0, 6, []), _checked(HARNESS, 10.0, 6, steady), limits)] * 2
     table = checked_table(rounds)
     assert set(table) == {BASELINE, HARNESS, LIMIT, COMPUTE_LIMIT}
     assert table[HARNESS]["over_compute_limit"]["median"] == 0.5 and table[HARNESS]["over_limit"]["defect"]
