@@ -11,10 +11,12 @@ sample's markdown (created last: its presence says the drawing is done).
 One drawer runs at a time on a machine: it holds a lock (`logs/trace_samples.lock`) and draws every order placed
 while it runs, one after another, so a burst of small batches (the batch queue's drainer ends dozens a minute) starts
 one drawer, not one process importing Prefect and MLflow per batch. The lock is taken before the drawer starts and
-passed to it, so no second drawer starts while the first is still importing.
+passed to it, so no second drawer starts while the first is still importing; the drawer's pid is written into the lock
+file (`pronk.stack.trace_sample_lock`).
 
 It is for show: it never touches the batch or its files. It deletes the order before it starts, so a
 batch's sample is drawn at most once, and it lives at most `deadline_s(order)`: past it the process ends.
+`pronk stack down` stops it.
 Its own log goes to `logs/trace_samples.log`; a summary line goes to the flow run's logs.
 """
 
@@ -33,7 +35,6 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 from prefect import get_client
@@ -51,6 +52,7 @@ from pronk.control.calls import best_effort
 from pronk.control.trace_dags import MAX_TASK_RUNS, RECORD_WAIT_S, TASK_RUNS_PER_S, draw_trace_dags, log_line
 from pronk.jobs.files import get_job
 from pronk.settings import PROJECT_ROOT, Settings, get_settings
+from pronk.stack.trace_sample_lock import DRAWER_MODULE, record_holder, take_lock
 from pronk.tracking import experiment_name
 
 logger = logging.getLogger(__name__)
@@ -92,23 +94,16 @@ def place_order(order: SampleOrder, settings: Settings) -> None:
         raise
 
 
-def lock_path(settings: Settings) -> Path:
-    return settings.logs_dir / "trace_samples.lock"
-
-
 def start_drawer(settings: Settings, batch_id: str) -> bool:
     """Start the drawer, holding the drawers' lock for it, with `batch_id`'s order first; False when one is running."""
-    settings.logs_dir.mkdir(parents=True, exist_ok=True)
-    lock = os.open(lock_path(settings), os.O_RDWR | os.O_CREAT, 0o600)
+    lock = take_lock(settings)
+    if lock is None:
+        return False
     try:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
         env = {k: v for k, v in os.environ.items() if k != "PREFECT__FLOW_RUN_ID"}  # the drawer is not the flow run
         with open(settings.logs_dir / "trace_samples.log", "ab") as log:
-            subprocess.Popen(
-                [sys.executable, "-m", "pronk.control.trace_sample", "--lock-fd", str(lock), "--", batch_id],
+            drawer = subprocess.Popen(
+                [sys.executable, "-m", DRAWER_MODULE, "--lock-fd", str(lock), "--", batch_id],
                 cwd=PROJECT_ROOT,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -117,6 +112,7 @@ def start_drawer(settings: Settings, batch_id: str) -> bool:
                 start_new_session=True,
                 pass_fds=(lock,),
             )
+        record_holder(lock, drawer.pid)  # for `pronk stack down`, which stops it
         return True
     finally:
         os.close(lock)  # the drawer's copy of the descriptor holds the lock from here

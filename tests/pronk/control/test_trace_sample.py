@@ -4,6 +4,7 @@ final at the times their steps ran, linked by their ids, and the same ones when 
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from datetime import datetime
 from types import SimpleNamespace
@@ -18,6 +19,7 @@ from pronk.control import trace_dags, trace_sample
 from pronk.control.trace_dags import draw_trace_dags, node_events
 from pronk.control.trace_sample import SampleOrder, order_uri, take_order
 from pronk.settings import Settings
+from pronk.stack.trace_sample_lock import lock_path
 
 FLOW_RUN = str(uuid.uuid4())
 
@@ -72,13 +74,19 @@ def test_an_order_is_taken_once_and_a_malformed_one_is_dropped(settings):
 
 def test_placing_an_order_starts_a_drawer_in_its_own_session(settings, monkeypatch):
     started = []
-    monkeypatch.setattr(trace_sample.subprocess, "Popen", lambda args, **kw: started.append((args, kw)))
+
+    def popen(args, **kw):
+        started.append((args, kw))
+        return SimpleNamespace(pid=4242)
+
+    monkeypatch.setattr(trace_sample.subprocess, "Popen", popen)
     monkeypatch.setenv("PREFECT__FLOW_RUN_ID", FLOW_RUN)
     trace_sample.place_order(order("-batch"), settings)
     ((args, kw),) = started
     assert args[-2:] == ["--", "-batch"]  # a hostile batch id is never an option
     assert args[args.index("--lock-fd") + 1] == str(kw["pass_fds"][0])
     assert kw["start_new_session"] is True and "PREFECT__FLOW_RUN_ID" not in kw["env"]
+    assert lock_path(settings).read_text() == "4242\n"  # the drawer's pid, for `pronk stack down`
     taken = take_order("-batch", settings)
     assert taken is not None and taken.traces == order().traces
 
@@ -86,12 +94,16 @@ def test_placing_an_order_starts_a_drawer_in_its_own_session(settings, monkeypat
 def test_an_order_placed_while_a_drawer_holds_the_lock_starts_no_second_drawer(settings, monkeypatch):
     """A burst of batches ending starts one drawer; it draws every order placed until it lets the lock go."""
     import fcntl
-    import os
 
     started = []
-    monkeypatch.setattr(trace_sample.subprocess, "Popen", lambda args, **kw: started.append(args))
+
+    def popen(args, **kw):
+        started.append(args)
+        return SimpleNamespace(pid=4242)
+
+    monkeypatch.setattr(trace_sample.subprocess, "Popen", popen)
     settings.logs_dir.mkdir(parents=True, exist_ok=True)
-    held = os.open(trace_sample.lock_path(settings), os.O_RDWR | os.O_CREAT)
+    held = os.open(lock_path(settings), os.O_RDWR | os.O_CREAT)
     fcntl.flock(held, fcntl.LOCK_EX)
     try:
         trace_sample.place_order(order("batch_1"), settings)
