@@ -80,10 +80,12 @@ def settings(object_store) -> Settings:
 def stack(settings: Settings):
     """The real embedded stack with the default job's two workers; stopped at the end of the session.
 
-    Stopping it must leave none of the process groups it recorded (vLLM's engine processes included).
+    Stopping it must leave none of the process groups it recorded (vLLM's engine processes included), nor the
+    trace-sample drawer its batches started.
     """
     from pronk.stack import embedded
     from pronk.stack.processes import group_members
+    from pronk.stack.trace_sample_lock import running_drawer
 
     try:
         embedded.up(settings, mlflow_ui=False)
@@ -93,6 +95,7 @@ def stack(settings: Settings):
         embedded.down(settings)
         survivors = {name: group_members(pid) for name, pid in groups.items() if group_members(pid)}
         assert not survivors, f"stack down left processes behind: {survivors}"
+        assert running_drawer(settings) is None, "stack down left the trace-sample drawer running"
 
 
 @pytest.fixture(scope="session")

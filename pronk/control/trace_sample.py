@@ -11,10 +11,15 @@ sample's markdown (created last: its presence says the drawing is done).
 One drawer runs at a time on a machine: it holds a lock (`logs/trace_samples.lock`) and draws every order placed
 while it runs, one after another, so a burst of small batches (the batch queue's drainer ends dozens a minute) starts
 one drawer, not one process importing Prefect and MLflow per batch. The lock is taken before the drawer starts and
-passed to it, so no second drawer starts while the first is still importing.
+passed to it, so no second drawer starts while the first is still importing; the drawer's pid is written into the lock
+file (`pronk.stack.trace_sample_lock`).
 
 It is for show: it never touches the batch or its files. It deletes the order before it starts, so a
 batch's sample is drawn at most once, and it lives at most `deadline_s(order)`: past it the process ends.
+It draws only for a Prefect server that answers: before each order it checks the API's health, and when that fails
+(the server is stopped) it ends, leaving the orders it has not taken in the store for the next drawer, rather than
+wait `FLOW_END_WAIT_S` on each for a flow run's end that will never be reported. `pronk stack down` stops it too
+(SIGTERM: it ends at once, the orders it has not taken left in the store).
 Its own log goes to `logs/trace_samples.log`; a summary line goes to the flow run's logs.
 """
 
@@ -33,7 +38,6 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 from prefect import get_client
@@ -47,10 +51,11 @@ from pronk.agents.trace_dag import DagNode, readable, trace_dag
 from pronk.batches.run import BatchRun
 from pronk.batches.traces import TABLE_ROWS, SampledTrace, sample_of, scratch_dir, table_rows, trace_table
 from pronk.control.artifacts import publish_trace_table
-from pronk.control.calls import best_effort
+from pronk.control.calls import PREFECT_CALL_TIMEOUT_S, best_effort
 from pronk.control.trace_dags import MAX_TASK_RUNS, RECORD_WAIT_S, TASK_RUNS_PER_S, draw_trace_dags, log_line
 from pronk.jobs.files import get_job
 from pronk.settings import PROJECT_ROOT, Settings, get_settings
+from pronk.stack.trace_sample_lock import DRAWER_MODULE, record_holder, take_lock
 from pronk.tracking import experiment_name
 
 logger = logging.getLogger(__name__)
@@ -63,6 +68,10 @@ FLOW_END_WAIT_S = 30.0
 """The longest the drawer waits for its flow run to end before drawing anyway."""
 MARKDOWN_SAFE = str.maketrans({c: "_" for c in "|[]<>`*\\"})
 """A custom id is hostile input: in the sample's markdown it shows as text, never as a link, tag or table cell break."""
+
+
+class PrefectAway(Exception):
+    """The Prefect API does not answer: the drawer stops, leaving the orders it has not taken in the store."""
 
 
 class SampleOrder(BaseModel):
@@ -92,23 +101,16 @@ def place_order(order: SampleOrder, settings: Settings) -> None:
         raise
 
 
-def lock_path(settings: Settings) -> Path:
-    return settings.logs_dir / "trace_samples.lock"
-
-
 def start_drawer(settings: Settings, batch_id: str) -> bool:
     """Start the drawer, holding the drawers' lock for it, with `batch_id`'s order first; False when one is running."""
-    settings.logs_dir.mkdir(parents=True, exist_ok=True)
-    lock = os.open(lock_path(settings), os.O_RDWR | os.O_CREAT, 0o600)
+    lock = take_lock(settings)
+    if lock is None:
+        return False
     try:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
         env = {k: v for k, v in os.environ.items() if k != "PREFECT__FLOW_RUN_ID"}  # the drawer is not the flow run
         with open(settings.logs_dir / "trace_samples.log", "ab") as log:
-            subprocess.Popen(
-                [sys.executable, "-m", "pronk.control.trace_sample", "--lock-fd", str(lock), "--", batch_id],
+            drawer = subprocess.Popen(
+                [sys.executable, "-m", DRAWER_MODULE, "--lock-fd", str(lock), "--", batch_id],
                 cwd=PROJECT_ROOT,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -117,6 +119,7 @@ def start_drawer(settings: Settings, batch_id: str) -> bool:
                 start_new_session=True,
                 pass_fds=(lock,),
             )
+        record_holder(lock, drawer.pid)  # for `pronk stack down`, which stops it
         return True
     finally:
         os.close(lock)  # the drawer's copy of the descriptor holds the lock from here
@@ -302,8 +305,26 @@ def placed_orders(settings: Settings) -> list[str]:
     return [name.removesuffix(".json") for name in names if name.endswith(".json")]
 
 
+async def prefect_health() -> Exception | None:
+    """Why the Prefect API fails its health check (it refuses connections, errs or does not answer in time), or None
+    when it answers. A fresh client each time: Prefect's client retries a refused connection only once it has
+    connected, so a server that is gone fails at once."""
+    try:
+        async with get_client() as client:
+            return await asyncio.wait_for(client.api_healthcheck(), PREFECT_CALL_TIMEOUT_S)
+    except Exception as exc:  # noqa: BLE001 - a timeout, or a client that cannot start: the server is as good as gone
+        return exc
+
+
 def draw_order(batch_id: str, settings: Settings) -> bool:
-    """Take the batch's order and fulfil it within its deadline; False when that failed."""
+    """Take the batch's order and fulfil it within its deadline; False when that failed.
+
+    Raises `PrefectAway`, the order left in the store, when the Prefect API does not answer: each order would wait
+    `FLOW_END_WAIT_S` for the end of a flow run that a server which is gone never reports.
+    """
+    error = asyncio.run(prefect_health())
+    if error is not None:
+        raise PrefectAway(f"{type(error).__name__}: {error}")
     order = take_order(batch_id, settings)
     if order is None:
         logger.info("batch %s: no trace sample to draw", batch_id)
@@ -336,6 +357,14 @@ def draw_while_placed(lock: int, settings: Settings) -> bool:
             return ok  # a drawer started meanwhile: the orders are its
 
 
+def stop_on_sigterm(signum: int, frame: object) -> None:
+    """End the drawer at once (`pronk stack down` stops it with the server it draws for). The orders not taken yet stay
+    in the store; the one being drawn is given up half drawn, as drawing is only for show. `os._exit`, not `SystemExit`:
+    the interpreter's exit would wait on a thread still in an MLflow call."""
+    logger.warning("stopped by SIGTERM; the orders not drawn yet stay in the store")
+    os._exit(0)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Draw finished batches' trace samples (started by their flow runs).")
     parser.add_argument("batch_ids", nargs="*", help="Batches whose orders are drawn first.")
@@ -347,10 +376,19 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s", force=True
     )  # Prefect and MLflow configured logging on import
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     settings = get_settings()
-    ok = all([draw_order(batch_id, settings) for batch_id in args.batch_ids])
-    if args.lock_fd is not None:
-        ok = draw_while_placed(args.lock_fd, settings) and ok
+    try:
+        ok = all([draw_order(batch_id, settings) for batch_id in args.batch_ids])
+        if args.lock_fd is not None:
+            ok = draw_while_placed(args.lock_fd, settings) and ok
+    except PrefectAway as exc:
+        logger.warning(
+            "the Prefect API does not answer (%s): stopped drawing; %d orders stay in the store for the next drawer",
+            exc,
+            len(placed_orders(settings)),
+        )
+        return 1
     return 0 if ok else 1
 
 

@@ -3,15 +3,18 @@ SQLite), MLflow UI on SQLite, a process work pool worker, and the default job's 
 
 `pronk stack up` starts it all in the background under the data dir, records the pids in
 `stack.json`, and leaves a supervisor (`pronk.stack.supervisor`) restarting workers that die;
-`pronk stack down` stops the supervisor first, then every process group it recorded.
+`pronk stack down` stops the supervisor first, then the data dir's trace-sample drawer (which records no pid in
+`stack.json`: `pronk.stack.trace_sample_lock` finds it), then every process group it recorded.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
+import time
 from typing import Literal
 
 from pronk.jobs.files import get_job
@@ -26,10 +29,12 @@ from pronk.stack.prefect_yaml import write_prefect_yaml
 from pronk.stack.processes import alive, group_members, spawn, stop, stop_groups, wait_healthy
 from pronk.stack.state import SUPERVISOR, read_state, state_path, worker_name, worker_of, write_state
 from pronk.stack.supervisor import report_path
+from pronk.stack.trace_sample_lock import running_drawer
 from pronk.worker_token import worker_token
 
 log = logging.getLogger(__name__)
 WORK_POOL = "pronk"
+TRACE_SAMPLE_DRAWER = "trace-sample drawer"
 DATABASE_URL_KEYS = ("PREFECT_API_DATABASE_CONNECTION_URL", "PREFECT_SERVER_DATABASE_CONNECTION_URL")
 
 
@@ -242,15 +247,41 @@ def up(
     return state
 
 
+def stop_trace_sample_drawer(settings: Settings, timeout_s: float = 10.0, kill_timeout_s: float = 5.0) -> bool:
+    """Stop the data dir's trace-sample drawer, if one runs: SIGTERM, then SIGKILL after `timeout_s`; whether one ran.
+
+    Flow runs start it, not `up`, and it would outlive the Prefect server it draws for. Before each signal the pid is
+    checked to be still the drawer's (`running_drawer`), so a process that took over its pid is never signalled.
+    """
+    pid = running_drawer(settings)
+    if pid is None:
+        return False
+    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, kill_timeout_s)):
+        if running_drawer(settings) != pid:
+            return True
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return True
+        deadline = time.monotonic() + wait_s
+        while running_drawer(settings) == pid and time.monotonic() < deadline:
+            time.sleep(0.1)
+    if running_drawer(settings) == pid:
+        log.error("%s: pid %d still runs after SIGKILL", TRACE_SAMPLE_DRAWER, pid)
+    return True
+
+
 def down(settings: Settings) -> list[str]:
-    """Stop everything `up` started and their process groups: the supervisor first (so it restarts nothing),
-    then the workers (so they withdraw from the registry and take vLLM's engine processes with them), then the rest,
-    PostgreSQL last (its clients first, so it has no sessions left to wait for). The processes of each wave stop
-    together.
+    """Stop everything `up` started and their process groups: the supervisor first (so it restarts nothing), then
+    the trace-sample drawer that flow runs started (before the Prefect server it draws for), then the workers (so they
+    withdraw from the registry and take vLLM's engine processes with them), then the rest, PostgreSQL last (its
+    clients first, so it has no sessions left to wait for). The processes of each wave stop together.
     """
     state = read_state(settings)
     stopped = [SUPERVISOR] if SUPERVISOR in state else []
     stop_supervisor(settings, state)
+    if stop_trace_sample_drawer(settings):
+        stopped.append(TRACE_SAMPLE_DRAWER)
     order = sorted(state, key=lambda name: (worker_of(name) is None, name == POSTGRES, name))
     workers = [name for name in order if worker_of(name) is not None]
     for wave in (workers, [n for n in order if n not in workers and n != POSTGRES], [POSTGRES]):

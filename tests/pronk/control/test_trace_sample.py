@@ -1,14 +1,23 @@
 """The sample's drawer without a server: its order is taken once, it starts detached, and its task runs are sent
-final at the times their steps ran, linked by their ids, and the same ones when drawn again."""
+final at the times their steps ran, linked by their ids, and the same ones when drawn again; it gives up its
+backlog when the server is gone and ends at once on SIGTERM."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 import uuid
 from datetime import datetime
 from types import SimpleNamespace
 
+import httpx
 import pytest
+from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from pronk import storage
 from pronk.agents.step_records import StepRecord
@@ -16,8 +25,9 @@ from pronk.agents.trace_dag import trace_dag
 from pronk.batches.traces import SampledTrace, trace_table
 from pronk.control import trace_dags, trace_sample
 from pronk.control.trace_dags import draw_trace_dags, node_events
-from pronk.control.trace_sample import SampleOrder, order_uri, take_order
-from pronk.settings import Settings
+from pronk.control.trace_sample import PrefectAway, SampleOrder, order_uri, take_order
+from pronk.settings import PROJECT_ROOT, Settings
+from pronk.stack.trace_sample_lock import lock_path, take_lock
 
 FLOW_RUN = str(uuid.uuid4())
 
@@ -72,13 +82,19 @@ def test_an_order_is_taken_once_and_a_malformed_one_is_dropped(settings):
 
 def test_placing_an_order_starts_a_drawer_in_its_own_session(settings, monkeypatch):
     started = []
-    monkeypatch.setattr(trace_sample.subprocess, "Popen", lambda args, **kw: started.append((args, kw)))
+
+    def popen(args, **kw):
+        started.append((args, kw))
+        return SimpleNamespace(pid=4242)
+
+    monkeypatch.setattr(trace_sample.subprocess, "Popen", popen)
     monkeypatch.setenv("PREFECT__FLOW_RUN_ID", FLOW_RUN)
     trace_sample.place_order(order("-batch"), settings)
     ((args, kw),) = started
     assert args[-2:] == ["--", "-batch"]  # a hostile batch id is never an option
     assert args[args.index("--lock-fd") + 1] == str(kw["pass_fds"][0])
     assert kw["start_new_session"] is True and "PREFECT__FLOW_RUN_ID" not in kw["env"]
+    assert lock_path(settings).read_text() == "4242\n"  # the drawer's pid, for `pronk stack down`
     taken = take_order("-batch", settings)
     assert taken is not None and taken.traces == order().traces
 
@@ -86,12 +102,16 @@ def test_placing_an_order_starts_a_drawer_in_its_own_session(settings, monkeypat
 def test_an_order_placed_while_a_drawer_holds_the_lock_starts_no_second_drawer(settings, monkeypatch):
     """A burst of batches ending starts one drawer; it draws every order placed until it lets the lock go."""
     import fcntl
-    import os
 
     started = []
-    monkeypatch.setattr(trace_sample.subprocess, "Popen", lambda args, **kw: started.append(args))
+
+    def popen(args, **kw):
+        started.append(args)
+        return SimpleNamespace(pid=4242)
+
+    monkeypatch.setattr(trace_sample.subprocess, "Popen", popen)
     settings.logs_dir.mkdir(parents=True, exist_ok=True)
-    held = os.open(trace_sample.lock_path(settings), os.O_RDWR | os.O_CREAT)
+    held = os.open(lock_path(settings), os.O_RDWR | os.O_CREAT)
     fcntl.flock(held, fcntl.LOCK_EX)
     try:
         trace_sample.place_order(order("batch_1"), settings)
@@ -101,6 +121,89 @@ def test_an_order_placed_while_a_drawer_holds_the_lock_starts_no_second_drawer(s
         os.close(held)
     trace_sample.place_order(order("batch_3"), settings)
     assert len(started) == 1
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_prefect_server_that_is_gone_fails_the_health_check_at_once():
+    with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{closed_port()}/api"}):
+        started = time.monotonic()
+        error = asyncio.run(trace_sample.prefect_health())
+    assert isinstance(error, httpx.ConnectError) and time.monotonic() - started < 5
+
+
+def quiet_main(monkeypatch, settings: Settings) -> None:
+    """Let `main` run inside pytest: leave its logging and its SIGTERM handler alone, and give it `settings`."""
+    monkeypatch.setattr(trace_sample.logging, "basicConfig", lambda **kw: None)
+    monkeypatch.setattr(trace_sample.signal, "signal", lambda *args: None)
+    monkeypatch.setattr(trace_sample, "get_settings", lambda: settings)
+
+
+def test_the_drawer_gives_up_its_backlog_when_the_prefect_server_is_gone(settings, monkeypatch, caplog):
+    async def refused():
+        return httpx.ConnectError("[Errno 111] Connection refused")
+
+    async def never(order, settings):
+        raise AssertionError("drawn without a server")
+
+    for batch_id in ("batch_1", "batch_2"):
+        storage.write_bytes(order_uri(settings, batch_id), order(batch_id).model_dump_json().encode(), settings)
+    monkeypatch.setattr(trace_sample, "prefect_health", refused)
+    monkeypatch.setattr(trace_sample, "fulfil", never)
+    quiet_main(monkeypatch, settings)
+    lock = take_lock(settings)
+    assert lock is not None
+    try:
+        started = time.monotonic()
+        assert trace_sample.main(["--lock-fd", str(lock), "--", "batch_1"]) == 1
+    finally:
+        os.close(lock)
+    assert time.monotonic() - started < 5
+    assert trace_sample.placed_orders(settings) == ["batch_1", "batch_2"]  # left for the next drawer
+    assert "2 orders stay in the store" in caplog.text
+    with pytest.raises(PrefectAway):
+        trace_sample.draw_order("batch_2", settings)
+
+
+def test_a_live_server_gets_every_order_drawn(settings, monkeypatch):
+    drawn = []
+
+    async def healthy():
+        return None
+
+    async def fulfil(order, settings):
+        drawn.append(order.batch_id)
+
+    for batch_id in ("batch_1", "batch_2"):
+        storage.write_bytes(order_uri(settings, batch_id), order(batch_id).model_dump_json().encode(), settings)
+    monkeypatch.setattr(trace_sample, "prefect_health", healthy)
+    monkeypatch.setattr(trace_sample, "fulfil", fulfil)
+    quiet_main(monkeypatch, settings)
+    lock = take_lock(settings)
+    assert lock is not None
+    try:
+        assert trace_sample.main(["--lock-fd", str(lock)]) == 0
+    finally:
+        os.close(lock)
+    assert drawn == ["batch_1", "batch_2"] and trace_sample.placed_orders(settings) == []
+
+
+def test_the_drawer_ends_at_once_on_sigterm():
+    code = (
+        "import signal, time; from pronk.control.trace_sample import stop_on_sigterm; "
+        "signal.signal(signal.SIGTERM, stop_on_sigterm); print('ready', flush=True); time.sleep(300)"
+    )
+    drawer = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert drawer.stdout is not None and drawer.stdout.readline() == "ready\n"
+    drawer.send_signal(signal.SIGTERM)
+    assert drawer.wait(timeout=10) == 0
+    assert "stopped by SIGTERM" in drawer.stdout.read()
 
 
 class FakeClient:

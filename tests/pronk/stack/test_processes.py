@@ -1,16 +1,20 @@
-"""Process groups as the stack uses them, on plain `python` processes: nothing a stopped process spawned survives it."""
+"""Process groups as the stack uses them, on plain `python` processes: nothing a stopped process spawned survives it,
+nor the trace-sample drawer that flow runs start outside the stack."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 
+from pronk.control import trace_sample
 from pronk.settings import Settings
 from pronk.stack import embedded
 from pronk.stack.processes import alive, group_members, kill_group, spawn, stop_groups
 from pronk.stack.state import read_state, write_state
+from pronk.stack.trace_sample_lock import running_drawer
 
 # A stand-in for an engine worker: a leader that starts a child in its own group, as vLLM starts EngineCore.
 PARENT_WITH_CHILD = (
@@ -69,3 +73,43 @@ def test_stop_groups_empties_every_group_and_kills_one_that_ignores_sigterm(tmp_
     time.sleep(0.5)  # the deaf process has set its handler
     assert stop_groups([deaf, *families, gone], timeout_s=1.0) == {pid: True for pid in (deaf, *families, gone)}
     assert all(group_members(pid) == [] for pid in (deaf, *families))
+
+
+def start_stand_in_drawer(settings: Settings, monkeypatch, code: str) -> subprocess.Popen:
+    """Start a drawer as a flow run does (`start_drawer`: the lock passed to it, its pid in the lock file), running
+    `code` in place of the drawer's own; it prints `ready` to the drawer's log once it has begun."""
+    started = []
+    popen = subprocess.Popen
+
+    def stand_in(args, **kw):
+        started.append(popen([sys.executable, "-c", code, *args[1:]], **kw))
+        return started[0]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(trace_sample.subprocess, "Popen", stand_in)
+        assert trace_sample.start_drawer(settings, "batch_1")
+    log = settings.logs_dir / "trace_samples.log"
+    deadline = time.monotonic() + 10
+    while "ready" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return started[0]
+
+
+def test_down_stops_the_trace_sample_drawer_a_flow_run_started(tmp_path, monkeypatch):
+    settings = Settings(data_dir=tmp_path)
+    drawer = start_stand_in_drawer(settings, monkeypatch, "import time; print('ready', flush=True); time.sleep(300)")
+    assert running_drawer(settings) == drawer.pid
+    assert embedded.down(settings) == [embedded.TRACE_SAMPLE_DRAWER]
+    assert drawer.wait(timeout=5) == -signal.SIGTERM
+    assert running_drawer(settings) is None and embedded.down(settings) == []
+
+
+def test_a_drawer_deaf_to_sigterm_is_killed(tmp_path, monkeypatch):
+    deaf = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+        "time.sleep(300)"
+    )
+    settings = Settings(data_dir=tmp_path)
+    drawer = start_stand_in_drawer(settings, monkeypatch, deaf)
+    assert embedded.stop_trace_sample_drawer(settings, timeout_s=0.5)
+    assert drawer.wait(timeout=5) == -signal.SIGKILL
