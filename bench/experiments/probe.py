@@ -139,7 +139,7 @@ def probe(job: JobConfig, settings: Settings, round_: Round, interval_s: float, 
         "gap_scale": round_.gap_scale,
         "wall_s": round(run.wall_s, 1),
         **figures,
-        **load_figures(samples),
+        **load_figures([loads for _, loads in samples]),
         "host_tier": {k: round(tier_after[k] - tier_before[k], 3) for k in TIER_FIGURES}
         if tier_after and tier_before
         else None,

@@ -100,6 +100,8 @@ class ReplayResult:
     """What one replay of a workload produced; `bench.harness.figures` turns it into figures."""
 
     wall_s: float
+    started: float
+    """`time.monotonic()` at the start: what `finished_s` counts from."""
     traces: list[TraceRecord] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     finished_s: list[float] = field(default_factory=list)  # each finished trace's end, in s from the start
@@ -118,9 +120,9 @@ async def replay(
     A trace that fails is recorded in `errors`, not raised; the backend is closed at the end. With `gaps`, pins
     last what the measured tool gaps suggest (`kv_pin_ttl: auto`). `gap_scale` multiplies every tool gap (0: none).
     """
-    result = ReplayResult(wall_s=0.0)
-    slots = asyncio.Semaphore(concurrency)
     started = time.monotonic()
+    result = ReplayResult(wall_s=0.0, started=started)
+    slots = asyncio.Semaphore(concurrency)
 
     async def one(shape: TraceShape) -> None:
         async with slots:

@@ -62,18 +62,45 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def steady_rate(finished_s: list[float], trim: float = 0.1) -> float:
-    """Traces per second in steady state: completions between the first and the last of the middle 80%.
+def _steady_ranks(completions: int, trim: float) -> tuple[int, int]:
+    """The ranks of the first and the last completion of the middle (1 - 2 x trim) of `completions`."""
+    return math.floor(completions * trim), math.ceil(completions * (1 - trim)) - 1
+
+
+def steady_window(finished_s: list[float], trim: float = 0.1) -> tuple[float, float] | None:
+    """A run's steady state: from the first to the last completion of the middle 80%, on the clock of `finished_s`
+    (s from the run's start); None with fewer than 5 completions.
 
     With at least 3x as many traces as are in flight, this leaves out the start (all slots filling at
-    once) and the tail (the last traces finishing alone); with fewer than 5 completions it is NaN.
+    once) and the tail (the last traces finishing alone).
     """
     ordered = sorted(finished_s)
     if len(ordered) < 5:
+        return None
+    first, last = _steady_ranks(len(ordered), trim)
+    return ordered[first], ordered[last]
+
+
+def steady_rate(finished_s: list[float], trim: float = 0.1) -> float:
+    """Traces per second in steady state (`steady_window`): the completions after its first over its span; NaN with
+    fewer than 5 completions."""
+    window = steady_window(finished_s, trim)
+    if window is None:
         return math.nan
-    first, last = math.floor(len(ordered) * trim), math.ceil(len(ordered) * (1 - trim)) - 1
-    span = ordered[last] - ordered[first]
+    first, last = _steady_ranks(len(finished_s), trim)
+    span = window[1] - window[0]
     return (last - first) / span if span > 0 else math.nan
+
+
+def _engine_load(running: list[list[int]]) -> tuple[float | None, float | None]:
+    """(busy share: the share of samples in which an engine had a request running, mean over the engines; requests
+    an engine was running, mean over the samples and engines) of samples of each engine's running requests (one list
+    per sample); (None, None) without a sample."""
+    if not running:
+        return None, None
+    workers = range(len(running[0]))
+    busy = statistics.mean(sum(row[i] > 0 for row in running) / len(running) for i in workers)
+    return busy, statistics.mean(n for row in running for n in row)
 
 
 @dataclass(slots=True)
@@ -101,10 +128,21 @@ class AgentRun:
     """Seconds the engines spent copying KV to and from the host tier."""
     moved_recomputed_tokens: int | None = None
     """Of the recomputed prompt tokens, those of steps that ran on another worker than their trace's previous step."""
+    started: float | None = None
+    """`time.monotonic()` at the instant `finished_s` counts from, where this process saw the run start (not the
+    offline limits, run in processes of their own)."""
+    load_samples: list[tuple[float, list[int]]] = field(default_factory=list)
+    """Each sample of the engines' running requests (`note_load`): its time in s from `started`, one count per
+    engine."""
     busy_share: float | None = None
     """The share of samples in which an engine had a request running (mean over the workers)."""
     running_per_worker: float | None = None
     """Requests an engine was running, mean over the samples and workers."""
+    busy_share_steady: float | None = None
+    """`busy_share` over the samples inside the steady window (`steady_window`) alone: what is left of the idle once
+    the start and the tail are left out. None with fewer than 5 completions or no sample in the window."""
+    running_per_worker_steady: float | None = None
+    """`running_per_worker` over the samples inside the steady window alone."""
 
     @classmethod
     def from_replay(cls, name: str, result: ReplayResult, workers: int) -> AgentRun:
@@ -124,14 +162,20 @@ class AgentRun:
             moved_recomputed_tokens=moved_recomputed,
             errors=list(result.errors),
             finished_s=list(result.finished_s),
+            started=result.started,
         )
 
-    def note_load(self, running: list[list[int]]) -> None:
-        """Put on the run what samples of each engine's running requests (one list per sample) say of its load."""
-        if running:
-            workers = range(len(running[0]))
-            self.busy_share = statistics.mean(sum(row[i] > 0 for row in running) / len(running) for i in workers)
-            self.running_per_worker = statistics.mean(n for row in running for n in row)
+    def note_load(self, samples: list[tuple[float, list[int]]]) -> None:
+        """Put on the run what samples of each engine's running requests say of its load, over the whole run and
+        over its steady window; each sample is (its `time.monotonic()`, one count per engine), as
+        `pronk_runs.sampling` takes them. The run's `started` and `finished_s` must be known by then."""
+        if self.started is None:
+            raise ValueError(f"{self.name}: no start to place the load samples against")
+        self.load_samples = [(at - self.started, running) for at, running in samples]
+        self.busy_share, self.running_per_worker = _engine_load([running for _, running in self.load_samples])
+        window = steady_window(self.finished_s)
+        steady = [running for at, running in self.load_samples if window is not None and window[0] <= at <= window[1]]
+        self.busy_share_steady, self.running_per_worker_steady = _engine_load(steady)
 
     @property
     def traces_per_s(self) -> float:
@@ -336,6 +380,8 @@ def run_figures(run: AgentRun, ideal_cached_ratio: float) -> dict[str, float]:
         "moved_recomputed_tokens": _or_nan(run.moved_recomputed_tokens),
         "busy_share": _or_nan(run.busy_share),
         "running_per_worker": _or_nan(run.running_per_worker),
+        "busy_share_steady": _or_nan(run.busy_share_steady),
+        "running_per_worker_steady": _or_nan(run.running_per_worker_steady),
         "traces": float(run.traces),
         "errors": float(len(run.errors)),
     }
@@ -545,6 +591,7 @@ class CheckedRun:
             moved_recomputed_tokens=moved_recomputed,
             errors=[f"{custom_id}: {f.code}: {f.message}"[:300] for custom_id, f in failures],
             finished_s=sorted(line.finished_at - started for line in lines),
+            started=started,
         )
         return cls(run, tally(lines), ToolCallCounts.of(records), price, records)
 

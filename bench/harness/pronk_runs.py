@@ -198,16 +198,19 @@ async def worker_running(job: JobConfig, settings: Settings) -> list[int]:
 
 async def sampling(
     work: Awaitable[T], read: Callable[[], Awaitable[S]], interval_s: float = LOAD_SAMPLE_S
-) -> tuple[T, list[S]]:
-    """Await `work` while calling `read` every `interval_s`: its result, and what `read` returned. A sample the
-    engines do not answer is skipped; it never fails the run."""
-    samples: list[S] = []
+) -> tuple[T, list[tuple[float, S]]]:
+    """Await `work` while calling `read` every `interval_s`: its result, and each sample as (its `time.monotonic()`,
+    what `read` returned), timed halfway through the read, so a run that knows its start on that clock can place
+    its samples (`AgentRun.note_load`). A sample the engines do not answer is skipped; it never fails the run."""
+    samples: list[tuple[float, S]] = []
     done = asyncio.Event()
 
     async def sample() -> None:
         while not done.is_set():
             with contextlib.suppress(httpx.HTTPError):
-                samples.append(await read())
+                asked = time.monotonic()
+                value = await read()
+                samples.append(((asked + time.monotonic()) / 2, value))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(done.wait(), interval_s)
 
@@ -281,11 +284,17 @@ def _read_jsonl(uri: str | None) -> list[dict]:
 
 
 async def trace_batch(shapes: list[TraceShape], job: JobConfig, work_dir: Path) -> AgentRun:
-    """The shapes as a pronk batch (replay lines) through the batch flow; figures from its output lines."""
+    """The shapes as a pronk batch (replay lines) through the batch flow; figures from its output lines.
+
+    A trace's end is its last step's start (a step record's wall-clock `started_at`) plus its engine time, so
+    `finished_s` counts from `started_at`, the wall clock just before the flow is started. The run's `started` is
+    `time.monotonic()` at that same instant: the two clocks agree up to any adjustment of the wall clock during the
+    run (NTP slews it by at most 0.5 ms a second), as close as records stamped with the wall clock allow.
+    """
     work_dir.mkdir(parents=True, exist_ok=True)
     path = work_dir / "replay_batch.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in replay_lines(shapes, job.served_model_name)))
-    started_at = time.time()
+    started, started_at = time.monotonic(), time.time()
     batch, wall, lag = await run_batch_file(path, job, work_dir / "out")
     traces = [line["response"]["body"]["pronk"]["trace"] for line in _read_jsonl(batch["output_uri"])]
     steps = _read_jsonl(batch["output_uri"].removesuffix("_output.jsonl") + "_steps.jsonl")
@@ -319,4 +328,5 @@ async def trace_batch(shapes: list[TraceShape], job: JobConfig, work_dir: Path) 
         errors=errors,
         prefect_lag_s=lag,
         finished_s=sorted(ends.values()),
+        started=started,
     )

@@ -121,7 +121,9 @@ SETUP_COLUMNS = (
     ("tokens loaded from the tier", "tier_loaded_tokens"),
     ("tier copy s", "tier_copy_s"),
     ("engine busy share", "busy_share"),
+    ("busy share, steady window", "busy_share_steady"),
     ("running / engine", "running_per_worker"),
+    ("running / engine, steady window", "running_per_worker_steady"),
 )
 """The agent profiles' columns; one that no setup has a value for is left out (the tier's, without a tier)."""
 

@@ -96,7 +96,7 @@ class Bench:
         def stock(name: str, stock_servers: VllmServers, label: str, with_tier: bool) -> Callable[[], AgentRun]:
             def one() -> AgentRun:
                 before = asyncio.run(pronk_runs.server_counters(stock_servers.urls, with_tier))
-                result, running = asyncio.run(
+                result, samples = asyncio.run(
                     pronk_runs.sampling(
                         replay(
                             relabel(workload.shapes, label),
@@ -107,7 +107,7 @@ class Bench:
                     )
                 )
                 run = AgentRun.from_replay(name, result, n)
-                run.note_load(running)
+                run.note_load(samples)
                 asyncio.run(pronk_runs.server_counters(stock_servers.urls, with_tier)).note_run(run, before)
                 return run
 
@@ -119,14 +119,14 @@ class Bench:
         def ablation(setup: pronk_runs.Ablation, label: str) -> Callable[[], AgentRun]:
             def one() -> AgentRun:
                 before = asyncio.run(pronk_runs.worker_counters(job, settings))
-                result, running = asyncio.run(
+                result, samples = asyncio.run(
                     pronk_runs.sampling(
                         pronk_runs.bare_loop(relabel(workload.shapes, label), job, settings, self.concurrency, setup),
                         running_on_workers,
                     )
                 )
                 run = AgentRun.from_replay(setup.name, result, n)
-                run.note_load(running)
+                run.note_load(samples)
                 asyncio.run(pronk_runs.worker_counters(job, settings)).note_run(run, before)
                 return run
 
@@ -134,7 +134,7 @@ class Bench:
 
         def batch() -> AgentRun:
             before = asyncio.run(pronk_runs.worker_counters(job, settings))
-            run, running = asyncio.run(
+            run, samples = asyncio.run(
                 pronk_runs.sampling(
                     pronk_runs.trace_batch(
                         relabel(workload.shapes, "batch"), job, self.work / f"agent-{workload.seed}"
@@ -143,7 +143,7 @@ class Bench:
                 )
             )
             run.name = BATCH
-            run.note_load(running)
+            run.note_load(samples)
             asyncio.run(pronk_runs.worker_counters(job, settings)).note_run(run, before)
             return run
 

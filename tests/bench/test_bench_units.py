@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 
 import httpx
+import pytest
 
 from bench.experiments.probe import Load, load_figures
 from bench.harness.agent_loop import OpenAIServers, replay
@@ -23,7 +25,9 @@ from bench.harness.figures import (
     percentile,
     record_key,
     rounds_table,
+    run_figures,
     steady_rate,
+    steady_window,
     worker_moves,
 )
 from bench.harness.pronk_runs import EngineCounters, OneOrder, counters_in_metrics, running_in_metrics, sampling
@@ -215,6 +219,21 @@ def test_replay_gap_scale_multiplies_every_tool_gap(monkeypatch):
         assert sorted(slept) == [g * scale for g in gaps]
 
 
+def test_a_replays_load_samples_and_completions_count_from_one_start():
+    async def read() -> list[int]:
+        await asyncio.sleep(0)
+        return [1]
+
+    before = time.monotonic()
+    replayed = replay(generate("smoke", 3).shapes, EchoRouter(), 2, gap_scale=0.0)
+    result, samples = asyncio.run(sampling(replayed, read, interval_s=0.001))
+    run = AgentRun.from_replay("x", result, 1)
+    run.note_load(samples)
+    assert before <= result.started == run.started and run.finished_s and run.load_samples
+    assert all(0.0 <= at <= run.wall_s + 0.1 for at, _ in run.load_samples)  # inside the run, on its clock
+    assert all(0.0 < end <= run.wall_s for end in run.finished_s)
+
+
 def test_preemptions_and_host_tier_counts_from_vllm_metrics():
     page = (
         "# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.\n"
@@ -252,14 +271,49 @@ def test_engine_load_is_sampled_through_a_run_and_a_missed_sample_never_fails_it
         await asyncio.sleep(0.2)
         return "done"
 
+    before = time.monotonic()
     result, samples = asyncio.run(sampling(work(), read, interval_s=0.01))
-    assert result == "done" and samples[:2] == [[1, 0], [2, 1]] and [1, 0] not in samples[2:]
-    run = AgentRun("x", 1.0, 2, 1, 1, 1, 0, 1, [])
-    run.note_load([[1, 0], [2, 1], [0, 0], [3, 0]])
+    running = [value for _, value in samples]
+    assert result == "done" and running[:2] == [[1, 0], [2, 1]] and [1, 0] not in running[2:]
+    times = [at for at, _ in samples]
+    assert before <= times[0] and times == sorted(times) and times[-1] <= time.monotonic()  # on time.monotonic()
+    run = AgentRun("x", 1.0, 2, 1, 1, 1, 0, 1, [], started=10.0)
+    run.note_load([(10.5, [1, 0]), (11.0, [2, 1]), (11.5, [0, 0]), (12.0, [3, 0])])
     assert run.busy_share == (3 / 4 + 1 / 4) / 2 and run.running_per_worker == 7 / 8
-    unsampled = AgentRun("y", 1.0, 2, 1, 1, 1, 0, 1, [])
+    assert run.load_samples == [(0.5, [1, 0]), (1.0, [2, 1]), (1.5, [0, 0]), (2.0, [3, 0])]  # s from the run's start
+    assert run.busy_share_steady is None  # one completion: no steady window
+    unsampled = AgentRun("y", 1.0, 2, 1, 1, 1, 0, 1, [], started=0.0)
     unsampled.note_load([])  # no sample answered: the figures stay unknown
     assert unsampled.busy_share is None and unsampled.running_per_worker is None
+    assert math.isnan(run_figures(unsampled, 0.9)["busy_share_steady"])
+
+
+def test_steady_window_is_the_window_of_the_steady_rate():
+    assert steady_window([1.0, 2.0, 3.0, 4.0]) is None and math.isnan(steady_rate([1.0, 2.0, 3.0, 4.0]))
+    finished = [0.5, 3.0, 9.0, 1.0, 2.0, 4.0, 5.0, 6.0, 7.0, 30.0]
+    for trim, window in ((0.1, (1.0, 9.0)), (0.2, (2.0, 7.0))):  # the 2nd and 9th, the 3rd and 8th of 10
+        first, last = steady_window(finished, trim) or (math.nan, math.nan)
+        inside = sum(first <= t <= last for t in finished)  # the rate counts the completions after the window's first
+        assert (first, last) == window and steady_rate(finished, trim) == (inside - 1) / (last - first)
+
+
+def test_engines_idle_only_at_the_start_and_the_tail_are_busy_all_through_the_steady_window():
+    finished = [float(t) for t in range(10, 20)]  # window: 11 s to 18 s from the start
+    run = AgentRun("x", 25.0, 2, 10, 40, 1000, 800, 100, [1.0], finished_s=finished, started=100.0)
+    idle = [(100.0 + t, [0, 0]) for t in range(0, 10)] + [(100.0 + t, [0, 0]) for t in range(20, 25)]
+    busy = [(100.0 + t, [2, 1]) for t in range(10, 20)]
+    run.note_load(sorted(idle + busy))
+    assert run.busy_share == 10 / 25 and run.busy_share_steady == 1.0
+    assert run.running_per_worker == 30 / 50 and run.running_per_worker_steady == 1.5
+    figures = run_figures(run, 0.9)
+    assert figures["busy_share"] == 0.4 and figures["busy_share_steady"] == 1.0
+    table = rounds_table([{BATCH: run}], [0.9])
+    assert table[BATCH]["busy_share_steady"]["median"] == 1.0 and "busy share, steady window" in setups_table(table)
+    between = AgentRun("y", 25.0, 2, 10, 40, 1000, 800, 100, [1.0], finished_s=finished, started=100.0)
+    between.note_load(idle)  # samples only outside the window: nothing to say of it
+    assert between.busy_share == 0.0 and between.busy_share_steady is None
+    with pytest.raises(ValueError, match="no start"):  # samples of a run with no known start cannot be placed
+        AgentRun("z", 1.0, 2, 1, 1, 1, 0, 1, []).note_load(busy)
 
 
 def test_a_tiered_record_has_its_own_key_the_untiered_baseline_and_the_tier_goals():
