@@ -6,11 +6,13 @@ lookups ~10%, so each round trained on arithmetic the model already answered. ST
 answers this with rationalization: show the model the answer of a task it failed, let it produce the rest, keep
 what passes and train on it as if no hint had been given.
 
-Here the hint is a training line's `reference` tool call (`training_tasks` writes one on every generated line), not
-its answer. The model still writes the call (copying it), the tool runs it for real, and the model writes its own
-final answer from the tool's result, which the task's check judges as for any sample. A passed hinted sample is
-trained on with the hint taken out of the question, so the model learns to make that call from the question alone.
-The held-out set carries no references and is never hinted.
+Here the hint is a training line's `reference` (`training_tasks` writes one on every generated line): the tool call
+that answers it and what the answer says. The model still writes the call (copying it or not), the tool runs it for
+real, and the model writes its final answer after the tool's result, which the task's check judges as for any
+sample. A passed hinted sample is trained on with the hint taken out of the question, so the model learns to make
+that call from the question alone and to read the answer out of the result. The answer is in the hint because the
+call alone did not lift the search family: with the right query shown, the model still answered 0 of 24 hinted
+samples from the documents the search returned. The held-out set carries no references and is never hinted.
 """
 
 from __future__ import annotations
@@ -24,23 +26,29 @@ from pronk.protocol.bodies import ChatCompletionBody
 from pronk.protocol.lines import ValidRequest
 from pronk.settings import Settings
 
-HINT_PREFIX = "\nHint: a tool call that answers this is "
+HINT_PREFIX = "\nHint: "
 
 
-def reference_calls(uri: str, settings: Settings) -> dict[str, str]:
-    """custom id -> reference call of every line of a labelled set that carries one, as a model's turn writes a
-    call (compact JSON, like the prompts' examples)."""
-    references = {}
+def hint_of(reference: dict[str, Any]) -> str:
+    """A reference's hint: its call as a model's turn writes one (compact JSON, like the prompts' examples), and its
+    answer."""
+    call = json.dumps(reference["call"], separators=(",", ":"))
+    return f"a tool call that answers this is {call}; the answer is {reference['answer']}."
+
+
+def reference_hints(uri: str, settings: Settings) -> dict[str, str]:
+    """custom id -> hint (`hint_of`) of every line of a labelled set that carries a reference."""
+    hints = {}
     for _, raw in split_lines(read_labelled_set(uri, settings)):
         line: Any = json.loads(raw)
         reference = line.get("reference") if isinstance(line, dict) else None
         if isinstance(reference, dict) and isinstance(line.get("custom_id"), str):
-            references[line["custom_id"]] = json.dumps(reference, separators=(",", ":"))
-    return references
+            hints[line["custom_id"]] = hint_of(reference)
+    return hints
 
 
-def hinted_request(line: ValidRequest, reference: str) -> ValidRequest:
-    """The line with its reference call appended to its last user message as a hint."""
+def hinted_request(line: ValidRequest, hint: str) -> ValidRequest:
+    """The line with `hint` appended to its last user message."""
     if not isinstance(line.body, ChatCompletionBody):
         raise ValueError(f"line {line.custom_id!r} is a replay: only chat and agent lines take a hint")
     messages = list(line.body.messages)
@@ -48,7 +56,7 @@ def hinted_request(line: ValidRequest, reference: str) -> ValidRequest:
     if last_user is None:
         raise ValueError(f"line {line.custom_id!r} has no user message to hint")
     messages[last_user] = messages[last_user].model_copy(
-        update={"content": messages[last_user].text() + HINT_PREFIX + reference}
+        update={"content": messages[last_user].text() + HINT_PREFIX + hint}
     )
     body = line.body.model_copy(update={"messages": messages})
     return ValidRequest(line.line, line.custom_id, body, line.check)

@@ -29,7 +29,7 @@ from pronk.batches.schemas import CheckCounts
 from pronk.batches.traces import scratch_dir
 from pronk.errors import PronkError
 from pronk.jobs.schema import ImproveConfig, JobConfig
-from pronk.learn.hints import hinted_request, reference_calls
+from pronk.learn.hints import hinted_request, reference_hints
 from pronk.learn.rollouts import Sample, rollout
 from pronk.learn.selection import SelectionReport, select
 from pronk.learn.training import TrainingExample, TrainingResult
@@ -164,15 +164,15 @@ async def roll_out(
     hint each line none of whose samples passed (`pronk.learn.hints`); keep every sample with the round, and select
     the passed transcripts."""
     lines = training_lines(job, config, settings, seed)
-    references = reference_calls(config.training_set, settings) if config.hinted_samples else {}
+    hints = reference_hints(config.training_set, settings) if config.hinted_samples else {}
     router = job_router(job, settings)
     harness = Harness(router, job, StepRecorder(), scratch_dir(settings, round_id), TranscriptRecorder())
     try:
         samples = await rollout(lines, harness, config.samples_per_task, config.temperature, seed)
         solved = {s.task_id for s in samples if s.passed}
-        unsolved = [line for line in lines if line.custom_id not in solved and line.custom_id in references]
+        unsolved = [line for line in lines if line.custom_id not in solved and line.custom_id in hints]
         if unsolved:
-            hinted = [hinted_request(line, references[line.custom_id]) for line in unsolved]
+            hinted = [hinted_request(line, hints[line.custom_id]) for line in unsolved]
             samples += await rollout(
                 hinted,
                 harness,

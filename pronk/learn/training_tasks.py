@@ -16,9 +16,10 @@ No task repeats a held-out question or a held-out prompt's example, nor asks a c
 question asks (whatever its family), nor is passed by echoing its own question; every check is run on its expected
 answer before the line is written.
 
-Each line also carries, beside its check, a `reference`: the tool call its answer came from (the expression, the
-SQL, the question as the search query), in the harness's `{"tool", "arguments"}` form. Batches ignore it; the
-improve loop shows it as a hint to a task none of its rollouts solved (`pronk.learn.hints`).
+Each line also carries, beside its check, a `reference`: `call`, the tool call its answer came from (the expression,
+the SQL, the question as the search query) in the harness's `{"tool", "arguments"}` form, and `answer`, what a right
+final answer says. Batches ignore it; the improve loop shows it as a hint to a task none of its rollouts solved
+(`pronk.learn.hints`).
 """
 
 from __future__ import annotations
@@ -291,7 +292,7 @@ def training_lines(tools: dict[str, Tool], held_out: list[dict[str, Any]], seed:
             line["custom_id"] = f"{family}-train-{number:03d}"
             line["body"]["messages"][-1]["content"] = question
             line["check"] = check
-            line["reference"] = reference
+            line["reference"] = {"call": reference, "answer": _canonical_answer(check)}
             lines.append(line)
     return lines
 

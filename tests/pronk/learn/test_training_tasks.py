@@ -91,15 +91,20 @@ def test_a_jobs_improve_section_gives_the_training_budget():
     assert (budget.learning_rate, budget.batch_size) == (2e-5, 8)
 
 
-def test_each_reference_call_is_the_lines_own_tool_and_finds_its_answer(training):
+def test_each_reference_is_a_call_of_the_lines_own_tool_that_finds_its_answer_and_an_answer_that_passes(training):
     tools = job_tools(get_job("smollm2-cpu", get_settings()))
-    for line in training:
-        reference = line["reference"]
-        assert reference["tool"] == line["body"]["tool_choice"]["function"]["name"]
-        if reference["tool"] == "python":
-            expression = question(line).removeprefix("Use python to compute ")
-            assert reference["arguments"] == {"code": expression.removesuffix(". Then answer with the number.")}
-            continue
-        result = run_tool(tools[reference["tool"]], reference["arguments"])
+
+    def passes(line: dict, text: str) -> bool:
         check = TypeAdapter(Check).validate_python(line["check"])
-        assert asyncio.run(run_check(check, result)).status == "passed", (line["custom_id"], result)
+        return asyncio.run(run_check(check, text)).status == "passed"
+
+    for line in training:
+        call = line["reference"]["call"]
+        assert call["tool"] == line["body"]["tool_choice"]["function"]["name"]
+        assert passes(line, line["reference"]["answer"])
+        if call["tool"] == "python":
+            expression = question(line).removeprefix("Use python to compute ")
+            assert call["arguments"] == {"code": expression.removesuffix(". Then answer with the number.")}
+            continue
+        result = run_tool(tools[call["tool"]], call["arguments"])
+        assert passes(line, result), (line["custom_id"], result)
