@@ -282,8 +282,8 @@ class ImproveConfig(BaseModel):
         default=2,
         ge=0,
         le=64,
-        description="Rollouts, with its reference tool call as a hint, of each line that carries one and none of "
-        "whose samples passed (STaR's rationalization; trained on without the hint). 0: no hints.",
+        description="Rollouts, with its reference (a tool call and the answer) as a hint, of each line that carries "
+        "one and none of whose samples passed (STaR's rationalization; trained on without the hint). 0: no hints.",
     )
     cap_per_task: int = Field(
         default=2, ge=1, le=64, description="Distinct passed transcripts kept per task, so easy tasks do not dominate."

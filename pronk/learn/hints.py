@@ -1,4 +1,4 @@
-"""Hints for the tasks no rollout solved: STaR's rationalization, with the task's tool call as the hint.
+"""Hints for the tasks no rollout solved: STaR's rationalization, with the task's tool call and answer as the hint.
 
 Rejection sampling learns only from tasks the served version already solves now and then. A family it never solves
 gives it nothing to learn from: in bench/RESULTS.md's improve runs, search passed 0 of 12 samples a round and
