@@ -143,6 +143,21 @@ def quiet_main(monkeypatch, settings: Settings) -> None:
     monkeypatch.setattr(trace_sample, "get_settings", lambda: settings)
 
 
+def place_orders(settings, *batch_ids: str) -> None:
+    for batch_id in batch_ids:
+        storage.write_bytes(order_uri(settings, batch_id), order(batch_id).model_dump_json().encode(), settings)
+
+
+def run_drawer(settings, *batch_ids: str) -> int:
+    """`main` as `start_drawer` runs it: holding the drawers' lock, `batch_ids`' orders first."""
+    lock = take_lock(settings)
+    assert lock is not None
+    try:
+        return trace_sample.main(["--lock-fd", str(lock), "--", *batch_ids])
+    finally:
+        os.close(lock)
+
+
 def test_the_drawer_gives_up_its_backlog_when_the_prefect_server_is_gone(settings, monkeypatch, caplog):
     async def refused():
         return httpx.ConnectError("[Errno 111] Connection refused")
@@ -150,18 +165,12 @@ def test_the_drawer_gives_up_its_backlog_when_the_prefect_server_is_gone(setting
     async def never(order, settings):
         raise AssertionError("drawn without a server")
 
-    for batch_id in ("batch_1", "batch_2"):
-        storage.write_bytes(order_uri(settings, batch_id), order(batch_id).model_dump_json().encode(), settings)
+    place_orders(settings, "batch_1", "batch_2")
     monkeypatch.setattr(trace_sample, "prefect_health", refused)
     monkeypatch.setattr(trace_sample, "fulfil", never)
     quiet_main(monkeypatch, settings)
-    lock = take_lock(settings)
-    assert lock is not None
-    try:
-        started = time.monotonic()
-        assert trace_sample.main(["--lock-fd", str(lock), "--", "batch_1"]) == 1
-    finally:
-        os.close(lock)
+    started = time.monotonic()
+    assert run_drawer(settings, "batch_1") == 1
     assert time.monotonic() - started < 5
     assert trace_sample.placed_orders(settings) == ["batch_1", "batch_2"]  # left for the next drawer
     assert "2 orders stay in the store" in caplog.text
@@ -178,17 +187,11 @@ def test_a_live_server_gets_every_order_drawn(settings, monkeypatch):
     async def fulfil(order, settings):
         drawn.append(order.batch_id)
 
-    for batch_id in ("batch_1", "batch_2"):
-        storage.write_bytes(order_uri(settings, batch_id), order(batch_id).model_dump_json().encode(), settings)
+    place_orders(settings, "batch_1", "batch_2")
     monkeypatch.setattr(trace_sample, "prefect_health", healthy)
     monkeypatch.setattr(trace_sample, "fulfil", fulfil)
     quiet_main(monkeypatch, settings)
-    lock = take_lock(settings)
-    assert lock is not None
-    try:
-        assert trace_sample.main(["--lock-fd", str(lock)]) == 0
-    finally:
-        os.close(lock)
+    assert run_drawer(settings) == 0
     assert drawn == ["batch_1", "batch_2"] and trace_sample.placed_orders(settings) == []
 
 
