@@ -239,6 +239,40 @@ def round_figures(r: dict) -> dict:
     }
 
 
+def goals_of(seeds: list[dict]) -> list[dict]:
+    """The goals of issue 39 over the seeds: each figure's spread, its goal, and whether the median (the lines lost:
+    every seed; the round minutes: the longest) meets it."""
+    goals = [
+        {
+            "figure": "held-out success, points over the starting version",
+            **spread([s["points"] for s in seeds]),
+            "goal": POINTS_GOAL,
+        },
+        {
+            "figure": "held-out checked successes/$, improved / starting version (serving only)",
+            **spread([s["successes_per_dollar_ratio"] or 0.0 for s in seeds]),
+            "goal": SUCCESS_PER_DOLLAR_GOAL,
+        },
+        {
+            "figure": "lines lost by the batch running through the first round",
+            **spread([float(s["paced"]["request_counts"]["failed"]) if s["paced"] else -1.0 for s in seeds]),
+            "goal": 0,
+        },
+        {
+            "figure": "round minutes (rollouts + training + canary + leap), longest of the seed",
+            **spread([max(r["minutes"] for r in s["rounds"]) for s in seeds]),
+            "goal": 20,
+        },
+    ]
+    for goal in goals[:2]:
+        goal["met"] = goal["median"] >= goal["goal"]
+    goals[2]["met"] = all(
+        s["paced"] and s["paced"]["request_counts"]["failed"] == 0 and len(s["paced"]["versions"]) > 1 for s in seeds
+    )
+    goals[3]["met"] = goals[3]["max"] <= 20
+    return goals
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=3, help="Seeds: each runs the whole loop from the start version.")
@@ -284,34 +318,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         stack.down(settings)
 
-    goals = [
-        {
-            "figure": "held-out success, points over the starting version",
-            **spread([s["points"] for s in seeds]),
-            "goal": POINTS_GOAL,
-        },
-        {
-            "figure": "held-out checked successes/$, improved / starting version (serving only)",
-            **spread([s["successes_per_dollar_ratio"] or 0.0 for s in seeds]),
-            "goal": SUCCESS_PER_DOLLAR_GOAL,
-        },
-        {
-            "figure": "lines lost by the batch running through the first round",
-            **spread([float(s["paced"]["request_counts"]["failed"]) if s["paced"] else -1.0 for s in seeds]),
-            "goal": 0,
-        },
-        {
-            "figure": "round minutes (rollouts + training + canary + leap), longest of the seed",
-            **spread([max(r["minutes"] for r in s["rounds"]) for s in seeds]),
-            "goal": 20,
-        },
-    ]
-    for goal in goals[:2]:
-        goal["met"] = goal["median"] >= goal["goal"]
-    goals[2]["met"] = all(
-        s["paced"] and s["paced"]["request_counts"]["failed"] == 0 and len(s["paced"]["versions"]) > 1 for s in seeds
-    )
-    goals[3]["met"] = goals[3]["max"] <= 20
+    goals = goals_of(seeds)
     command = "python -m bench.experiments.improve " + " ".join(argv if argv is not None else sys.argv[1:])
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

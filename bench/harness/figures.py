@@ -399,10 +399,12 @@ def limit_spread(ratios: list[float]) -> dict:
 
 
 def limit_defects(setups: dict[str, dict[str, dict]]) -> list[dict]:
-    """Every setup's ratio to a limit that `limit_spread` flagged: setup, limit, key and the ratio's spread."""
+    """Every setup's ratio to a limit that `limit_spread` flagged: setup, limit, key and the ratio's spread. An entry
+    that is not a setup's figures (an experiment's own list of seeds, say) has none."""
     return [
         {"setup": name, "limit": limit, "key": key, **figures[key]}
         for name, figures in setups.items()
+        if isinstance(figures, dict)
         for limit, key in LIMITS.items()
         if (figures.get(key) or {}).get("defect")
     ]

@@ -258,3 +258,9 @@ def test_every_goal_row_names_what_it_is_measured_against():
         ("over_baseline", 1.4),
         ("over_compute_limit", None),
     }
+
+
+def test_an_experiments_own_entries_have_no_limit_defects():
+    assert limit_defects({"seeds": [{"seed": 0}], BATCH: {"over_limit": {"defect": True, "median": 1.2}}}) == [
+        {"setup": BATCH, "limit": LIMIT, "key": "over_limit", "defect": True, "median": 1.2}
+    ]
