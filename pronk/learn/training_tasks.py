@@ -281,18 +281,21 @@ def training_lines(tools: dict[str, Tool], held_out: list[dict[str, Any]], seed:
     for family, candidates in generated.items():
         # Nothing a held-out line (or its prompt's example) asks, and nothing its question alone would pass.
         tasks = [
-            task for task in candidates if not any(task[0] in text for text in texts) and not _passes(task[1], task[0])
+            (question, check, reference)
+            for question, check, reference in candidates
+            if not any(question in text for text in texts) and not _passes(check, question)
         ]
         chosen = sorted(rng.sample(range(len(tasks)), min(PER_FAMILY[family], len(tasks))))
         for number, index in enumerate(chosen, start=1):
             question, check, reference = tasks[index]
-            if not _passes(check, _canonical_answer(check)):
+            answer = _canonical_answer(check)
+            if not _passes(check, answer):
                 raise ValueError(f"{family} task {question!r}: its check fails its own answer: {check}")
             line = copy.deepcopy(templates[family])
             line["custom_id"] = f"{family}-train-{number:03d}"
             line["body"]["messages"][-1]["content"] = question
             line["check"] = check
-            line["reference"] = {"call": reference, "answer": _canonical_answer(check)}
+            line["reference"] = {"call": reference, "answer": answer}
             lines.append(line)
     return lines
 
