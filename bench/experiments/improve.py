@@ -229,7 +229,8 @@ def round_figures(r: dict) -> dict:
     losses = training.get("losses") or []
     return {
         "status": r["status"],
-        "kept": f"{selection.get('kept')} ({(selection.get('hinted') or {}).get('kept', 0)} hinted)",
+        "kept": f"{selection.get('kept')} ({(selection.get('branches') or {}).get('kept', 0)} branched, "
+        f"{(selection.get('hinted') or {}).get('kept', 0)} hinted)",
         "passed": " ".join(f"{k} {c['passed']}/{c['samples']}" for k, c in selection.get("families", {}).items()),
         "steps": training.get("steps"),
         "loss": f"{losses[0]:.3f} → {losses[-1]:.3f}" if losses else "—",

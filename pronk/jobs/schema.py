@@ -271,15 +271,22 @@ class ImproveConfig(BaseModel):
         description="Labelled lines to roll out and learn from; never the job's held-out `quality.labelled_set`.",
     )
     tasks_per_round: int | None = Field(
-        default=32,
+        default=96,
         ge=1,
         description="Lines of the training set a round rolls out, drawn by the round's seed (None: every line).",
     )
-    samples_per_task: int = Field(default=4, ge=1, le=64, description="Rollouts of each training line (k).")
+    samples_per_task: int = Field(default=2, ge=1, le=64, description="Rollouts of each training line (k).")
     temperature: float = Field(default=0.8, gt=0, le=2, description="Sampling temperature of the rollouts.")
     seed: int = Field(default=0, description="First rollout seed; sample i of a line uses seed + i.")
-    hinted_samples: int = Field(
+    answer_branches: int = Field(
         default=2,
+        ge=0,
+        le=16,
+        description="Answers sampled again, each from a failed sample's own conversation up to its last tool result, "
+        "for every failed sample of a line with fewer than `cap_per_task` passes (`pronk.learn.branches`). 0: none.",
+    )
+    hinted_samples: int = Field(
+        default=1,
         ge=0,
         le=64,
         description="Rollouts, with its reference (a tool call and the answer) as a hint, of each line that carries "

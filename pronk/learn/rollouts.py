@@ -4,8 +4,8 @@ The k samples of a line share its messages, so its prompt (system prompt, tools,
 workers' prefix cache computes once; they differ by seed (sample i: `seed + i`) and by custom id (`ID#i`), and run
 one line after another so a line's samples are in flight together. Running and checking is
 `pronk.batches.labelled.check_lines`, the canary's own; a sample carries its step records and transcripts.
-Hinted samples (`pronk.learn.hints`) are numbered after a line's plain ones, so every sample of a round has an id
-and a seed of its own.
+Answer branches (`pronk.learn.branches`) and hinted samples (`pronk.learn.hints`) are numbered after a line's plain
+ones, so every sample of a round has an id and a seed of its own.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ class Sample:
     index: int
     run: CheckedLine
     hinted: bool = False
+    branch_of: int | None = None
+    """For an answer branch (`pronk.learn.branches`): the index of the failed sample whose transcript it goes on."""
 
     @property
     def passed(self) -> bool:
@@ -45,11 +47,20 @@ class Sample:
         return without_hint(transcript.messages) if self.hinted else transcript.messages
 
 
+@dataclass(frozen=True, slots=True)
+class SampleRequest:
+    """The request of one sample: its task, its index (its custom id is `TASK#INDEX`), the branch's parent sample."""
+
+    task_id: str
+    index: int
+    request: ValidRequest
+    branch_of: int | None = None
+
+
 def sample_requests(
     lines: list[ValidRequest], samples_per_task: int, temperature: float, seed: int, first_index: int = 0
-) -> list[tuple[str, int, ValidRequest]]:
-    """(task id, sample index, request) for each of the k samples of each agent line, line by line; sample indexes
-    (and seeds) start at `first_index`."""
+) -> list[SampleRequest]:
+    """The k samples of each agent line, line by line; sample indexes (and seeds) start at `first_index`."""
     if temperature <= 0:
         raise ValueError(f"rollouts sample at a temperature above 0, not {temperature}")
     requests = []
@@ -58,9 +69,14 @@ def sample_requests(
             raise ValueError(f"line {line.custom_id!r} is a replay: only chat and agent lines can be rolled out")
         for index in range(first_index, first_index + samples_per_task):
             body = line.body.model_copy(update={"temperature": temperature, "seed": seed + index})
-            custom_id = f"{line.custom_id}{SAMPLE_SEPARATOR}{index}"
-            requests.append((line.custom_id, index, ValidRequest(line.line, custom_id, body, line.check)))
+            requests.append(SampleRequest(line.custom_id, index, sample_request(line.custom_id, index, body, line)))
     return requests
+
+
+def sample_request(task_id: str, index: int, body: ChatCompletionBody, like: ValidRequest) -> ValidRequest:
+    """Sample `index` of task `task_id`: `body`, with the line number and check of `like` (the task's line, or
+    another of its samples)."""
+    return ValidRequest(like.line, f"{task_id}{SAMPLE_SEPARATOR}{index}", body, like.check)
 
 
 async def rollout(
@@ -74,8 +90,12 @@ async def rollout(
 ) -> list[Sample]:
     """Run every line `samples_per_task` times through `harness` (which must keep transcripts) and check each;
     `hinted`: the lines carry a hint (`pronk.learn.hints.hinted_request`) that training takes out again."""
+    return await run_samples(sample_requests(lines, samples_per_task, temperature, seed, first_index), harness, hinted)
+
+
+async def run_samples(requests: list[SampleRequest], harness: Harness, hinted: bool = False) -> list[Sample]:
+    """Run and check every sample's request through `harness` (which must keep transcripts)."""
     if harness.transcripts is None:
         raise ValueError("rollouts need a Harness with a TranscriptRecorder: selection trains on transcripts")
-    requests = sample_requests(lines, samples_per_task, temperature, seed, first_index)
-    checked = await check_lines([request for _, _, request in requests], harness)
-    return [Sample(task_id, index, run, hinted) for (task_id, index, _), run in zip(requests, checked, strict=True)]
+    checked = await check_lines([r.request for r in requests], harness)
+    return [Sample(r.task_id, r.index, run, hinted, r.branch_of) for r, run in zip(requests, checked, strict=True)]

@@ -29,6 +29,7 @@ from pronk.batches.schemas import CheckCounts
 from pronk.batches.traces import scratch_dir
 from pronk.errors import PronkError
 from pronk.jobs.schema import ImproveConfig, JobConfig
+from pronk.learn.branches import branch
 from pronk.learn.hints import hinted_request, reference_hints
 from pronk.learn.rollouts import Sample, rollout
 from pronk.learn.selection import SelectionReport, select
@@ -120,6 +121,7 @@ class RoundStore:
                     "task_id": s.task_id,
                     "sample": s.index,
                     "hinted": s.hinted,
+                    "branch_of": s.branch_of,
                     "custom_id": s.run.request.custom_id,
                     "check": s.run.check.model_dump(mode="json"),
                     "steps": [asdict(r) for r in s.run.records],
@@ -160,15 +162,25 @@ def training_lines(job: JobConfig, config: ImproveConfig, settings: Settings, se
 async def roll_out(
     round_id: str, job: JobConfig, config: ImproveConfig, settings: Settings, seed: int
 ) -> tuple[list[TrainingExample], SelectionReport]:
-    """Run the training set `samples_per_task` times on the job's live workers, then `hinted_samples` times with a
-    hint each line none of whose samples passed (`pronk.learn.hints`); keep every sample with the round, and select
-    the passed transcripts."""
+    """Run the training set `samples_per_task` times on the job's live workers, branch the answers of the failed
+    samples (`pronk.learn.branches`), then run `hinted_samples` times with a hint each line none of whose samples
+    passed (`pronk.learn.hints`); keep every sample with the round, and select the passed transcripts."""
     lines = training_lines(job, config, settings, seed)
     hints = reference_hints(config.training_set, settings) if config.hinted_samples else {}
     router = job_router(job, settings)
     harness = Harness(router, job, StepRecorder(), scratch_dir(settings, round_id), TranscriptRecorder())
     try:
         samples = await rollout(lines, harness, config.samples_per_task, config.temperature, seed)
+        if config.answer_branches:
+            samples += await branch(
+                samples,
+                harness,
+                config.answer_branches,
+                config.cap_per_task,
+                config.temperature,
+                seed,
+                first_index=config.samples_per_task,
+            )
         solved = {s.task_id for s in samples if s.passed}
         unsolved = [line for line in lines if line.custom_id not in solved and line.custom_id in hints]
         if unsolved:
@@ -179,7 +191,7 @@ async def roll_out(
                 config.hinted_samples,
                 config.temperature,
                 seed,
-                first_index=config.samples_per_task,
+                first_index=config.samples_per_task * (1 + config.answer_branches),
                 hinted=True,
             )
     finally:
@@ -228,6 +240,8 @@ def register(
                 "kept": selection.kept,
                 "hinted_samples": selection.hinted.samples,
                 "hinted_kept": selection.hinted.kept,
+                "branch_samples": selection.branches.samples,
+                "branch_kept": selection.branches.kept,
                 "steps": training.steps,
                 "stopped_by": training.stopped_by,
                 "threads": training.threads,

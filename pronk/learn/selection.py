@@ -3,8 +3,9 @@
 A sample is kept when its check passed and its trace ended with a final answer (a check that passes on a trace cut
 off by `max_steps` passed on a tool call's text, not an answer). Identical passes of a task (the same conversation
 word for word) count once, and at most `cap_per_task` distinct passes of a task are kept, the first samples first,
-so tasks the model already solves every time do not outweigh the rest. A hinted sample (`pronk.learn.hints`) is
-kept the same way, its transcript without the hint.
+so tasks the model already solves every time do not outweigh the rest. An answer branch (`pronk.learn.branches`)
+is kept the same way, after its task's plain samples; a hinted sample (`pronk.learn.hints`) too, its transcript
+without the hint.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class SelectionReport(SelectionCounts):
     """The same counts by task family (`arith`, `lookup`, `search`)."""
     hinted: SelectionCounts = Field(default_factory=SelectionCounts)
     """The counts of the hinted samples alone (tasks: those hinted); they are in the totals too."""
+    branches: SelectionCounts = Field(default_factory=SelectionCounts)
+    """The counts of the answer branches alone (tasks: those branched); they are in the totals too."""
 
 
 def select(samples: Iterable[Sample], cap_per_task: int) -> tuple[list[TrainingExample], SelectionReport]:
@@ -42,14 +45,15 @@ def select(samples: Iterable[Sample], cap_per_task: int) -> tuple[list[TrainingE
     report = SelectionReport()
     examples: list[TrainingExample] = []
     seen: dict[str, set[str]] = {}
-    hinted_tasks: set[str] = set()
+    apart_tasks: set[tuple[str, str]] = set()
     for sample in sorted(samples, key=lambda s: (s.task_id, s.index)):
         counts = [report, report.families.setdefault(task_family(sample.task_id), SelectionCounts())]
-        if sample.hinted:
-            counts.append(report.hinted)
-            if sample.task_id not in hinted_tasks:
-                hinted_tasks.add(sample.task_id)
-                report.hinted.tasks += 1
+        apart = "hinted" if sample.hinted else "branches" if sample.branch_of is not None else None
+        if apart is not None:
+            counts.append(getattr(report, apart))
+            if (apart, sample.task_id) not in apart_tasks:
+                apart_tasks.add((apart, sample.task_id))
+                counts[-1].tasks += 1
         kept = seen.get(sample.task_id)
         if kept is None:
             kept = seen[sample.task_id] = set()

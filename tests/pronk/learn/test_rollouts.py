@@ -64,13 +64,13 @@ def lines(*ids: str):
 
 def test_sample_requests_share_the_prompt_and_differ_by_id_and_seed():
     requests = sample_requests(lines("arith-1", "lookup-1"), samples_per_task=3, temperature=0.7, seed=10)
-    assert [(task, i, r.custom_id) for task, i, r in requests][:4] == [
+    assert [(r.task_id, r.index, r.request.custom_id) for r in requests][:4] == [
         ("arith-1", 0, "arith-1#0"),
         ("arith-1", 1, "arith-1#1"),
         ("arith-1", 2, "arith-1#2"),
         ("lookup-1", 0, "lookup-1#0"),
     ]
-    bodies = [r.body for _, _, r in requests[:3]]
+    bodies = [r.request.body for r in requests[:3]]
     assert [(b.temperature, b.seed) for b in bodies] == [(0.7, 10), (0.7, 11), (0.7, 12)]
     assert bodies[0].messages == bodies[1].messages == bodies[2].messages
     with pytest.raises(ValueError, match="above 0"):
@@ -150,6 +150,7 @@ def test_selection_keeps_distinct_answered_passes_capped_per_task_and_counts_by_
             "lookup": SelectionCounts(tasks=1, samples=2, passed=1, kept=1).model_dump(),
         },
         "hinted": SelectionCounts().model_dump(),
+        "branches": SelectionCounts().model_dump(),
     }
 
 
