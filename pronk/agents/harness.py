@@ -116,6 +116,17 @@ def tool_views(body: ChatCompletionBody, tools: dict[str, Tool]) -> dict[str, To
     return views
 
 
+def tool_turn(tool: str, ok: bool, text: str) -> str:
+    """The tool turn the model reads after a call: `[NAME ok] RESULT`, or `[NAME error] WHY`."""
+    return f"[{tool} {'ok' if ok else 'error'}] {text}"
+
+
+def tool_turn_ok(content: str) -> bool:
+    """Whether a tool turn (`tool_turn`) holds a result rather than an error."""
+    head = content.split("]", 1)[0]
+    return head.startswith("[") and head.endswith(" ok")
+
+
 class Harness:
     """Runs one batch's lines: agent traces, plain one-step chats and replays, recording every step (and, given a
     `TranscriptRecorder`, every agent trace's conversation)."""
@@ -244,7 +255,7 @@ class Harness:
             if self.gaps is not None:
                 self.gaps.observe(call["tool"], seconds)
             record.tool_name, record.tool_ok, record.tool_time_s = call["tool"], ok, round(seconds, 6)
-            state.messages.append({"role": "tool", "content": f"[{call['tool']} {'ok' if ok else 'error'}] {text}"})
+            state.messages.append({"role": "tool", "content": tool_turn(call["tool"], ok, text)})
         state.finish_reason = "max_steps"
         state.answer = next((m["content"] for m in reversed(state.messages) if m["role"] == "assistant"), "")
 

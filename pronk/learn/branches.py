@@ -10,7 +10,8 @@ harness makes an answer. The branch is checked like any sample, and a passed bra
 wrote whole, kept by selection like any other pass. Resampling a trace from an intermediate state is what
 tree-structured rollouts do; here the branch point is the last one, the answer, which is where these traces fail.
 
-Only a task with fewer passes than selection keeps (`cap_per_task`) is branched, and only its plain samples; a
+Only a task with fewer passes than selection keeps (`cap_per_task`) is branched, only its plain samples, and only
+those whose last tool turn is a result, not an error (4 of 106 such branches passed in one round); a
 branch's prompt is the prefix its sample's trace already computed, so a worker whose prefix cache still holds it
 computes only the answer.
 """
@@ -20,21 +21,21 @@ from __future__ import annotations
 from collections import Counter
 
 from engine.protocol import ChatMessage
-from pronk.agents.harness import Harness
+from pronk.agents.harness import Harness, tool_turn_ok
 from pronk.learn.rollouts import Sample, SampleRequest, run_samples, sample_request
 from pronk.protocol.bodies import ChatCompletionBody, HarnessRequest
 
 
 def branch_point(sample: Sample) -> list[ChatMessage] | None:
     """The prompt the sample's last answer followed: its line's messages and its trace's own turns through the last
-    tool result (None: no tool returned in its trace, or it never ran)."""
+    tool turn (None: that turn is an error, no tool returned in its trace, or it never ran)."""
     transcript = sample.transcript
     body = sample.run.request.body
     if transcript is None or not isinstance(body, ChatCompletionBody):
         return None
     turns = transcript.messages[1 + len(body.messages) :]  # after the harness's system prompt and the line's messages
     last_tool = max((i for i, m in enumerate(turns) if m["role"] == "tool"), default=None)
-    if last_tool is None:
+    if last_tool is None or not tool_turn_ok(turns[last_tool]["content"]):
         return None
     return list(body.messages) + [ChatMessage.model_validate(m) for m in turns[: last_tool + 1]]
 

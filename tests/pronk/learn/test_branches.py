@@ -9,12 +9,12 @@ import json
 import pytest
 
 from engine.protocol import StepRequest, StepResult
-from pronk.agents.harness import Harness
+from pronk.agents.harness import Harness, tool_turn
 from pronk.agents.step_records import StepRecorder
 from pronk.agents.transcripts import TranscriptRecorder
 from pronk.jobs.files import get_job
 from pronk.learn.branches import branch, branch_point, branch_requests
-from pronk.learn.rollouts import rollout
+from pronk.learn.rollouts import Sample, rollout
 from pronk.learn.selection import SelectionCounts, select
 from pronk.settings import get_settings
 from tests.fakes import answered
@@ -109,5 +109,24 @@ def test_only_failed_plain_samples_of_tasks_under_the_cap_that_got_a_tool_result
         branch_requests(samples, 1, 1, 0.0, 0, 2)
 
 
-def test_a_sample_without_a_tool_result_has_no_branch_point():
-    assert branch_point(sample("lookup-1", 0, "failed", answer="5")) is None
+def with_turns(failed: Sample, *turns: tuple[str, str]) -> Sample:
+    """`failed` with a transcript of the harness's system prompt, its line's question, then `turns`."""
+    question = failed.run.request.body.messages[0].text()  # type: ignore[union-attr]
+    messages = [{"role": "system", "content": "tools"}, {"role": "user", "content": question}]
+    messages += [{"role": role, "content": content} for role, content in turns]
+    transcript = dataclasses.replace(failed.run.transcripts[0], messages=messages)
+    return dataclasses.replace(failed, run=dataclasses.replace(failed.run, transcripts=[transcript]))
+
+
+def test_a_branch_point_is_the_conversation_through_a_last_tool_turn_that_holds_a_result():
+    failed = sample("lookup-1", 0, "failed", answer="5")
+    assert branch_point(failed) is None  # answered without calling a tool
+    ok = tool_turn("sql", True, "4")
+    error = tool_turn("sql", False, "syntax error")
+    final = json.dumps({"final": "5"})
+    point = branch_point(with_turns(failed, ("assistant", CALL), ("tool", ok), ("assistant", final)))
+    assert point is not None and [(m.role, m.text()) for m in point[1:]] == [("assistant", CALL), ("tool", ok)]
+    assert (
+        branch_point(with_turns(failed, ("assistant", CALL), ("tool", ok), ("assistant", CALL), ("tool", error)))
+        is None
+    )
