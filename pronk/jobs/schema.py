@@ -276,7 +276,12 @@ class ImproveConfig(BaseModel):
         description="Lines of the training set a round rolls out, drawn by the round's seed (None: every line).",
     )
     samples_per_task: int = Field(default=2, ge=1, le=64, description="Rollouts of each training line (k).")
-    temperature: float = Field(default=0.8, gt=0, le=2, description="Sampling temperature of the rollouts.")
+    temperature: float = Field(
+        default=0.4,
+        gt=0,
+        le=2,
+        description="Sampling temperature of the rollouts (at 0.8 SmolLM2-135M passed 8% of its lookups, at 0.4 21%).",
+    )
     seed: int = Field(default=0, description="First rollout seed; sample i of a line uses seed + i.")
     answer_branches: int = Field(
         default=2,
@@ -298,7 +303,7 @@ class ImproveConfig(BaseModel):
     rounds: int = Field(default=1, ge=1, le=100, description="Rollout, selection and training rounds.")
     max_steps: int = Field(default=60, ge=1, le=100_000, description="Optimizer steps per round at most.")
     max_seconds: float = Field(default=420.0, gt=0, description="Training seconds per round at most.")
-    learning_rate: float = Field(default=1e-5, gt=0, le=1, description="AdamW learning rate.")
+    learning_rate: float = Field(default=5e-5, gt=0, le=1, description="AdamW learning rate.")
     batch_size: int = Field(default=4, ge=1, le=1024, description="Transcripts per optimizer step.")
     threads: int = Field(default=1, ge=1, le=256, description="torch threads of the training process.")
     nice: int = Field(default=10, ge=0, le=19, description="How far the training process lowers its priority.")
