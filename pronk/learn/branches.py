@@ -11,9 +11,9 @@ wrote whole, kept by selection like any other pass. Resampling a trace from an i
 tree-structured rollouts do; here the branch point is the last one, the answer, which is where these traces fail.
 
 Only a task with fewer passes than selection keeps (`cap_per_task`) is branched, only its plain samples, and only
-those whose last tool turn is a result, not an error (4 of 106 such branches passed in one round); a
-branch's prompt is the prefix its sample's trace already computed, so a worker whose prefix cache still holds it
-computes only the answer.
+those whose last tool turn is a result, not an error (4 of 106 such branches passed in one round); a branch's prompt
+is the prefix its sample's trace already computed, so a worker whose prefix cache still holds it computes only the
+answer.
 """
 
 from __future__ import annotations
