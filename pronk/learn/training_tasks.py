@@ -49,7 +49,7 @@ from pronk.settings import PROJECT_ROOT
 
 HELD_OUT = PROJECT_ROOT / "data" / "labelled" / "agent.jsonl"
 TRAINING_SET = PROJECT_ROOT / "data" / "labelled" / "agent-train.jsonl"
-PER_FAMILY = {"arith": 70, "lookup": 80, "search": 60}
+PER_FAMILY = {"arith": 70, "lookup": 80, "search": 80}
 """The most tasks of each family (search has fewer facts than that to ask)."""
 
 COMPANY_FIELDS = {
@@ -97,6 +97,25 @@ SEARCH_FACTS: list[tuple[list[str], str]] = [
     (["What kind of batching does vLLM do?", "How does vLLM batch requests?"], r"continuous"),
 ]
 """Facts of `data/corpus`: questions asking one (without " Search the corpus.") and a pattern of the answer."""
+
+PROFILED_COMPANIES: dict[str, tuple[int, int]] = {
+    "Borealis Foods": (1998, 1300),
+    "Cobalt Analytics": (2015, 85),
+    "Granite Health": (2008, 2100),
+    "Ion Mobility": (2016, 900),
+    "Kestrel Drones": (2017, 150),
+    "Lumen Lighting": (1994, 640),
+    "Nimbus Cloud": (2010, 1100),
+    "Vela Shipping": (1978, 3600),
+}
+"""The companies `data/corpus` has a profile of (none that a held-out line asks about): (founded, employees), the
+numbers their profile states. Asking one of them makes the model pick the asked number out of a text holding two."""
+
+COMPANY_NUMBER_QUESTIONS = (
+    ("In which year was {name} founded?", "When was {name} founded?"),
+    ("About how many people does {name} employ?", "How many employees does {name} have?"),
+)
+"""Two phrasings each of the founding year and the head count of a profiled company, in that order."""
 
 _OPERATORS: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,
@@ -238,13 +257,20 @@ def _check_of(answer: str) -> dict[str, Any]:
 
 
 def search_tasks(search: Tool) -> list[Task]:
-    """(question, check, reference) of each corpus fact whose answer the search tool returns for the question
-    itself."""
-    tasks = []
+    """(question, check, reference) of each corpus fact (`SEARCH_FACTS`, and the numbers of `PROFILED_COMPANIES`)
+    whose answer the search tool returns for the question itself."""
+    facts: list[tuple[list[str], dict[str, Any], dict[str, Any]]] = []
     for questions, pattern in SEARCH_FACTS:
         check = {"type": "regex", "pattern": pattern, "ignore_case": True}
+        facts.append((questions, check, check))
+    for name, numbers in PROFILED_COMPANIES.items():
+        for phrasings, number in zip(COMPANY_NUMBER_QUESTIONS, numbers, strict=True):
+            returned = {"type": "regex", "pattern": rf"\b{number}\b"}
+            facts.append(([q.format(name=name) for q in phrasings], {"type": "number", "expected": number}, returned))
+    tasks = []
+    for questions, check, returned in facts:
         for question in questions:
-            if _passes(check, run_tool(search, {"query": question})):
+            if _passes(returned, run_tool(search, {"query": question})):
                 tasks.append((f"{question} Search the corpus.", check, reference_call("search", query=question)))
     return tasks
 

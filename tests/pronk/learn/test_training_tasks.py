@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import re
 from collections import Counter
 
 import pytest
@@ -107,4 +108,8 @@ def test_each_reference_is_a_call_of_the_lines_own_tool_that_finds_its_answer_an
             assert call["arguments"] == {"code": expression.removesuffix(". Then answer with the number.")}
             continue
         result = run_tool(tools[call["tool"]], call["arguments"])
-        assert passes(line, result), (line["custom_id"], result)
+        if line["check"]["type"] == "number" and call["tool"] == "search":
+            # A company profile states two numbers; the check's is the one its question asks.
+            assert re.search(rf"\b{line['check']['expected']}\b", result), (line["custom_id"], result)
+        else:
+            assert passes(line, result), (line["custom_id"], result)
