@@ -17,7 +17,15 @@ from pronk.batches.input import validate_input
 from pronk.jobs.files import get_job
 from pronk.jobs.schema import ImproveConfig
 from pronk.learn.training import TrainingBudget
-from pronk.learn.training_tasks import HELD_OUT, TRAINING_SET, evaluate, run_tool, task_family, training_lines
+from pronk.learn.training_tasks import (
+    HELD_OUT,
+    PROFILED_COMPANIES,
+    TRAINING_SET,
+    evaluate,
+    run_tool,
+    task_family,
+    training_lines,
+)
 from pronk.protocol.checks import Check
 from pronk.settings import get_settings
 
@@ -59,6 +67,11 @@ def test_it_shares_nothing_with_the_held_out_set(held_out, training):
     assert not held_out_questions & {question(line) for line in training}
     assert not held_out_lines & {json.dumps(line, sort_keys=True) for line in training}
     assert not {line["custom_id"] for line in held_out} & {line["custom_id"] for line in training}
+
+
+def test_no_profiled_company_is_one_a_held_out_line_asks_about(held_out):
+    asked = " ".join(question(line) for line in held_out)
+    assert PROFILED_COMPANIES and not [name for name in PROFILED_COMPANIES if name in asked]
 
 
 def test_each_line_is_a_held_out_line_of_its_family_but_for_its_question_and_check(held_out, training):
