@@ -98,24 +98,24 @@ SEARCH_FACTS: list[tuple[list[str], str]] = [
 ]
 """Facts of `data/corpus`: questions asking one (without " Search the corpus.") and a pattern of the answer."""
 
-PROFILED_COMPANIES: dict[str, tuple[int, int]] = {
-    "Borealis Foods": (1998, 1300),
-    "Cobalt Analytics": (2015, 85),
-    "Granite Health": (2008, 2100),
-    "Ion Mobility": (2016, 900),
-    "Kestrel Drones": (2017, 150),
-    "Lumen Lighting": (1994, 640),
-    "Nimbus Cloud": (2010, 1100),
-    "Vela Shipping": (1978, 3600),
-}
-"""The companies `data/corpus` has a profile of (none that a held-out line asks about): (founded, employees), the
-numbers their profile states. Asking one of them makes the model pick the asked number out of a text holding two."""
-
-COMPANY_NUMBER_QUESTIONS = (
-    ("In which year was {name} founded?", "When was {name} founded?"),
-    ("About how many people does {name} employ?", "How many employees does {name} have?"),
+PROFILED_COMPANIES = (
+    "Borealis Foods",
+    "Cobalt Analytics",
+    "Granite Health",
+    "Ion Mobility",
+    "Kestrel Drones",
+    "Lumen Lighting",
+    "Nimbus Cloud",
+    "Vela Shipping",
 )
-"""Two phrasings each of the founding year and the head count of a profiled company, in that order."""
+"""The companies `data/corpus` has a profile of (none that a held-out line asks about), each stating the founding year
+and head count the companies table has. Asking one makes the model pick the asked number out of a text holding two."""
+
+COMPANY_NUMBER_QUESTIONS = {
+    "founded": ("In which year was {name} founded?", "When was {name} founded?"),
+    "employees": ("About how many people does {name} employ?", "How many employees does {name} have?"),
+}
+"""Two phrasings of each number a profile states, by its column in the companies table."""
 
 _OPERATORS: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,
@@ -256,17 +256,18 @@ def _check_of(answer: str) -> dict[str, Any]:
     return {"type": "regex", "pattern": re.escape(answer), "ignore_case": True}
 
 
-def search_tasks(search: Tool) -> list[Task]:
-    """(question, check, reference) of each corpus fact (`SEARCH_FACTS`, and the numbers of `PROFILED_COMPANIES`)
-    whose answer the search tool returns for the question itself."""
+def search_tasks(search: Tool, sql: Tool) -> list[Task]:
+    """(question, check, reference) of each corpus fact (`SEARCH_FACTS`, and the numbers of `PROFILED_COMPANIES`,
+    read from the companies table with `sql`) whose answer the search tool returns for the question itself."""
     facts: list[tuple[list[str], dict[str, Any], dict[str, Any]]] = []
     for questions, pattern in SEARCH_FACTS:
         check = {"type": "regex", "pattern": pattern, "ignore_case": True}
         facts.append((questions, check, check))
-    for name, numbers in PROFILED_COMPANIES.items():
-        for phrasings, number in zip(COMPANY_NUMBER_QUESTIONS, numbers, strict=True):
+    for name in PROFILED_COMPANIES:
+        for column, phrasings in COMPANY_NUMBER_QUESTIONS.items():
+            number = sql_value(sql, f"SELECT {column} FROM companies WHERE name = '{name}'")
             returned = {"type": "regex", "pattern": rf"\b{number}\b"}
-            facts.append(([q.format(name=name) for q in phrasings], {"type": "number", "expected": number}, returned))
+            facts.append(([q.format(name=name) for q in phrasings], _check_of(number), returned))
     tasks = []
     for questions, check, returned in facts:
         for question in questions:
@@ -301,7 +302,7 @@ def training_lines(tools: dict[str, Tool], held_out: list[dict[str, Any]], seed:
     generated = {
         "arith": arithmetic,
         "lookup": sql_tasks(tools["sql"], [_question(line) for line in held_out]),
-        "search": search_tasks(tools["search"]),
+        "search": search_tasks(tools["search"], tools["sql"]),
     }
     lines = []
     for family, candidates in generated.items():
