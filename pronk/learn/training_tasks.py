@@ -49,7 +49,7 @@ from pronk.settings import PROJECT_ROOT
 
 HELD_OUT = PROJECT_ROOT / "data" / "labelled" / "agent.jsonl"
 TRAINING_SET = PROJECT_ROOT / "data" / "labelled" / "agent-train.jsonl"
-PER_FAMILY = {"arith": 70, "lookup": 80, "search": 80}
+PER_FAMILY = {"arith": 70, "lookup": 80, "search": 96}
 """The most tasks of each family (search has fewer facts than that to ask)."""
 
 COMPANY_FIELDS = {
@@ -95,6 +95,18 @@ SEARCH_FACTS: list[tuple[list[str], str]] = [
     (["What is the idle time between a tool call and its result?", "What is a tool-call gap?"], r"gap|idle time"),
     (["What kind of attention does vLLM use?", "Which attention does vLLM serve models with?"], r"paged"),
     (["What kind of batching does vLLM do?", "How does vLLM batch requests?"], r"continuous"),
+    (["What does a small KV cache create?", "What does a small key-value cache lead to?"], r"memory pressure"),
+    (
+        ["What do a trace's key-value blocks become during a tool-call gap?", "What happens to KV blocks in a gap?"],
+        r"eviction candidate",
+    ),
+    (["What keeps a trace's prefix warm until its next step?", "How is a prefix kept warm through a gap?"], r"pin"),
+    (["What lets a Prefect flow run on a work pool?", "How does a flow run on a Prefect work pool?"], r"deployment"),
+    (
+        ["How many task runs a second does a Prefect server record?", "How fast does Prefect record task runs?"],
+        r"dozen",
+    ),
+    (["What does the parent agent resume with?", "When does a parent agent resume?"], r"answers"),
 ]
 """Facts of `data/corpus`: questions asking one (without " Search the corpus.") and a pattern of the answer."""
 

@@ -1,4 +1,10 @@
-"""The `search` tool: BM25-ranked text search over the documents a job ships (`*.md`, `*.txt`)."""
+"""The `search` tool: BM25-ranked text search over the documents a job ships (`*.md`, `*.txt`).
+
+Each hit shows a snippet of at most `SNIPPET_CHARS`: the passage around the document's sentence that best matches
+the query (the most idf of the query's words), as a search engine's result page does. A snippet that was the
+document's first 200 characters cut the answer off wherever it came later: "a grammar backend such as xgram" for
+vLLM, nothing of the eviction order in the prefix-caching note.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,9 @@ from typing import Any
 from pronk.agents.tools.base import ToolContext, ToolError
 
 WORD = re.compile(r"[a-z0-9]+")
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+SNIPPET_CHARS = 200
+ELLIPSIS = "…"
 
 
 def words(text: str) -> list[str]:
@@ -62,6 +71,28 @@ class SearchTool:
                 total += self.idf[term] * tf * (self.k1 + 1) / norm
         return total
 
+    def snippet(self, document: Document, terms: list[str]) -> str:
+        """The passage of `document` around its sentence with the most idf of `terms`: that sentence, then its
+        neighbours (the next one first) while the passage fits `SNIPPET_CHARS`, with "…" where it was cut."""
+        sentences = SENTENCE_END.split(" ".join(document.text.split()))
+        wanted = set(terms)
+
+        def weight(i: int) -> float:
+            return sum(self.idf.get(term, 0.0) for term in set(words(sentences[i])) & wanted)
+
+        best = max(range(len(sentences)), key=lambda i: (weight(i), -i))
+        first = last = best
+        length = len(sentences[best])
+        for i in sorted(range(len(sentences)), key=lambda i: (abs(i - best), i < best)):
+            if i in (first - 1, last + 1) and length + 1 + len(sentences[i]) <= SNIPPET_CHARS:
+                first, last, length = min(first, i), max(last, i), length + 1 + len(sentences[i])
+        passage = " ".join(sentences[first : last + 1])
+        if len(passage) > SNIPPET_CHARS:
+            passage = passage[: SNIPPET_CHARS - 2].rsplit(" ", 1)[0] + " " + ELLIPSIS
+        elif last < len(sentences) - 1:
+            passage += " " + ELLIPSIS
+        return f"{ELLIPSIS} {passage}" if first > 0 else passage
+
     def search(self, query: str, k: int) -> list[tuple[float, Document]]:
         terms = words(query)
         ranked = sorted(((self.score(d, terms), d) for d in self.documents), key=lambda pair: (-pair[0], pair[1].name))
@@ -77,8 +108,8 @@ class SearchTool:
         hits = self.search(query, k)
         if not hits:
             return f"no document matches {query!r}"
+        terms = words(query)
         lines = []
         for rank, (score, doc) in enumerate(hits, start=1):
-            snippet = " ".join(doc.text.split())[:200]
-            lines.append(f"{rank}. {doc.title} [{doc.name}] score={score:.2f}: {snippet}")
+            lines.append(f"{rank}. {doc.title} [{doc.name}] score={score:.2f}: {self.snippet(doc, terms)}")
         return "\n".join(lines)

@@ -88,6 +88,14 @@ def test_search_ranks_the_corpus(tools, tmp_path):
     assert not call(tools["search"], {"query": "x", "k": 99}, tmp_path).ok
 
 
+def test_a_search_snippet_is_the_passage_that_matches_the_query(tools, tmp_path):
+    """The prefix-caching note's eviction order comes after its first 200 characters."""
+    outcome = call(tools["search"], {"query": "order cached prefix blocks evicted", "k": 1}, tmp_path)
+    snippet = outcome.text.split(": ", 1)[1]
+    assert outcome.ok and "least-recently-used" in snippet and snippet.startswith("… ")
+    assert len(snippet.removeprefix("… ").removesuffix(" …")) <= 200
+
+
 def test_a_raising_or_stuck_tool_is_contained(tools, tmp_path):
     outcome = call(tools["explode"], {"why": "test"}, tmp_path)
     assert not outcome.ok and "RuntimeError: kaboom" in outcome.text
