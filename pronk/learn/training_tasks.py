@@ -106,7 +106,6 @@ SEARCH_FACTS: list[tuple[list[str], str]] = [
         ["How many task runs a second does a Prefect server record?", "How fast does Prefect record task runs?"],
         r"dozen",
     ),
-    (["What does the parent agent resume with?", "When does a parent agent resume?"], r"answers"),
 ]
 """Facts of `data/corpus`: questions asking one (without " Search the corpus.") and a pattern of the answer."""
 
