@@ -83,9 +83,12 @@ class SearchTool:
         best = max(range(len(sentences)), key=lambda i: (weight(i), -i))
         first = last = best
         length = len(sentences[best])
-        for i in sorted(range(len(sentences)), key=lambda i: (abs(i - best), i < best)):
-            if i in (first - 1, last + 1) and length + 1 + len(sentences[i]) <= SNIPPET_CHARS:
-                first, last, length = min(first, i), max(last, i), length + 1 + len(sentences[i])
+        grown = True
+        while grown:
+            grown = False
+            for i in (last + 1, first - 1):
+                if 0 <= i < len(sentences) and length + 1 + len(sentences[i]) <= SNIPPET_CHARS:
+                    first, last, length, grown = min(first, i), max(last, i), length + 1 + len(sentences[i]), True
         passage = " ".join(sentences[first : last + 1])
         if len(passage) > SNIPPET_CHARS:
             passage = passage[: SNIPPET_CHARS - 2].rsplit(" ", 1)[0] + " " + ELLIPSIS
