@@ -78,7 +78,8 @@ class SearchTool:
         wanted = set(terms)
 
         def weight(i: int) -> float:
-            return sum(self.idf.get(term, 0.0) for term in set(words(sentences[i])) & wanted)
+            # summed in a fixed order: a set's order follows the process's hash seed, and float sums its order
+            return sum(self.idf.get(term, 0.0) for term in sorted(set(words(sentences[i])) & wanted))
 
         best = max(range(len(sentences)), key=lambda i: (weight(i), -i))
         first = last = best
