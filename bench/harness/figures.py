@@ -92,15 +92,39 @@ def steady_rate(finished_s: list[float], trim: float = 0.1) -> float:
     return (last - first) / span if span > 0 else math.nan
 
 
-def _engine_load(running: list[list[int]]) -> tuple[float | None, float | None]:
-    """(busy share: the share of samples in which an engine had a request running, mean over the engines; requests
-    an engine was running, mean over the samples and engines) of samples of each engine's running requests (one list
-    per sample); (None, None) without a sample."""
-    if not running:
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """One engine at one sample: the requests vLLM's running gauge reports, and the CPU seconds its engine core process
+    has used so far (None where that process cannot be read here: an engine on another host)."""
+
+    running: int
+    cpu_s: float | None = None
+
+
+def _engine_load(samples: list[tuple[float, list[EngineLoad]]], cores: int) -> tuple[float | None, float | None]:
+    """(busy share, running requests per engine) of timed samples of each engine's load; (None, None) without one.
+
+    Busy share is the engine core process's CPU time over the wall time between the first and the last sample, per
+    core it is pinned to, mean over the engines (None below two samples or without CPU readings). A CPU engine's core
+    process runs only while it has work (it blocks on its input queue when idle), so this is the share of the time
+    the engine computed. vLLM's running gauge cannot say that: it is reported after each engine iteration, so a long
+    prefill that starts on an idle engine reads as idle until it ends (on the agent-long profile the gauge read
+    0.53-0.83 while the engines used 0.89-0.90 of their cores). The gauge still gives the requests an engine runs,
+    mean over the samples and engines."""
+    if not samples:
         return None, None
-    workers = range(len(running[0]))
-    busy = statistics.mean(sum(row[i] > 0 for row in running) / len(running) for i in workers)
-    return busy, statistics.mean(n for row in running for n in row)
+    loads = [row for _, row in samples]
+    running = statistics.mean(engine.running for row in loads for engine in row)
+    (first_at, first), (last_at, last) = samples[0], samples[-1]
+    readings = [
+        (before.cpu_s, after.cpu_s)
+        for before, after in zip(first, last, strict=True)
+        if before.cpu_s is not None and after.cpu_s is not None
+    ]
+    if last_at <= first_at or len(readings) != len(first):
+        return None, running
+    busy = statistics.mean((after - before) / (last_at - first_at) / cores for before, after in readings)
+    return busy, running
 
 
 @dataclass(slots=True)
@@ -131,16 +155,16 @@ class AgentRun:
     started: float | None = None
     """`time.monotonic()` at the instant `finished_s` counts from, where this process saw the run start (not the
     offline limits, run in processes of their own)."""
-    load_samples: list[tuple[float, list[int]]] = field(default_factory=list)
-    """Each sample of the engines' running requests (`note_load`): its time in s from `started`, one count per
-    engine."""
+    load_samples: list[tuple[float, list[EngineLoad]]] = field(default_factory=list)
+    """Each sample of the engines' load (`note_load`): its time in s from `started`, one `EngineLoad` per engine."""
     busy_share: float | None = None
-    """The share of samples in which an engine had a request running (mean over the workers)."""
+    """The share of the run's time the engines computed: their core processes' CPU time per pinned core (mean over
+    the workers; `_engine_load`)."""
     running_per_worker: float | None = None
     """Requests an engine was running, mean over the samples and workers."""
     busy_share_steady: float | None = None
     """`busy_share` over the samples inside the steady window (`steady_window`) alone: what is left of the idle once
-    the start and the tail are left out. None with fewer than 5 completions or no sample in the window."""
+    the start and the tail are left out. None with fewer than 5 completions or two samples in the window."""
     running_per_worker_steady: float | None = None
     """`running_per_worker` over the samples inside the steady window alone."""
 
@@ -165,17 +189,18 @@ class AgentRun:
             started=result.started,
         )
 
-    def note_load(self, samples: list[tuple[float, list[int]]]) -> None:
-        """Put on the run what samples of each engine's running requests say of its load, over the whole run and
-        over its steady window; each sample is (its `time.monotonic()`, one count per engine), as
-        `pronk_runs.sampling` takes them. The run's `started` and `finished_s` must be known by then."""
+    def note_load(self, samples: list[tuple[float, list[EngineLoad]]], cores_per_engine: int) -> None:
+        """Put on the run what samples of each engine's load say, over the whole run and over its steady window; each
+        sample is (its `time.monotonic()`, one `EngineLoad` per engine), as `pronk_runs.sampling` takes them, and
+        each engine is pinned to `cores_per_engine` cores. The run's `started` and `finished_s` must be known by
+        then."""
         if self.started is None:
             raise ValueError(f"{self.name}: no start to place the load samples against")
-        self.load_samples = [(at - self.started, running) for at, running in samples]
-        self.busy_share, self.running_per_worker = _engine_load([running for _, running in self.load_samples])
+        self.load_samples = [(at - self.started, loads) for at, loads in samples]
+        self.busy_share, self.running_per_worker = _engine_load(self.load_samples, cores_per_engine)
         window = steady_window(self.finished_s)
-        steady = [running for at, running in self.load_samples if window is not None and window[0] <= at <= window[1]]
-        self.busy_share_steady, self.running_per_worker_steady = _engine_load(steady)
+        steady = [(at, loads) for at, loads in self.load_samples if window is not None and window[0] <= at <= window[1]]
+        self.busy_share_steady, self.running_per_worker_steady = _engine_load(steady, cores_per_engine)
 
     @property
     def traces_per_s(self) -> float:

@@ -21,10 +21,12 @@ from typing import TypeVar
 from uuid import UUID
 
 import httpx
+import psutil
 
 from bench.harness.agent_loop import ReplayResult, replay
-from bench.harness.figures import FULL, AgentRun, worker_moves
+from bench.harness.figures import FULL, AgentRun, EngineLoad, worker_moves
 from engine.protocol import StepRequest, StepResult, WorkerStats
+from engine.registry import WorkerEntry
 from pronk.agents.tool_gaps import ToolGaps
 from pronk.jobs.schema import JobConfig
 from pronk.protocol.bodies import REPLAY_URL
@@ -162,15 +164,21 @@ async def server_counters(urls: list[str], tiered: bool = False) -> EngineCounte
     )
 
 
-async def live_worker_stats(job: JobConfig, settings: Settings) -> list[WorkerStats]:
-    """The /stats of every live pronk worker of the job."""
+async def live_workers(job: JobConfig, settings: Settings) -> list[tuple[WorkerEntry, WorkerStats]]:
+    """Every live pronk worker of the job, by worker id, with its /stats."""
     from pronk.worker_token import worker_client
 
     client = worker_client(settings)
     try:
-        return [await client.stats(w.url) for w in worker_registry(settings).live(job.job_id)]
+        workers = sorted(worker_registry(settings).live(job.job_id), key=lambda w: w.worker_id)
+        return [(w, await client.stats(w.url)) for w in workers]
     finally:
         await client.aclose()
+
+
+async def live_worker_stats(job: JobConfig, settings: Settings) -> list[WorkerStats]:
+    """The /stats of every live pronk worker of the job."""
+    return [stats for _, stats in await live_workers(job, settings)]
 
 
 T = TypeVar("T")
@@ -181,9 +189,27 @@ LOAD_SAMPLE_S = 1.0
 enough that rendering stock vLLM's /metrics costs its server well under 1% of a core."""
 
 
-async def server_running(urls: list[str]) -> list[int]:
-    """The requests each stock vLLM server's engine is running now (its /metrics gauge)."""
-    return [running_in_metrics(page) for page in await metrics_pages(urls)]
+ENGINE_CORE = "EngineCore"
+"""What vLLM names its engine core process (`VLLM::EngineCore`). A CPU engine runs its model there too: pronk's
+workers and the stock servers alike (`bench.harness.baseline.pinned`)."""
+
+
+def engine_cpu_seconds(pid: int) -> float | None:
+    """CPU seconds so far of the vLLM engine core under `pid` (a stock server or a pronk worker); None where it has
+    none on this machine."""
+    try:
+        cores = [p for p in psutil.Process(pid).children(recursive=True) if ENGINE_CORE in p.name()]
+        return sum(p.cpu_times().user + p.cpu_times().system for p in cores) if cores else None
+    except psutil.Error:
+        return None
+
+
+async def server_loads(urls: list[str], pids: list[int]) -> list[EngineLoad]:
+    """Each stock vLLM server's load now: its /metrics running gauge, its engine core's CPU seconds."""
+    pages = await metrics_pages(urls)
+    return [
+        EngineLoad(running_in_metrics(page), engine_cpu_seconds(pid)) for page, pid in zip(pages, pids, strict=True)
+    ]
 
 
 def running_in_metrics(text: str) -> int:
@@ -191,26 +217,30 @@ def running_in_metrics(text: str) -> int:
     return round(sum(float(v) for v in _RUNNING.findall(text)))
 
 
-async def worker_running(job: JobConfig, settings: Settings) -> list[int]:
-    """The requests each live pronk worker's engine is running now (its /stats, from the same vLLM gauge)."""
-    return [s.running for s in await live_worker_stats(job, settings)]
+async def worker_loads(job: JobConfig, settings: Settings) -> list[EngineLoad]:
+    """Each live pronk worker's load now: its /stats running count (the same vLLM gauge), its engine core's CPU
+    seconds."""
+    return [EngineLoad(stats.running, engine_cpu_seconds(w.pid)) for w, stats in await live_workers(job, settings)]
 
 
 async def sampling(
     work: Awaitable[T], read: Callable[[], Awaitable[S]], interval_s: float = LOAD_SAMPLE_S
 ) -> tuple[T, list[tuple[float, S]]]:
-    """Await `work` while calling `read` every `interval_s`: its result, and each sample as (its `time.monotonic()`,
-    what `read` returned), timed halfway through the read, so a run that knows its start on that clock can place
-    its samples (`AgentRun.note_load`). A sample the engines do not answer is skipped; it never fails the run."""
+    """Await `work` while calling `read` every `interval_s` and once more when it ends, so a run shorter than the
+    interval still spans two samples: its result, and each sample as (its `time.monotonic()`, what `read` returned),
+    timed halfway through the read, so a run that knows its start on that clock can place its samples
+    (`AgentRun.note_load`). A sample the engines do not answer is skipped; it never fails the run."""
     samples: list[tuple[float, S]] = []
     done = asyncio.Event()
 
     async def sample() -> None:
-        while not done.is_set():
+        while True:
             with contextlib.suppress(httpx.HTTPError):
                 asked = time.monotonic()
                 value = await read()
                 samples.append(((asked + time.monotonic()) / 2, value))
+            if done.is_set():
+                return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(done.wait(), interval_s)
 

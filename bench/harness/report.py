@@ -366,9 +366,10 @@ def markdown_section(
         "zero tool gaps, each trace's steps in order, in waves): " + LIMITS_TEXT + " traces/s steady = "
         "completions over the window between the first and the last of the middle 80%. "
         "Preemptions: the baseline's from vLLM's /metrics, pronk's "
-        "from its workers' /stats. Engine busy share and running requests: each engine's running-requests gauge "
-        "(the same vLLM gauge on both sides), sampled every second of the setup's run; busy = at least one request "
-        "running. Recomputed on moved steps: the prompt tokens recomputed by steps that ran on another engine "
+        "from its workers' /stats. Engine busy share: the CPU time of each engine's core process (where a CPU "
+        "engine runs its model, on both sides) over the setup's wall time, per core it is pinned to. Running "
+        "requests: each engine's running-requests gauge (the same vLLM gauge on both sides), sampled every second "
+        "of the setup's run. Recomputed on moved steps: the prompt tokens recomputed by steps that ran on another engine "
         "than their trace's previous step. Cells: median over rounds (min–max).",
         "",
     ]

@@ -32,6 +32,7 @@ from bench.harness.figures import (
     FULL,
     UNTIERED,
     AgentRun,
+    EngineLoad,
     SingleStepRun,
     agent_comparisons,
     goals,
@@ -103,18 +104,18 @@ class Bench:
                             OpenAIServers(stock_servers.urls, job.served_model_name),
                             self.concurrency,
                         ),
-                        lambda: pronk_runs.server_running(stock_servers.urls),
+                        lambda: pronk_runs.server_loads(stock_servers.urls, stock_servers.pids),
                     )
                 )
                 run = AgentRun.from_replay(name, result, n)
-                run.note_load(samples)
+                run.note_load(samples, job.cpu_cores_per_worker)
                 asyncio.run(pronk_runs.server_counters(stock_servers.urls, with_tier)).note_run(run, before)
                 return run
 
             return one
 
-        def running_on_workers() -> Awaitable[list[int]]:
-            return pronk_runs.worker_running(job, settings)
+        def load_on_workers() -> Awaitable[list[EngineLoad]]:
+            return pronk_runs.worker_loads(job, settings)
 
         def ablation(setup: pronk_runs.Ablation, label: str) -> Callable[[], AgentRun]:
             def one() -> AgentRun:
@@ -122,11 +123,11 @@ class Bench:
                 result, samples = asyncio.run(
                     pronk_runs.sampling(
                         pronk_runs.bare_loop(relabel(workload.shapes, label), job, settings, self.concurrency, setup),
-                        running_on_workers,
+                        load_on_workers,
                     )
                 )
                 run = AgentRun.from_replay(setup.name, result, n)
-                run.note_load(samples)
+                run.note_load(samples, job.cpu_cores_per_worker)
                 asyncio.run(pronk_runs.worker_counters(job, settings)).note_run(run, before)
                 return run
 
@@ -139,11 +140,11 @@ class Bench:
                     pronk_runs.trace_batch(
                         relabel(workload.shapes, "batch"), job, self.work / f"agent-{workload.seed}"
                     ),
-                    running_on_workers,
+                    load_on_workers,
                 )
             )
             run.name = BATCH
-            run.note_load(samples)
+            run.note_load(samples, job.cpu_cores_per_worker)
             asyncio.run(pronk_runs.worker_counters(job, settings)).note_run(run, before)
             return run
 

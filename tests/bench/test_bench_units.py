@@ -21,6 +21,7 @@ from bench.harness.figures import (
     UNTIERED,
     AgentRun,
     Comparison,
+    EngineLoad,
     goals,
     percentile,
     record_key,
@@ -228,7 +229,7 @@ def test_a_replays_load_samples_and_completions_count_from_one_start():
     replayed = replay(generate("smoke", 3).shapes, EchoRouter(), 2, gap_scale=0.0)
     result, samples = asyncio.run(sampling(replayed, read, interval_s=0.001))
     run = AgentRun.from_replay("x", result, 1)
-    run.note_load(samples)
+    run.note_load([(at, [EngineLoad(n) for n in counts]) for at, counts in samples], 1)
     assert before <= result.started == run.started and run.finished_s and run.load_samples
     assert all(0.0 <= at <= run.wall_s + 0.1 for at, _ in run.load_samples)  # inside the run, on its clock
     assert all(0.0 < end <= run.wall_s for end in run.finished_s)
@@ -278,12 +279,23 @@ def test_engine_load_is_sampled_through_a_run_and_a_missed_sample_never_fails_it
     times = [at for at, _ in samples]
     assert before <= times[0] and times == sorted(times) and times[-1] <= time.monotonic()  # on time.monotonic()
     run = AgentRun("x", 1.0, 2, 1, 1, 1, 0, 1, [], started=10.0)
-    run.note_load([(10.5, [1, 0]), (11.0, [2, 1]), (11.5, [0, 0]), (12.0, [3, 0])])
-    assert run.busy_share == (3 / 4 + 1 / 4) / 2 and run.running_per_worker == 7 / 8
-    assert run.load_samples == [(0.5, [1, 0]), (1.0, [2, 1]), (1.5, [0, 0]), (2.0, [3, 0])]  # s from the run's start
+    loads = [  # each engine's running requests, and its core process's CPU seconds so far
+        [EngineLoad(1, 0.0), EngineLoad(0, 5.0)],
+        [EngineLoad(2, 0.5), EngineLoad(1, 5.0)],
+        [EngineLoad(0, 1.5), EngineLoad(0, 5.5)],
+        [EngineLoad(3, 1.5), EngineLoad(0, 5.75)],
+    ]
+    run.note_load([(10.5, loads[0]), (11.0, loads[1]), (11.5, loads[2]), (12.0, loads[3])], 1)
+    assert run.busy_share == (1.5 / 1.5 + 0.75 / 1.5) / 2 and run.running_per_worker == 7 / 8
+    assert run.load_samples[0] == (0.5, loads[0]) and run.load_samples[-1][0] == 2.0  # s from the run's start
     assert run.busy_share_steady is None  # one completion: no steady window
+    run.note_load([(10.5, loads[0]), (12.0, loads[3])], 2)  # two cores an engine: the same CPU time, half as busy
+    assert run.busy_share == (1.5 / 1.5 + 0.75 / 1.5) / 4
+    unread = AgentRun("x", 1.0, 2, 1, 1, 1, 0, 1, [], started=10.0)
+    unread.note_load([(10.5, [EngineLoad(1), EngineLoad(0)]), (11.0, [EngineLoad(2), EngineLoad(1)])], 1)
+    assert unread.busy_share is None and unread.running_per_worker == 1.0  # no CPU readings: the gauge alone
     unsampled = AgentRun("y", 1.0, 2, 1, 1, 1, 0, 1, [], started=0.0)
-    unsampled.note_load([])  # no sample answered: the figures stay unknown
+    unsampled.note_load([], 1)  # no sample answered: the figures stay unknown
     assert unsampled.busy_share is None and unsampled.running_per_worker is None
     assert math.isnan(run_figures(unsampled, 0.9)["busy_share_steady"])
 
@@ -300,20 +312,27 @@ def test_steady_window_is_the_window_of_the_steady_rate():
 def test_engines_idle_only_at_the_start_and_the_tail_are_busy_all_through_the_steady_window():
     finished = [float(t) for t in range(10, 20)]  # window: 11 s to 18 s from the start
     run = AgentRun("x", 25.0, 2, 10, 40, 1000, 800, 100, [1.0], finished_s=finished, started=100.0)
-    idle = [(100.0 + t, [0, 0]) for t in range(0, 10)] + [(100.0 + t, [0, 0]) for t in range(20, 25)]
-    busy = [(100.0 + t, [2, 1]) for t in range(10, 20)]
-    run.note_load(sorted(idle + busy))
-    assert run.busy_share == 10 / 25 and run.busy_share_steady == 1.0
+
+    def cpu_at(t: int) -> float:  # each engine computes from 10 s to 20 s, and only then
+        return float(min(max(t - 10, 0), 10))
+
+    def at(t: int, running: list[int]) -> tuple[float, list[EngineLoad]]:
+        return 100.0 + t, [EngineLoad(n, cpu_at(t)) for n in running]
+
+    idle = [at(t, [0, 0]) for t in range(0, 10)] + [at(t, [0, 0]) for t in range(20, 25)]
+    busy = [at(t, [2, 1]) for t in range(10, 20)]
+    run.note_load(sorted(idle + busy), 1)
+    assert run.busy_share == 10 / 24 and run.busy_share_steady == 1.0  # samples from 0 s to 24 s
     assert run.running_per_worker == 30 / 50 and run.running_per_worker_steady == 1.5
     figures = run_figures(run, 0.9)
-    assert figures["busy_share"] == 0.4 and figures["busy_share_steady"] == 1.0
+    assert figures["busy_share"] == 10 / 24 and figures["busy_share_steady"] == 1.0
     table = rounds_table([{BATCH: run}], [0.9])
     assert table[BATCH]["busy_share_steady"]["median"] == 1.0 and "busy share, steady window" in setups_table(table)
     between = AgentRun("y", 25.0, 2, 10, 40, 1000, 800, 100, [1.0], finished_s=finished, started=100.0)
-    between.note_load(idle)  # samples only outside the window: nothing to say of it
-    assert between.busy_share == 0.0 and between.busy_share_steady is None
+    between.note_load(idle, 1)  # samples only outside the window: nothing to say of it
+    assert between.busy_share == 10 / 24 and between.busy_share_steady is None
     with pytest.raises(ValueError, match="no start"):  # samples of a run with no known start cannot be placed
-        AgentRun("z", 1.0, 2, 1, 1, 1, 0, 1, []).note_load(busy)
+        AgentRun("z", 1.0, 2, 1, 1, 1, 0, 1, []).note_load(busy, 1)
 
 
 def test_a_tiered_record_has_its_own_key_the_untiered_baseline_and_the_tier_goals():
