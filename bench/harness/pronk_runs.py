@@ -198,8 +198,8 @@ def engine_cpu_seconds(pid: int) -> float | None:
     """CPU seconds so far of the vLLM engine core under `pid` (a stock server or a pronk worker); None where it has
     none on this machine."""
     try:
-        cores = [p for p in psutil.Process(pid).children(recursive=True) if ENGINE_CORE in p.name()]
-        return sum(p.cpu_times().user + p.cpu_times().system for p in cores) if cores else None
+        cores = [p.cpu_times() for p in psutil.Process(pid).children(recursive=True) if ENGINE_CORE in p.name()]
+        return sum(times.user + times.system for times in cores) if cores else None
     except psutil.Error:
         return None
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
+import subprocess
+import sys
 import time
 
 import httpx
@@ -31,7 +34,14 @@ from bench.harness.figures import (
     steady_window,
     worker_moves,
 )
-from bench.harness.pronk_runs import EngineCounters, OneOrder, counters_in_metrics, running_in_metrics, sampling
+from bench.harness.pronk_runs import (
+    EngineCounters,
+    OneOrder,
+    counters_in_metrics,
+    engine_cpu_seconds,
+    running_in_metrics,
+    sampling,
+)
 from bench.harness.report import END, START, goals_table, markdown_table, setups_table, write_json, write_results_md
 from bench.harness.suite import relabel
 from bench.harness.workload import PROFILES, cache_bounds, generate
@@ -298,6 +308,31 @@ def test_engine_load_is_sampled_through_a_run_and_a_missed_sample_never_fails_it
     unsampled.note_load([], 1)  # no sample answered: the figures stay unknown
     assert unsampled.busy_share is None and unsampled.running_per_worker is None
     assert math.isnan(run_figures(unsampled, 0.9)["busy_share_steady"])
+
+
+ENGINE_CORE_CHILD = """
+import ctypes, sys, time
+ctypes.CDLL(None).prctl(15, b"EngineCore", 0, 0, 0)  # PR_SET_NAME, as vLLM titles its engine core process
+end = time.process_time() + 0.3
+while time.process_time() < end:
+    pass
+print("computed", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_an_engines_busy_time_is_its_engine_core_process_cpu_time():
+    child = subprocess.Popen(
+        [sys.executable, "-c", ENGINE_CORE_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "computed\n"
+        seconds = engine_cpu_seconds(os.getpid())  # read while the child lives: it is this process's child
+        assert seconds is not None and seconds >= 0.3
+        assert engine_cpu_seconds(child.pid) is None  # no engine core under the child itself
+    finally:
+        child.communicate("")
+    assert engine_cpu_seconds(child.pid) is None  # an ended process
 
 
 def test_steady_window_is_the_window_of_the_steady_rate():
