@@ -109,12 +109,11 @@ def _engine_load(samples: list[tuple[float, list[EngineLoad]]], cores: int) -> t
     process runs only while it has work (it blocks on its input queue when idle), so this is the share of the time
     the engine computed. vLLM's running gauge cannot say that: it is reported after each engine iteration, so a long
     prefill that starts on an idle engine reads as idle until it ends (on the agent-long profile the gauge read
-    0.53-0.83 while the engines used 0.89-0.90 of their cores). The gauge still gives the requests an engine runs,
+    0.53-0.83 while the engines used 0.89-0.91 of their cores). The gauge still gives the requests an engine runs,
     mean over the samples and engines."""
     if not samples:
         return None, None
-    loads = [row for _, row in samples]
-    running = statistics.mean(engine.running for row in loads for engine in row)
+    running = statistics.mean(engine.running for _, row in samples for engine in row)
     (first_at, first), (last_at, last) = samples[0], samples[-1]
     readings = [
         (before.cpu_s, after.cpu_s)
