@@ -695,6 +695,10 @@ class CheckedRound:
     def runs(self) -> dict[str, CheckedRun | AgentRun]:
         return {BASELINE: self.baseline, HARNESS: self.pronk, **self.limits}
 
+    def trace_runs(self) -> dict[str, AgentRun]:
+        """Every setup's trace figures, checks left out, by name."""
+        return {name: run.run if isinstance(run, CheckedRun) else run for name, run in self.runs().items()}
+
 
 def checked_table(rounds: list[CheckedRound]) -> dict[str, dict[str, dict]]:
     """setup -> figure -> spread over rounds, with, in the same round, pronk's checked successes per dollar over the
@@ -724,10 +728,15 @@ def pooled_checks(runs: list[CheckedRun]) -> CheckCounts:
 def checked_goals(rounds: list[CheckedRound]) -> list[dict]:
     """The agent-real goals (`GOALS`): pronk's per-dollar ratio and its ratios to the limits (the median over rounds
     against the goal), and whether its success rate, pooled over every round, is lower than the baseline's beyond
-    noise (`compare_success`: that row is met when it is not)."""
+    noise (`compare_success`: that row is met when it is not).
+
+    The per-dollar row's `reachable` is the compute-only limit's traces per wall second over stock's
+    (`most_reachable`): the price is the fleet's wall time, so with the same lines passed on both sides, that is
+    the most pronk's checked successes per dollar could make over stock's."""
     table = checked_table(rounds)
+    trace_rounds = [r.trace_runs() for r in rounds]
     out = [
-        goal_row(goal, HARNESS, values)
+        goal_row(goal, HARNESS, values, most_reachable(trace_rounds, goal.against))
         for goal in GOALS
         if "agent-real" in goal.records and (values := table[HARNESS].get(goal.key)) is not None
     ]

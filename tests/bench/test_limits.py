@@ -247,6 +247,8 @@ def test_agent_real_rounds_carry_both_limits_and_their_defects(tmp_path):
     ]
     per_dollar, to_limit, *_ = rows
     assert per_dollar["met"] and to_limit["defect"] and not to_limit["met"]
+    assert per_dollar["reachable"]["median"] == 60.0  # the compute-only limit's 2 traces/s over stock's 10 in 300 s
+    assert to_limit["reachable"] is None  # a limit's own row has no ceiling above it
     path = write_json(tmp_path / "results.json", [], {"profile": "agent-real"}, table, rows)
     entry = json.loads(path.read_text())["profiles"]["agent-real"]
     assert [(d["setup"], d["limit"]) for d in entry["defects"]] == [(HARNESS, LIMIT)]
