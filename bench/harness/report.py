@@ -133,8 +133,9 @@ LIMITS_TEXT = (
     "gets it), traces grouped to fill 90% of what device and tier hold together; the compute-only limit runs groups "
     "of `max_num_seqs` traces on a KV cache sized to hold each group whole, so every step's prefix is cached and "
     "every wave is as full as the engine allows: nothing can beat it. `/ capacity limit` and `/ compute limit` "
-    "divide a setup's steady traces/s by the limit's traces over its wall time (a limit starts every trace at once "
-    "and never idles); a ratio above 1 in every round is flagged **defect**: the limit is wrong."
+    "divide a setup's traces over its wall time by the limit's (both sides count their start and tail: a steady "
+    "rate would favour a setup whose traces finish in a bunch); a ratio above 1 in every round is flagged "
+    "**defect**: the limit is wrong."
 )
 """How the records describe the two limits (`figures.LIMITS`)."""
 
