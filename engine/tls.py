@@ -8,6 +8,7 @@ bundle when one is given, else against the system's trust store, never not at al
 
 from __future__ import annotations
 
+import functools
 import ssl
 from pathlib import Path
 
@@ -41,11 +42,21 @@ def server_context(cert_file: str | Path, key_file: str | Path) -> ssl.SSLContex
     return context
 
 
+@functools.cache
+def _system_trust(paths: ssl.DefaultVerifyPaths) -> ssl.SSLContext:
+    """The system trust store's context, loaded once a process for each place the store is read from (`paths`,
+    which `SSL_CERT_FILE` and `SSL_CERT_DIR` move): loading it reads every certificate in the store (~20 ms of CPU
+    here), and a client made for each short exchange (a benchmark reading the workers' /stats every second) paid
+    that each time. Callers only verify by it, so they can share one; a CA bundle's context is loaded afresh each
+    time, so a rotated bundle is read."""
+    return ssl.create_default_context()
+
+
 def verify_context(ca_file: str | Path | None) -> ssl.SSLContext:
     """What a caller verifies workers' certificates by: the CA bundle `ca_file` alone when given, else the system's
     trust store. Names and addresses are checked too; a plain `http://` worker URL never uses it."""
     if ca_file is None:
-        return ssl.create_default_context()
+        return _system_trust(ssl.get_default_verify_paths())
     _readable("CA bundle", ca_file)
     try:
         return ssl.create_default_context(cafile=str(ca_file))

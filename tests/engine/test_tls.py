@@ -77,6 +77,13 @@ def test_without_a_ca_bundle_a_caller_trusts_the_systems_store_not_nothing(https
     asyncio.run(_release(WorkerClient(TOKEN), https_worker))
 
 
+def test_callers_of_the_system_store_share_one_context_until_the_store_moves(pki, monkeypatch):
+    shared = verify_context(None)
+    assert verify_context(None) is shared
+    monkeypatch.setenv("SSL_CERT_FILE", str(pki["ca"]))
+    assert verify_context(None) is not shared
+
+
 def test_plain_http_to_an_https_worker_gets_no_answer(https_worker):
     with pytest.raises(httpx.TransportError):
         httpx.get(https_worker.replace("https://", "http://") + "/health", timeout=5)
