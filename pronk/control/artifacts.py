@@ -27,11 +27,14 @@ logger = logging.getLogger(__name__)
 
 
 class ProgressArtifact:
-    """The run's progress bar: created on the first report, moved on every later one."""
+    """The run's progress bar: created on the first report, moved on every later one that changes it. The batch
+    reports about once a second while its lines take tens of seconds each; sending the same value again cost the
+    flow's process and the Prefect server CPU beside the engines for nothing."""
 
     def __init__(self, description: str):
         self.description = description
         self.artifact_id: UUID | None = None
+        self.shown: float | None = None
 
     async def __call__(self, percent: float) -> None:
         if self.artifact_id is None:
@@ -39,8 +42,11 @@ class ProgressArtifact:
                 "progress artifact",
                 acreate_progress_artifact(progress=percent, key=None, description=self.description),
             )
-        else:
-            await best_effort("progress update", aupdate_progress_artifact(self.artifact_id, progress=percent))
+            self.shown = percent
+        elif percent != self.shown:
+            moved = aupdate_progress_artifact(self.artifact_id, progress=percent)
+            if await best_effort("progress update", moved) is not None:  # else the next report tries again
+                self.shown = percent
 
 
 async def publish_summary(run: BatchRun) -> None:
