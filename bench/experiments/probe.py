@@ -1,15 +1,22 @@
-"""A quick look at one bare-loop setup: one round per seed on the job's fleet, with each worker's load sampled.
+"""A quick look at one setup: one round per seed on the job's fleet, with each worker's load sampled.
 
 `make bench` takes about an hour a profile; a probe takes two or three minutes a seed, so a scheduling change
-can be tried before it is recorded. Each round runs one setup of `bench.harness.pronk_runs.ABLATIONS` (default: every
-mechanism on) on a fresh workload, and prints one JSON line with the bench's figures of one round
+can be tried before it is recorded. Each round runs one setup on a fresh workload: one of
+`bench.harness.pronk_runs.ABLATIONS` (default: every mechanism on), or the batch flow (`--setup "pronk batch flow
+(Prefect, full)"`: replay lines through the Prefect flow in this process, as `make bench` runs it, so a profiler on
+this process sees the flow's own cost). It prints one JSON line with the bench's figures of one round
 (`bench.harness.figures.run_figures`, as in `bench/results/results.json`; `first_errors` quotes up to three)
 and, from every worker's `/stats` sampled every `--interval-s`:
 
 - `busy`: per worker, the share of samples with a step in the engine (admitted, not waiting for room);
 - `idle_with_waiters`: per worker, the share with no step in the engine while steps waited for room somewhere;
 - `resident`: per worker, the mean number of admitted traces; `paused`: pauses admission made in the round;
+- `cpu_s`: CPU seconds each kind of process on the machine used in the round (this process, which runs the loop or
+  the flow; the engine cores; the workers' HTTP front ends; the Prefect server; the rest), so what competes with
+  the engines for the cores shows;
 - `host_tier`: with a KV host tier, what the round looked up, hit and loaded there, and its copies and their time.
+- `drawer_s`: with the batch flow, how long its trace-sample drawer ran on after the flow returned (the next round
+  starts once it has ended). Two unmeasured traces go through the flow first, as in `make bench`.
 
 `--gap-scale` multiplies every tool gap (0: none). `--limit` also runs the capacity-matched offline limit
 (`bench.harness.fleet.capacity_limit`) on the round's shapes (with the fleet idle) and adds `limit_traces_per_s` and
@@ -28,14 +35,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from bench.harness import pronk_runs
-from bench.harness.figures import FULL, AgentRun, over_limit, run_figures
+from bench.harness.figures import BATCH, FULL, AgentRun, over_limit, run_figures
 from bench.harness.fleet import CPU_BLOCK_SIZE, capacity_limit, limit_run, pronk_fleet
 from bench.harness.suite import relabel
 from bench.harness.workload import cache_bounds, generate
@@ -43,6 +54,7 @@ from engine.protocol import WorkerStats
 from pronk.jobs.files import get_job
 from pronk.jobs.schema import JobConfig
 from pronk.settings import Settings, get_settings
+from pronk.stack.prefect_env import configure_prefect
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +98,26 @@ async def worker_loads(job: JobConfig, settings: Settings) -> list[Load]:
     return [Load.of(stats) for stats in await pronk_runs.live_worker_stats(job, settings)]
 
 
+CPU_ROLES = (
+    ("engine cores", lambda p: pronk_runs.ENGINE_CORE in p.name()),
+    ("worker front ends", lambda p: "pronk.stack.worker" in " ".join(p.cmdline())),
+    ("prefect server", lambda p: "prefect server" in " ".join(p.cmdline())),
+)
+
+
+def cpu_by_role() -> dict[str, float]:
+    """CPU seconds so far of every process on the machine, summed by `CPU_ROLES` ("this process" and "other" for the
+    rest); a process that ends between two readings drops out of the later one."""
+    totals = dict.fromkeys(["this process", *(role for role, _ in CPU_ROLES), "other"], 0.0)
+    me = os.getpid()
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            times = process.cpu_times()
+            role = "this process" if process.pid == me else next((r for r, hit in CPU_ROLES if hit(process)), "other")
+            totals[role] += times.user + times.system
+    return totals
+
+
 TIER_FIGURES = ("lookup_tokens", "hit_tokens", "loaded_tokens", "stores", "store_seconds", "loads", "load_seconds")
 """The KV host tier's counts a round reports (`engine.protocol.HostTierStats`), summed over the workers."""
 
@@ -112,15 +144,26 @@ class Round:
 def probe(job: JobConfig, settings: Settings, round_: Round, interval_s: float, work_dir: Path) -> dict:
     """One round; its figures as a JSON-ready dict."""
     workload = generate(round_.profile, round_.seed, round_.traces)
-    ablation = next(a for a in pronk_runs.ABLATIONS if a.name == round_.setup)
     label = f"probe{round_.seed}-{time.time():.0f}"
-    loop = pronk_runs.bare_loop(
-        relabel(workload.shapes, label), job, settings, job.scheduling.max_concurrency, ablation, round_.gap_scale
-    )
+    shapes = relabel(workload.shapes, label)
     tier_before = asyncio.run(tier_totals(job, settings))
-    result, samples = asyncio.run(pronk_runs.sampling(loop, lambda: worker_loads(job, settings), interval_s))
+    cpu_before = cpu_by_role()
+    if round_.setup == BATCH:
+        if round_.gap_scale != 1.0:
+            raise ValueError("the batch flow replays the shapes' own gaps: --gap-scale is for bare-loop setups")
+        run, samples = asyncio.run(
+            pronk_runs.sampling(
+                pronk_runs.trace_batch(shapes, job, work_dir / label), lambda: worker_loads(job, settings), interval_s
+            )
+        )
+    else:
+        ablation = next(a for a in pronk_runs.ABLATIONS if a.name == round_.setup)
+        loop = pronk_runs.bare_loop(shapes, job, settings, job.scheduling.max_concurrency, ablation, round_.gap_scale)
+        result, samples = asyncio.run(pronk_runs.sampling(loop, lambda: worker_loads(job, settings), interval_s))
+        run = AgentRun.from_replay(round_.setup, result, job.workers)
+    cpu_after = cpu_by_role()
     tier_after = asyncio.run(tier_totals(job, settings))
-    run = AgentRun.from_replay(round_.setup, result, job.workers)
+    drawer_s = pronk_runs.wait_for_trace_drawer(settings) if round_.setup == BATCH else None
     ideal = cache_bounds(workload, job.engine.block_size or CPU_BLOCK_SIZE)[1]
     figures = {name: round(value, 4) for name, value in run_figures(run, ideal).items()}
     if round_.limit:
@@ -140,9 +183,11 @@ def probe(job: JobConfig, settings: Settings, round_: Round, interval_s: float, 
         "wall_s": round(run.wall_s, 1),
         **figures,
         **load_figures([loads for _, loads in samples]),
+        "cpu_s": {role: round(cpu_after[role] - cpu_before[role], 1) for role in cpu_after},
         "host_tier": {k: round(tier_after[k] - tier_before[k], 3) for k in TIER_FIGURES}
         if tier_after and tier_before
         else None,
+        "drawer_s": drawer_s,
         "first_errors": run.errors[:3],
     }
 
@@ -153,7 +198,7 @@ def main() -> None:
     parser.add_argument("--profile", default="agent-long")
     parser.add_argument("--traces", type=int, default=30, help="root traces a round")
     parser.add_argument("--seeds", default="1", help="comma-separated; one round each")
-    parser.add_argument("--setup", default=FULL, choices=[a.name for a in pronk_runs.ABLATIONS])
+    parser.add_argument("--setup", default=FULL, choices=[a.name for a in pronk_runs.ABLATIONS] + [BATCH])
     parser.add_argument("--gap-scale", type=float, default=1.0, help="multiplies every tool gap (0: none)")
     parser.add_argument("--limit", action="store_true", help="also run the offline limit on each round's shapes")
     parser.add_argument("--interval-s", type=float, default=0.1, help="how often each worker's /stats is read")
@@ -161,8 +206,12 @@ def main() -> None:
     args = parser.parse_args()
 
     settings = Settings()
+    configure_prefect(settings)  # the batch flow reports to the stack's Prefect server, as in `make bench`
     job = get_job(args.job, get_settings())
     with pronk_fleet(settings, job):
+        if args.setup == BATCH:  # as `make bench` does before its rounds
+            warm = relabel(generate(args.profile, -1, 2).shapes, f"warm-{time.time():.0f}")
+            pronk_runs.warm_batch_flow(warm, job, settings, settings.data_dir / "bench" / "probe" / "warm")
         for seed in (int(s) for s in args.seeds.split(",")):
             round_ = Round(args.profile, args.traces, seed, args.setup, args.gap_scale, args.limit)
             line = json.dumps(probe(job, settings, round_, args.interval_s, settings.data_dir / "bench" / "probe"))

@@ -146,6 +146,9 @@ class Bench:
             run.name = BATCH
             run.note_load(samples, job.cpu_cores_per_worker)
             asyncio.run(pronk_runs.worker_counters(job, settings)).note_run(run, before)
+            log.info(
+                "the trace-sample drawer ended %.1f s after the batch flow", pronk_runs.wait_for_trace_drawer(settings)
+            )
             return run
 
         def limit(plan_of: Callable[..., LimitPlan], label: str) -> Callable[[], AgentRun]:
@@ -198,7 +201,7 @@ class Bench:
 
     def run(self, on_round: Callable[[dict], object] | None = None) -> dict:
         """Every round, then the single-step comparison; `on_round` gets the outcome so far after each round."""
-        cfg = self.config
+        cfg, settings = self.config, self.settings
         model_dir = self.model_dir
         workloads = [generate(cfg.profile, cfg.seed + r, cfg.traces) for r in range(cfg.rounds)]
         rounds: list[dict[str, AgentRun]] = []
@@ -209,6 +212,9 @@ class Bench:
                 without_tier = stack.enter_context(
                     VllmServers(untiered(self.job), model_dir, self.work / "logs-untiered", self.job.workers)
                 )
+            pronk_runs.warm_batch_flow(
+                relabel(generate(cfg.profile, cfg.seed - 1, 2).shapes, "warm"), self.job, settings, self.work / "warm"
+            )
             for turn, workload in enumerate(workloads):
                 rounds.append(self.agent_round(workload, servers, turn, without_tier))
                 if on_round is not None and len(rounds) < len(workloads):
