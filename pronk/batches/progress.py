@@ -24,7 +24,8 @@ Progress = Callable[[float], Awaitable[None]]
 async def keep_progress(
     run: BatchRun, store: BatchStore, stopped: asyncio.Event, on_progress: Progress, interval_s: float = 1.0
 ) -> None:
-    """Until `stopped`: about once a second, persist finished lines, check for a stop, save the record, report.
+    """Until `stopped`: about once a second, persist finished lines, check for a stop, save the record, report;
+    once stopped, report where the run ended (the last tick may have come before its last lines finished).
 
     The record in the store is the source of truth: storage trouble is retried on the next tick, so it never
     stops the run.
@@ -35,7 +36,7 @@ async def keep_progress(
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stopped.wait(), interval_s)
         if stopped.is_set():
-            return
+            break
         if time.monotonic() - last_persist >= PERSIST_EVERY_S:
             last_persist = time.monotonic()
             seq, lines = run.take_pending()
@@ -50,6 +51,7 @@ async def keep_progress(
         except Exception as exc:  # noqa: BLE001 - the next tick saves again
             logger.warning("batch %s: saving progress failed: %s", run.batch.id, exc)
         await on_progress(100.0 * run.done / total)
+    await on_progress(100.0 * run.done / total)
 
 
 @contextlib.asynccontextmanager
