@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from bench.harness.agent_loop import ReplayResult
 from pronk.agents.outcomes import Completion, LineFailure
@@ -94,15 +96,26 @@ def steady_rate(finished_s: list[float], trim: float = 0.1) -> float:
 
 @dataclass(frozen=True, slots=True)
 class EngineLoad:
-    """One engine at one sample: the requests vLLM's running gauge reports, and the CPU seconds its engine core process
-    has used so far (None where that process cannot be read here: an engine on another host)."""
+    """One engine at one sample: the requests vLLM's running gauge reports, the CPU seconds its engine core process
+    has used so far, and the seconds that process's main thread has waited so far for a core while ready to run
+    (None where that process cannot be read here: an engine on another host)."""
 
     running: int
     cpu_s: float | None = None
+    wait_s: float | None = None
 
 
-def _engine_load(samples: list[tuple[float, list[EngineLoad]]], cores: int) -> tuple[float | None, float | None]:
-    """(busy share, running requests per engine) of timed samples of each engine's load; (None, None) without one.
+class EngineShares(NamedTuple):
+    """What timed samples of each engine's load say (`_engine_load`)."""
+
+    busy: float | None
+    runnable: float | None
+    running: float | None
+
+
+def _engine_load(samples: list[tuple[float, list[EngineLoad]]], cores: int) -> EngineShares:
+    """Busy share, runnable share and running requests per engine of timed samples of each engine's load; all None
+    without one.
 
     Busy share is the engine core process's CPU time over the wall time between the first and the last sample, per
     core it is pinned to, mean over the engines (None below two samples or without CPU readings). A CPU engine's core
@@ -110,20 +123,30 @@ def _engine_load(samples: list[tuple[float, list[EngineLoad]]], cores: int) -> t
     the engine computed. vLLM's running gauge cannot say that: it is reported after each engine iteration, so a long
     prefill that starts on an idle engine reads as idle until it ends (on the agent-long profile the gauge read
     0.53-0.83 while the engines used 0.89-0.91 of their cores). The gauge still gives the requests an engine runs,
-    mean over the samples and engines."""
+    mean over the samples and engines. Runnable share adds the time the engine core's main thread waited for its
+    core while ready to run (another process or thread held it): the share of the time the engine had work, so
+    runnable less busy is what the processes sharing the engines' cores took from them (None without wait
+    readings)."""
     if not samples:
-        return None, None
+        return EngineShares(None, None, None)
     running = statistics.mean(engine.running for _, row in samples for engine in row)
     (first_at, first), (last_at, last) = samples[0], samples[-1]
-    readings = [
-        (before.cpu_s, after.cpu_s)
-        for before, after in zip(first, last, strict=True)
-        if before.cpu_s is not None and after.cpu_s is not None
-    ]
-    if last_at <= first_at or len(readings) != len(first):
-        return None, running
-    busy = statistics.mean((after - before) / (last_at - first_at) / cores for before, after in readings)
-    return busy, running
+    if last_at <= first_at:
+        return EngineShares(None, None, running)
+
+    def share(seconds: Callable[[EngineLoad], float | None]) -> float | None:
+        spent = []
+        for before, after in zip(first, last, strict=True):
+            start, end = seconds(before), seconds(after)
+            if start is None or end is None:
+                return None
+            spent.append(end - start)
+        return statistics.mean(s / (last_at - first_at) / cores for s in spent)
+
+    def cpu_and_wait(engine: EngineLoad) -> float | None:
+        return None if engine.cpu_s is None or engine.wait_s is None else engine.cpu_s + engine.wait_s
+
+    return EngineShares(share(lambda engine: engine.cpu_s), share(cpu_and_wait), running)
 
 
 @dataclass(slots=True)
@@ -159,6 +182,9 @@ class AgentRun:
     busy_share: float | None = None
     """The share of the run's time the engines computed: their core processes' CPU time per pinned core (mean over
     the workers; `_engine_load`)."""
+    runnable_share: float | None = None
+    """The share of the run's time the engines had work: computing, or ready to compute while another process held
+    their core (`_engine_load`)."""
     running_per_worker: float | None = None
     """Requests an engine was running, mean over the samples and workers."""
     busy_share_steady: float | None = None
@@ -196,10 +222,12 @@ class AgentRun:
         if self.started is None:
             raise ValueError(f"{self.name}: no start to place the load samples against")
         self.load_samples = [(at - self.started, loads) for at, loads in samples]
-        self.busy_share, self.running_per_worker = _engine_load(self.load_samples, cores_per_engine)
+        self.busy_share, self.runnable_share, self.running_per_worker = _engine_load(
+            self.load_samples, cores_per_engine
+        )
         window = steady_window(self.finished_s)
         steady = [(at, loads) for at, loads in self.load_samples if window is not None and window[0] <= at <= window[1]]
-        self.busy_share_steady, self.running_per_worker_steady = _engine_load(steady, cores_per_engine)
+        self.busy_share_steady, _, self.running_per_worker_steady = _engine_load(steady, cores_per_engine)
 
     @property
     def traces_per_s(self) -> float:
@@ -403,6 +431,7 @@ def run_figures(run: AgentRun, ideal_cached_ratio: float) -> dict[str, float]:
         "moved_steps": run.moved_steps,
         "moved_recomputed_tokens": _or_nan(run.moved_recomputed_tokens),
         "busy_share": _or_nan(run.busy_share),
+        "runnable_share": _or_nan(run.runnable_share),
         "running_per_worker": _or_nan(run.running_per_worker),
         "busy_share_steady": _or_nan(run.busy_share_steady),
         "running_per_worker_steady": _or_nan(run.running_per_worker_steady),

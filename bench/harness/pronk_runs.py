@@ -194,22 +194,34 @@ ENGINE_CORE = "EngineCore"
 workers and the stock servers alike (`bench.harness.baseline.pinned`)."""
 
 
-def engine_cpu_seconds(pid: int) -> float | None:
-    """CPU seconds so far of the vLLM engine core under `pid` (a stock server or a pronk worker); None where it has
-    none on this machine."""
+def engine_core_seconds(pid: int) -> tuple[float | None, float | None]:
+    """(CPU seconds, seconds waiting for a core) so far of the vLLM engine core under `pid` (a stock server or a
+    pronk worker); (None, None) where it has none on this machine. The wait is its main thread's, the one that runs
+    the model: the time it was ready to run while another process or thread held its core (Linux's per-task
+    schedstat); None where the kernel does not keep it."""
     try:
-        cores = [p.cpu_times() for p in psutil.Process(pid).children(recursive=True) if ENGINE_CORE in p.name()]
-        return sum(times.user + times.system for times in cores) if cores else None
+        cores = [p for p in psutil.Process(pid).children(recursive=True) if ENGINE_CORE in p.name()]
+        if not cores:
+            return None, None
+        cpu = sum(times.user + times.system for times in (p.cpu_times() for p in cores))
     except psutil.Error:
-        return None
+        return None, None
+    try:
+        wait = sum(int(Path(f"/proc/{p.pid}/schedstat").read_text().split()[1]) for p in cores) / 1e9
+    except (OSError, IndexError, ValueError):
+        return cpu, None
+    return cpu, wait
+
+
+def engine_load(running: int, pid: int) -> EngineLoad:
+    """An engine's load now: `running` requests (its gauge), and its engine core's times under `pid`."""
+    return EngineLoad(running, *engine_core_seconds(pid))
 
 
 async def server_loads(urls: list[str], pids: list[int]) -> list[EngineLoad]:
-    """Each stock vLLM server's load now: its /metrics running gauge, its engine core's CPU seconds."""
+    """Each stock vLLM server's load now: its /metrics running gauge, its engine core's times."""
     pages = await metrics_pages(urls)
-    return [
-        EngineLoad(running_in_metrics(page), engine_cpu_seconds(pid)) for page, pid in zip(pages, pids, strict=True)
-    ]
+    return [engine_load(running_in_metrics(page), pid) for page, pid in zip(pages, pids, strict=True)]
 
 
 def running_in_metrics(text: str) -> int:
@@ -220,7 +232,7 @@ def running_in_metrics(text: str) -> int:
 async def worker_loads(job: JobConfig, settings: Settings) -> list[EngineLoad]:
     """Each live pronk worker's load now: its /stats running count (the same vLLM gauge), its engine core's CPU
     seconds."""
-    return [EngineLoad(stats.running, engine_cpu_seconds(w.pid)) for w, stats in await live_workers(job, settings)]
+    return [engine_load(stats.running, w.pid) for w, stats in await live_workers(job, settings)]
 
 
 async def sampling(

@@ -122,6 +122,7 @@ SETUP_COLUMNS = (
     ("tier copy s", "tier_copy_s"),
     ("engine busy share", "busy_share"),
     ("busy share, steady window", "busy_share_steady"),
+    ("engine runnable share", "runnable_share"),
     ("running / engine", "running_per_worker"),
     ("running / engine, steady window", "running_per_worker_steady"),
 )
@@ -371,7 +372,9 @@ def markdown_section(
         "completions over the window between the first and the last of the middle 80%. "
         "Preemptions: the baseline's from vLLM's /metrics, pronk's "
         "from its workers' /stats. Engine busy share: the CPU time of each engine's core process (where a CPU "
-        "engine runs its model, on both sides) over the setup's wall time, per core it is pinned to. Running "
+        "engine runs its model, on both sides) over the setup's wall time, per core it is pinned to; runnable share "
+        "adds the time its main thread was ready to run while another process held its core (Linux's schedstat), "
+        "so runnable less busy is what the rest of the machine took from the engines. Running "
         "requests: each engine's running-requests gauge (the same vLLM gauge on both sides), sampled every second "
         "of the setup's run. Recomputed on moved steps: the prompt tokens recomputed by steps that ran on another "
         "engine than their trace's previous step. Cells: median over rounds (min–max).",

@@ -127,7 +127,7 @@ def test_a_tiered_job_runs_stock_with_and_without_its_tier_and_counts_the_tier(s
         assert runs[name].tier_loaded_tokens is not None and runs[name].tier_copy_s is not None, name
     assert "over_untiered" in outcome["setups"][BATCH] and "recomputed_over_limit" in outcome["setups"][BATCH]
     for name, run in runs.items():  # every serving setup's engines were sampled through its run
-        sampled = (run.busy_share, run.running_per_worker, run.moved_recomputed_tokens)
+        sampled = (run.busy_share, run.runnable_share, run.running_per_worker, run.moved_recomputed_tokens)
         assert (name in LIMITS) == (None in sampled), (name, sampled)
 
     md, data, _plot = record(config, outcome, outcome["meta"], tmp_path)

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -38,7 +39,7 @@ from bench.harness.pronk_runs import (
     EngineCounters,
     OneOrder,
     counters_in_metrics,
-    engine_cpu_seconds,
+    engine_core_seconds,
     running_in_metrics,
     sampling,
 )
@@ -299,8 +300,13 @@ def test_engine_load_is_sampled_through_a_run_and_a_missed_sample_never_fails_it
     assert run.busy_share == (1.5 / 1.5 + 0.75 / 1.5) / 2 and run.running_per_worker == 7 / 8
     assert run.load_samples[0] == (0.5, loads[0]) and run.load_samples[-1][0] == 2.0  # s from the run's start
     assert run.busy_share_steady is None  # one completion: no steady window
+    assert run.runnable_share is None  # no wait readings
     run.note_load([(10.5, loads[0]), (12.0, loads[3])], 2)  # two cores an engine: the same CPU time, half as busy
     assert run.busy_share == (1.5 / 1.5 + 0.75 / 1.5) / 4
+    waited = [[EngineLoad(1, 0.0, 1.0), EngineLoad(0, 5.0, 2.0)], [EngineLoad(0, 1.0, 1.25), EngineLoad(0, 5.5, 2.5)]]
+    run.note_load([(10.0, waited[0]), (12.0, waited[1])], 1)  # ready to run but off its core: had work, not busy
+    assert run.busy_share == (1.0 / 2 + 0.5 / 2) / 2 and run.runnable_share == (1.25 / 2 + 1.0 / 2) / 2
+    assert run_figures(run, 0.9)["runnable_share"] == run.runnable_share
     unread = AgentRun("x", 1.0, 2, 1, 1, 1, 0, 1, [], started=10.0)
     unread.note_load([(10.5, [EngineLoad(1), EngineLoad(0)]), (11.0, [EngineLoad(2), EngineLoad(1)])], 1)
     assert unread.busy_share is None and unread.running_per_worker == 1.0  # no CPU readings: the gauge alone
@@ -321,18 +327,20 @@ sys.stdin.read()
 """
 
 
-def test_an_engines_busy_time_is_its_engine_core_process_cpu_time():
+def test_an_engines_busy_time_is_its_engine_core_process_cpu_time_and_its_wait_its_main_threads():
     child = subprocess.Popen(
         [sys.executable, "-c", ENGINE_CORE_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     try:
         assert child.stdout is not None and child.stdout.readline() == "computed\n"
-        seconds = engine_cpu_seconds(os.getpid())  # read while the child lives: it is this process's child
-        assert seconds is not None and seconds >= 0.3
-        assert engine_cpu_seconds(child.pid) is None  # no engine core under the child itself
+        cpu, wait = engine_core_seconds(os.getpid())  # read while the child lives: it is this process's child
+        assert cpu is not None and cpu >= 0.3
+        schedstat = Path(f"/proc/{child.pid}/schedstat").read_text().split()
+        assert wait is not None and 0.0 <= wait <= int(schedstat[1]) / 1e9  # its main thread's run-queue wait so far
+        assert engine_core_seconds(child.pid) == (None, None)  # no engine core under the child itself
     finally:
         child.communicate("")
-    assert engine_cpu_seconds(child.pid) is None  # an ended process
+    assert engine_core_seconds(child.pid) == (None, None)  # an ended process
 
 
 def test_steady_window_is_the_window_of_the_steady_rate():
