@@ -139,6 +139,8 @@ class Round:
     setup: str = FULL
     gap_scale: float = 1.0
     limit: bool = False
+    concurrency: int | None = None
+    """Traces a bare loop keeps in flight; None: the job's `max_concurrency`."""
 
 
 def probe(job: JobConfig, settings: Settings, round_: Round, interval_s: float, work_dir: Path) -> dict:
@@ -149,8 +151,8 @@ def probe(job: JobConfig, settings: Settings, round_: Round, interval_s: float, 
     tier_before = asyncio.run(tier_totals(job, settings))
     cpu_before = cpu_by_role()
     if round_.setup == BATCH:
-        if round_.gap_scale != 1.0:
-            raise ValueError("the batch flow replays the shapes' own gaps: --gap-scale is for bare-loop setups")
+        if round_.gap_scale != 1.0 or round_.concurrency:
+            raise ValueError("the batch flow runs the job as it is: --gap-scale and --concurrency are for bare loops")
         run, samples = asyncio.run(
             pronk_runs.sampling(
                 pronk_runs.trace_batch(shapes, job, work_dir / label), lambda: worker_loads(job, settings), interval_s
@@ -158,7 +160,8 @@ def probe(job: JobConfig, settings: Settings, round_: Round, interval_s: float, 
         )
     else:
         ablation = next(a for a in pronk_runs.ABLATIONS if a.name == round_.setup)
-        loop = pronk_runs.bare_loop(shapes, job, settings, job.scheduling.max_concurrency, ablation, round_.gap_scale)
+        concurrency = round_.concurrency or job.scheduling.max_concurrency
+        loop = pronk_runs.bare_loop(shapes, job, settings, concurrency, ablation, round_.gap_scale)
         result, samples = asyncio.run(pronk_runs.sampling(loop, lambda: worker_loads(job, settings), interval_s))
         run = AgentRun.from_replay(round_.setup, result, job.workers)
     cpu_after = cpu_by_role()
@@ -180,6 +183,7 @@ def probe(job: JobConfig, settings: Settings, round_: Round, interval_s: float, 
         "seed": round_.seed,
         "setup": round_.setup,
         "gap_scale": round_.gap_scale,
+        "concurrency": round_.concurrency or job.scheduling.max_concurrency,
         "wall_s": round(run.wall_s, 1),
         **figures,
         **load_figures([loads for _, loads in samples]),
@@ -200,6 +204,10 @@ def main() -> None:
     parser.add_argument("--seeds", default="1", help="comma-separated; one round each")
     parser.add_argument("--setup", default=FULL, choices=[a.name for a in pronk_runs.ABLATIONS] + [BATCH])
     parser.add_argument("--gap-scale", type=float, default=1.0, help="multiplies every tool gap (0: none)")
+    parser.add_argument(
+        "--concurrency",
+        help="traces in flight, comma-separated: each on every seed, in an order rotated a seed (default: the job's)",
+    )
     parser.add_argument("--limit", action="store_true", help="also run the offline limit on each round's shapes")
     parser.add_argument("--interval-s", type=float, default=0.1, help="how often each worker's /stats is read")
     parser.add_argument("--out", type=Path, help="also append each round's line to this JSONL file")
@@ -212,13 +220,15 @@ def main() -> None:
         if args.setup == BATCH:  # as `make bench` does before its rounds
             warm = relabel(generate(args.profile, -1, 2).shapes, f"warm-{time.time():.0f}")
             pronk_runs.warm_batch_flow(warm, job, settings, settings.data_dir / "bench" / "probe" / "warm")
-        for seed in (int(s) for s in args.seeds.split(",")):
-            round_ = Round(args.profile, args.traces, seed, args.setup, args.gap_scale, args.limit)
-            line = json.dumps(probe(job, settings, round_, args.interval_s, settings.data_dir / "bench" / "probe"))
-            print(line, flush=True)
-            if args.out:
-                with args.out.open("a") as out:
-                    out.write(line + "\n")
+        concurrencies = [int(c) for c in args.concurrency.split(",")] if args.concurrency else [None]
+        for turn, seed in enumerate(int(s) for s in args.seeds.split(",")):
+            for concurrency in concurrencies[turn % len(concurrencies) :] + concurrencies[: turn % len(concurrencies)]:
+                round_ = Round(args.profile, args.traces, seed, args.setup, args.gap_scale, args.limit, concurrency)
+                line = json.dumps(probe(job, settings, round_, args.interval_s, settings.data_dir / "bench" / "probe"))
+                print(line, flush=True)
+                if args.out:
+                    with args.out.open("a") as out:
+                        out.write(line + "\n")
 
 
 if __name__ == "__main__":
