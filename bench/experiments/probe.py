@@ -148,6 +148,7 @@ def probe(job: JobConfig, settings: Settings, round_: Round, interval_s: float, 
     workload = generate(round_.profile, round_.seed, round_.traces)
     label = f"probe{round_.seed}-{time.time():.0f}"
     shapes = relabel(workload.shapes, label)
+    concurrency = round_.concurrency or job.scheduling.max_concurrency
     tier_before = asyncio.run(tier_totals(job, settings))
     cpu_before = cpu_by_role()
     if round_.setup == BATCH:
@@ -160,7 +161,6 @@ def probe(job: JobConfig, settings: Settings, round_: Round, interval_s: float, 
         )
     else:
         ablation = next(a for a in pronk_runs.ABLATIONS if a.name == round_.setup)
-        concurrency = round_.concurrency or job.scheduling.max_concurrency
         loop = pronk_runs.bare_loop(shapes, job, settings, concurrency, ablation, round_.gap_scale)
         result, samples = asyncio.run(pronk_runs.sampling(loop, lambda: worker_loads(job, settings), interval_s))
         run = AgentRun.from_replay(round_.setup, result, job.workers)
@@ -183,7 +183,7 @@ def probe(job: JobConfig, settings: Settings, round_: Round, interval_s: float, 
         "seed": round_.seed,
         "setup": round_.setup,
         "gap_scale": round_.gap_scale,
-        "concurrency": round_.concurrency or job.scheduling.max_concurrency,
+        "concurrency": concurrency,
         "wall_s": round(run.wall_s, 1),
         **figures,
         **load_figures([loads for _, loads in samples]),
@@ -222,7 +222,8 @@ def main() -> None:
             pronk_runs.warm_batch_flow(warm, job, settings, settings.data_dir / "bench" / "probe" / "warm")
         concurrencies = [int(c) for c in args.concurrency.split(",")] if args.concurrency else [None]
         for turn, seed in enumerate(int(s) for s in args.seeds.split(",")):
-            for concurrency in concurrencies[turn % len(concurrencies) :] + concurrencies[: turn % len(concurrencies)]:
+            first = turn % len(concurrencies)
+            for concurrency in concurrencies[first:] + concurrencies[:first]:
                 round_ = Round(args.profile, args.traces, seed, args.setup, args.gap_scale, args.limit, concurrency)
                 line = json.dumps(probe(job, settings, round_, args.interval_s, settings.data_dir / "bench" / "probe"))
                 print(line, flush=True)

@@ -230,8 +230,7 @@ def running_in_metrics(text: str) -> int:
 
 
 async def worker_loads(job: JobConfig, settings: Settings) -> list[EngineLoad]:
-    """Each live pronk worker's load now: its /stats running count (the same vLLM gauge), its engine core's CPU
-    seconds."""
+    """Each live pronk worker's load now: its /stats running count (the same vLLM gauge), its engine core's times."""
     return [engine_load(stats.running, w.pid) for w, stats in await live_workers(job, settings)]
 
 
