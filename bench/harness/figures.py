@@ -19,11 +19,11 @@ UNTIERED = "stock vLLM: round-robin, no host tier"
 """A job with a KV host tier runs every setup with it, and this one more: stock vLLM without a tier (issue 27)."""
 BATCH = "pronk batch flow (Prefect, full)"
 HARNESS = "pronk: harness over the job's router"  # the agent-real profile's pronk setup
-LIMIT = "offline limit, same KV capacity (LLM.generate, no gaps)"
+LIMIT = "offline limit, same KV capacity (vLLM offline, no gaps)"
 """The capacity-matched limit: vLLM's offline engine on the same work with pronk's KV capacity, device and host
 tier (`bench.harness.fleet.capacity_limit`)."""
-COMPUTE_LIMIT = "compute-only limit (LLM.generate, every prefix cached, full batches)"
-"""The limit nothing can beat: every step's prefix cached, waves as full as `max_num_seqs` allows, no gaps
+COMPUTE_LIMIT = "compute-only limit (vLLM offline, every prefix cached, full batches)"
+"""The limit nothing can beat: every step's prefix cached, batches as full as `max_num_seqs` allows, no gaps
 (`bench.harness.fleet.compute_limit`)."""
 LIMITS = {LIMIT: "over_limit", COMPUTE_LIMIT: "over_compute_limit"}
 """Each limit, and the key of a setup's ratio to it in the records."""

@@ -1,6 +1,6 @@
 """The job as every setup of a benchmark run meets it, for both drivers (`suite`, `agent_real`): pronk's stack up
 for the run, the model every setup loads, its KV capacity per engine process, and the two offline limits on its
-cores (`LIMITS`): what capacity and engine args each gives `bench.harness.offline_limit`'s wave runner."""
+cores (`LIMITS`): what capacity and engine args each gives `bench.harness.offline_limit`'s runner."""
 
 from __future__ import annotations
 
@@ -50,13 +50,13 @@ def job_model_dir(job: JobConfig, settings: Settings) -> Path:
 CPU_BLOCK_SIZE = 128  # vLLM's default KV block size on CPU (the job leaves block_size unset)
 
 BUDGET_SHARE = 0.9
-"""The share of a KV capacity a limit's group of traces may fill: the admission budget at its default 10% headroom
-(a job's own `kv_budget_headroom` is not read here)."""
+"""The share of a KV capacity the traces a limit admits at once may fill: the admission budget at its default 10%
+headroom (a job's own `kv_budget_headroom` is not read here)."""
 
 COMPUTE_LIMIT_KV_BYTES = 4 << 30
 """The most KV bytes one compute-only limit process is sized for: two of them beside the stack's own engines fit
-the 23 GB development machine (on CPU the KV cache is RAM). Where a group of `max_num_seqs` traces would need more,
-the group is cut smaller."""
+the 23 GB development machine (on CPU the KV cache is RAM). Where `max_num_seqs` traces at once would need more,
+fewer are admitted at once."""
 
 
 def kv_bytes_per_token(job: JobConfig, model_dir: Path) -> int:
@@ -76,7 +76,7 @@ def held_tokens(device_tokens: int, tier_tokens: int) -> int:
     """KV tokens an engine's device cache and its host tier hold together. The tier keeps a copy of every block the
     engine computed (vLLM's `OffloadingConnector` with `offload_prompt_only` off, for pronk and stock alike), so it
     mirrors the device rather than adding to it: together they hold the larger of the two. Grouping traces into the
-    sum instead would overfill the tier by the device's size, and its LRU then evicts, wave after wave, the very
+    sum instead would overfill the tier by the device's size, and its LRU then evicts, step after step, the very
     prefix the next step needs first."""
     return max(device_tokens, tier_tokens)
 
@@ -90,10 +90,26 @@ def kv_footprint(shape: TraceShape, block_size: int) -> int:
     return blocks * block_size
 
 
+def admitted_footprint(share: list[TraceShape], capacity_tokens: int, max_traces: int | None, block_size: int) -> int:
+    """The most KV tokens (`kv_footprint`) the traces of `share` that the offline runner admits at once can hold.
+
+    The runner admits at most `max_traces` of them, and either one alone or several whose final contexts fit
+    `capacity_tokens` together: so they hold no more than the largest such number of footprints, nor than the
+    capacity plus as many of the largest overheads (footprint less final context: block rounding and fan-out
+    children), nor less than the largest trace alone."""
+    footprints = [kv_footprint(shape, block_size) for shape in share]
+    most = max_traces or len(share)
+    overheads = sorted(
+        (f - offline_limit.final_context(s) for f, s in zip(footprints, share, strict=True)), reverse=True
+    )
+    together = min(sum(sorted(footprints, reverse=True)[:most]), capacity_tokens + sum(overheads[:most]))
+    return max(together, max(footprints, default=0))
+
+
 @dataclass(frozen=True, slots=True)
 class LimitPlan:
     """What one offline limit runs with: the setup's name, its work folder's name, the engine args of its processes,
-    the KV tokens a group of traces may fill, and the most traces in a group (None: no cap)."""
+    the KV tokens the traces admitted at once may fill, and the most traces admitted at once (None: no cap)."""
 
     name: str
     slug: str
@@ -104,7 +120,7 @@ class LimitPlan:
 
 def capacity_limit(job: JobConfig, model_dir: Path, shapes: list[TraceShape]) -> LimitPlan:
     """The capacity-matched limit: the job's engine args and KV bytes, and its KV host tier as stock vLLM gets it
-    (`stock_host_tier`), with traces grouped into `BUDGET_SHARE` of what device and tier hold together
+    (`stock_host_tier`), with traces admitted while they fit `BUDGET_SHARE` of what device and tier hold together
     (`held_tokens`). A job without a tier gets its device cache alone: the limit the bench always ran."""
     per_token = kv_bytes_per_token(job, model_dir)
     args = job.engine.as_vllm_kwargs()
@@ -115,20 +131,19 @@ def capacity_limit(job: JobConfig, model_dir: Path, shapes: list[TraceShape]) ->
 
 
 def compute_limit(job: JobConfig, model_dir: Path, shapes: list[TraceShape]) -> LimitPlan:
-    """The compute-only limit: groups of the job's `max_num_seqs` traces (fewer where their final contexts would
-    pass `COMPUTE_LIMIT_KV_BYTES`), each process's KV cache sized to hold its largest group whole (never less than
-    the job's own, which `max_model_len` must fit), and no host tier. Every step finds its whole prefix cached and
-    every wave is as full as the engine schedules, with no tool gap: only the compute is left, so no schedule of
-    this work beats it."""
+    """The compute-only limit: the job's `max_num_seqs` traces at once (fewer where their final contexts would pass
+    `COMPUTE_LIMIT_KV_BYTES`), each process's KV cache sized to hold whatever it admits at once whole
+    (`admitted_footprint`; never less than the job's own, which `max_model_len` must fit), and no host tier. Every
+    step finds its whole prefix cached and the engine's batch is as full as it schedules, with no tool gap: only
+    the compute is left, so no schedule of this work beats it."""
     per_token = kv_bytes_per_token(job, model_dir)
     block = job.engine.block_size or CPU_BLOCK_SIZE
     capacity = int(COMPUTE_LIMIT_KV_BYTES // per_token * BUDGET_SHARE)
     max_traces = job.engine.max_num_seqs
     largest = max(
         (
-            sum(kv_footprint(shape, block) for shape in group)
+            admitted_footprint(share, capacity, max_traces, block)
             for share in offline_limit.process_shares(shapes, job.workers)
-            for group in offline_limit.fitting_groups(share, capacity, max_traces)
         ),
         default=0,
     )
@@ -147,7 +162,7 @@ LIMITS: dict[str, Callable[[JobConfig, Path, list[TraceShape]], LimitPlan]] = {
 def limit_run(plan: LimitPlan, job: JobConfig, model_dir: Path, shapes: list[TraceShape], work_dir: Path) -> AgentRun:
     """The offline limit `plan` of `shapes` on the job's cores, in `work_dir / plan.slug`."""
     log.info(
-        "%s: groups of traces within %d tokens and %s traces, a KV cache of %d MiB a process",
+        "%s: traces admitted while within %d tokens and %s traces, a KV cache of %d MiB a process",
         plan.name,
         plan.capacity_tokens,
         f"at most {plan.max_traces}" if plan.max_traces else "any number of",

@@ -1,11 +1,13 @@
 """Unit tests of the two offline limits that need no engine: what capacity and engine args each gets
-(`bench.harness.fleet`), how the wave runner groups traces (`bench.harness.offline_limit`), pronk's ratios to each,
-the defect a limit exceeded is, and the goal rows that name what they are measured against."""
+(`bench.harness.fleet`), how the runner admits traces and sends their steps (`bench.harness.offline_limit`, on an
+engine double), pronk's ratios to each, the defect a limit exceeded is, and the goal rows that name what they are
+measured against."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -34,15 +36,17 @@ from bench.harness.fleet import (
     BUDGET_SHARE,
     COMPUTE_LIMIT_KV_BYTES,
     CPU_BLOCK_SIZE,
+    admitted_footprint,
     capacity_limit,
     compute_limit,
     held_tokens,
     kv_footprint,
     kv_tokens_per_worker,
 )
-from bench.harness.offline_limit import final_context, fitting_groups, process_shares
+from bench.harness.offline_limit import final_context, process_shares, run_rolling
 from bench.harness.report import defect_lines, goals_table, setups_table, write_json
 from bench.harness.workload import generate
+from pronk.agents.replay import filler_tokens
 from pronk.agents.step_records import ToolCallCounts
 from pronk.batches.schemas import CheckCounts
 from pronk.jobs.files import get_job
@@ -59,19 +63,86 @@ def _model(tmp_path: Path, layers: int = 4) -> Path:
     return tmp_path
 
 
-def test_groups_fit_the_capacity_and_hold_at_most_max_traces():
-    shapes = generate("agent-long", 1).shapes
-    for capacity, most in ((30_000, None), (10**9, 4), (30_000, 2)):
-        groups = fitting_groups(shapes, capacity, most)
-        assert [s for g in groups for s in g] == shapes
-        assert all(len(g) == 1 or sum(final_context(s) for s in g) <= capacity for g in groups)
-        assert all(len(g) <= (most or len(shapes)) for g in groups)
-    assert [len(g) for g in fitting_groups(shapes[:10], 10**9, 4)] == [4, 4, 2]
-    shares = process_shares(shapes[:5], 2)
-    assert [[s.trace_id for s in share] for share in shares] == [
+class _Engine:
+    """vLLM's `LLMEngine` as the runner drives it: each `step` ends the request with the fewest tokens to generate
+    (the earliest sent among equals), and notes which root traces had a request in the engine."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[str, tuple[list[int], int]] = {}
+        self.sent: list[tuple[str, list[int]]] = []
+        self.roots_in_engine: list[set[str]] = []
+
+    def add_request(self, request_id, prompt, params) -> None:
+        self.waiting[request_id] = (prompt["prompt_token_ids"], params.max_tokens)
+        self.sent.append((request_id, prompt["prompt_token_ids"]))
+
+    def step(self) -> list:
+        self.roots_in_engine.append({rid.split("/")[0].split(".")[0] for rid in self.waiting})
+        rid = min(self.waiting, key=lambda r: self.waiting[r][1])
+        prompt, max_tokens = self.waiting.pop(rid)
+        completion = SimpleNamespace(token_ids=[7] * max_tokens)
+        return [
+            SimpleNamespace(
+                request_id=rid, finished=True, outputs=[completion], prompt_token_ids=prompt, num_cached_tokens=0
+            )
+        ]
+
+
+def _trace(trace_id: str, output_tokens: int, steps: int = 2, fan_out: list[TraceShape] | None = None) -> TraceShape:
+    first = ShapeStep(new_prompt_tokens=20, output_tokens=output_tokens, fan_out=fan_out or [])
+    rest = [ShapeStep(new_prompt_tokens=10, output_tokens=output_tokens) for _ in range(steps - 1)]
+    return TraceShape(trace_id=trace_id, system_prompt_tokens=100, steps=[first, *rest])
+
+
+def test_the_runner_admits_a_trace_the_moment_room_frees_and_sends_each_step_when_the_last_ends():
+    child = TraceShape(trace_id="x", system_prompt_tokens=5, steps=[ShapeStep(new_prompt_tokens=3, output_tokens=9)])
+    shapes = [_trace("a", 2), _trace("b", 50, fan_out=[child]), _trace("c", 3), _trace("d", 4)]
+    capacity = final_context(shapes[1]) + final_context(shapes[3])  # b and any one other
+    engine = _Engine()
+    out = run_rolling(engine, shapes, capacity)
+    assert out["traces"] == 4 and len(out["finished_s"]) == 4
+    assert out["steps"] == sum(len(s.steps) for s in shapes) + 1  # b's child too
+    assert out["output_tokens"] == sum(st.output_tokens for s in shapes for st in s.steps) + 9
+    for roots in engine.roots_in_engine:  # never more than the capacity holds, never a trace waiting on a wave
+        assert len(roots) <= 2
+        assert len(roots) == 1 or sum(final_context(s) for s in shapes if s.trace_id in roots) <= capacity
+    order = [rid for rid, _ in engine.sent]
+    # a's short steps end first: c takes its room while b's long first step still runs, then d takes c's
+    assert order.index("c/0") < order.index("b/1") and order.index("d/0") < order.index("b/1")
+    prompts = dict(engine.sent)
+    b_after_step_0 = prompts["b/0"] + [7] * 50
+    assert prompts["b.0.0/0"][: len(b_after_step_0)] == b_after_step_0  # the child starts on its parent's tokens
+    assert prompts["b/1"] == b_after_step_0 + filler_tokens("b/1", 10)
+    assert len(prompts["a/0"]) == 100 + 20
+
+
+def test_the_runner_holds_at_most_max_traces_and_admits_a_trace_too_big_alone():
+    shapes = [_trace(f"t{i}", 2 + i) for i in range(5)]
+    engine = _Engine()
+    run_rolling(engine, shapes, 10**9, max_traces=2)
+    assert max(len(roots) for roots in engine.roots_in_engine) == 2
+    engine = _Engine()
+    out = run_rolling(engine, shapes[:3], 1)  # each trace alone exceeds the capacity: one at a time
+    assert out["traces"] == 3 and max(len(roots) for roots in engine.roots_in_engine) == 1
+
+
+def test_process_shares_deal_every_nth_trace():
+    shapes = generate("agent-long", 1).shapes[:5]
+    assert [[s.trace_id for s in share] for share in process_shares(shapes, 2)] == [
         [shapes[i].trace_id for i in (0, 2, 4)],
         [shapes[i].trace_id for i in (1, 3)],
     ]
+
+
+def test_admitted_footprint_bounds_whatever_the_runner_admits_at_once():
+    shapes = generate("agent-long", 0, traces=40).shapes
+    sizes = sorted((kv_footprint(s, CPU_BLOCK_SIZE) for s in shapes), reverse=True)
+    assert admitted_footprint(shapes, 10**9, 4, CPU_BLOCK_SIZE) == sum(sizes[:4])  # the four largest
+    assert admitted_footprint(shapes, 1, 4, CPU_BLOCK_SIZE) == sizes[0]  # one alone: the largest
+    capacity = 3 * max(final_context(s) for s in shapes)
+    bound = admitted_footprint(shapes, capacity, None, CPU_BLOCK_SIZE)
+    overheads = sorted((kv_footprint(s, CPU_BLOCK_SIZE) - final_context(s) for s in shapes), reverse=True)
+    assert bound == min(sum(sizes), capacity + sum(overheads)) < sum(sizes)
 
 
 def test_the_capacity_matched_limit_of_a_job_without_a_tier_is_the_device_limit(tmp_path):
@@ -111,30 +182,29 @@ def test_kv_footprint_counts_whole_blocks_and_each_childs_own_tokens():
 
 
 @pytest.mark.parametrize("job_id", ["agent-long", "agent-long-tiered"])
-def test_the_compute_only_limit_holds_each_group_of_max_num_seqs_traces_whole(tmp_path, job_id):
+def test_the_compute_only_limit_holds_max_num_seqs_traces_at_once_whole(tmp_path, job_id):
     job = get_job(job_id, get_settings())
     shapes = generate("agent-long", 0, traces=100).shapes
     plan = compute_limit(job, _model(tmp_path), shapes)
     assert plan.name == COMPUTE_LIMIT and plan.max_traces == job.engine.max_num_seqs == 32
     assert "kv_transfer_config" not in plan.engine_args  # no tier: the device cache holds everything
     held = plan.engine_args["kv_cache_memory_bytes"] // TINY_BYTES_PER_TOKEN
-    groups = [
-        g for share in process_shares(shapes, job.workers) for g in fitting_groups(share, plan.capacity_tokens, 32)
-    ]
-    assert max(len(g) for g in groups) == 32  # 50 traces a process: groups of 32 and 18
-    assert all(sum(kv_footprint(s, CPU_BLOCK_SIZE) for s in g) < held for g in groups)
+    for share in process_shares(shapes, job.workers):  # 50 traces a process, any 32 of them at once
+        largest = sorted((kv_footprint(s, CPU_BLOCK_SIZE) for s in share), reverse=True)[:32]
+        assert sum(largest) == admitted_footprint(share, plan.capacity_tokens, 32, CPU_BLOCK_SIZE) < held
     assert plan.engine_args["kv_cache_memory_bytes"] <= COMPUTE_LIMIT_KV_BYTES
     assert {k: v for k, v in plan.engine_args.items() if k != "kv_cache_memory_bytes"} == {
         k: v for k, v in job.engine.as_vllm_kwargs().items() if k != "kv_cache_memory_bytes"
     }
 
 
-def test_the_compute_only_limit_cuts_groups_to_its_kv_bound_and_keeps_the_jobs_cache_at_least(tmp_path):
+def test_the_compute_only_limit_admits_fewer_within_its_kv_bound_and_keeps_the_jobs_cache_at_least(tmp_path):
     job = get_job("agent-long", get_settings())
     shapes = generate("agent-long", 0, traces=100).shapes
     big = compute_limit(job, _model(tmp_path, layers=40), shapes)  # 10x the bytes a token: 32 traces no longer fit
-    groups = [g for share in process_shares(shapes, 2) for g in fitting_groups(share, big.capacity_tokens, 32)]
-    assert max(len(g) for g in groups) < 32 and big.engine_args["kv_cache_memory_bytes"] <= COMPUTE_LIMIT_KV_BYTES
+    for share in process_shares(shapes, 2):
+        assert sum(sorted((final_context(s) for s in share), reverse=True)[:32]) > big.capacity_tokens
+    assert big.engine_args["kv_cache_memory_bytes"] <= COMPUTE_LIMIT_KV_BYTES
     few = compute_limit(job, _model(tmp_path), shapes[:1])
     assert few.engine_args["kv_cache_memory_bytes"] == job.engine.kv_cache_memory_bytes  # max_model_len must fit
 
