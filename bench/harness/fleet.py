@@ -90,17 +90,17 @@ def kv_footprint(shape: TraceShape, block_size: int) -> int:
     return blocks * block_size
 
 
-def admitted_footprint(share: list[TraceShape], capacity_tokens: int, max_traces: int | None, block_size: int) -> int:
-    """The most KV tokens (`kv_footprint`) the traces of `share` that the offline runner admits at once can hold.
+def admitted_footprint(shapes: list[TraceShape], capacity_tokens: int, max_traces: int | None, block_size: int) -> int:
+    """The most KV tokens (`kv_footprint`) the traces of `shapes` that one offline process admits at once can hold.
 
     The runner admits at most `max_traces` of them, and either one alone or several whose final contexts fit
     `capacity_tokens` together: so they hold no more than the largest such number of footprints, nor than the
     capacity plus as many of the largest overheads (footprint less final context: block rounding and fan-out
     children), nor less than the largest trace alone."""
-    footprints = [kv_footprint(shape, block_size) for shape in share]
-    most = max_traces or len(share)
+    footprints = [kv_footprint(shape, block_size) for shape in shapes]
+    most = max_traces or len(shapes)
     overheads = sorted(
-        (f - offline_limit.final_context(s) for f, s in zip(footprints, share, strict=True)), reverse=True
+        (f - offline_limit.final_context(s) for f, s in zip(footprints, shapes, strict=True)), reverse=True
     )
     together = min(sum(sorted(footprints, reverse=True)[:most]), capacity_tokens + sum(overheads[:most]))
     return max(together, max(footprints, default=0))
@@ -140,13 +140,7 @@ def compute_limit(job: JobConfig, model_dir: Path, shapes: list[TraceShape]) -> 
     block = job.engine.block_size or CPU_BLOCK_SIZE
     capacity = int(COMPUTE_LIMIT_KV_BYTES // per_token * BUDGET_SHARE)
     max_traces = job.engine.max_num_seqs
-    largest = max(
-        (
-            admitted_footprint(share, capacity, max_traces, block)
-            for share in offline_limit.process_shares(shapes, job.workers)
-        ),
-        default=0,
-    )
+    largest = admitted_footprint(shapes, capacity, max_traces, block)
     kv_bytes = max((largest + block) * per_token, job.engine.kv_cache_memory_bytes or 0)  # + vLLM's null block
     args = job.engine.as_vllm_kwargs() | {"kv_cache_memory_bytes": kv_bytes}
     return LimitPlan(COMPUTE_LIMIT, "compute-limit", args, capacity, max_traces)

@@ -2,30 +2,35 @@
 stack.
 
 Each of the job's N worker cores gets one `LLM` process (the engine args a limit gives it, prefix caching on,
-pinned like the worker of that index) and every N-th trace (`process_shares`). A process admits its traces in
-order while their final contexts fit the capacity it is given together (and at most `max_traces` of them), admits
-the next the moment a trace ends and frees its room, and sends each trace's next step the moment its last one ends
+pinned like the worker of that index), and all of them take traces, in order, from one queue (`TraceQueue`): the
+next goes to a process with the most KV room left, as pronk's router sends a trace to the engine with the most
+room. A process takes the next trace while the final contexts of those it holds fit the capacity it is given (and
+at most `max_traces` of them), again as soon as a trace ends and frees its room, and sends each trace's next step
+the moment its last one ends
 (fan-out children start after their parent's step). So every step finds its trace's prefix held (no preemption),
-the engine's batch holds every admitted trace's step, and nothing waits on a tool, on a wave's slowest trace or on
-a group's tail. What capacity and engine args each limit gets is `bench.harness.fleet`'s choice.
+the engine's batch holds every admitted trace's step, and nothing waits on a tool, on a wave's slowest trace, on a
+group's tail or on a share of traces fixed in advance. The processes start together once every engine is loaded.
+What capacity and engine args each limit gets is `bench.harness.fleet`'s choice.
 
     python -m bench.harness.offline_limit --shapes S.jsonl --model DIR --engine-args JSON --capacity-tokens N \
-        [--max-traces M] --out OUT.json
+        [--max-traces M] [--queue DIR --processes N --index I] --out OUT.json
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
+import math
 import os
 import subprocess
 import sys
 import time
-from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pronk.agents.replay import filler_tokens
+from pronk.agents.replay import filler_tokens, system_tokens
 from pronk.protocol.shapes import TraceShape
 
 
@@ -56,26 +61,74 @@ class _Family:
     live: int = 1
 
 
-def process_shares(shapes: list[TraceShape], processes: int) -> list[list[TraceShape]]:
-    """The shapes each of `processes` offline processes runs: every N-th one."""
-    return [shapes[index::processes] for index in range(processes)]
+class TraceQueue:
+    """The shapes a limit's processes take their traces from, in order. The next goes to a process it fits that has
+    no less KV room left than any other, as pronk's router sends a trace to the engine with the most room. Between
+    processes, the next index and each one's room are kept in the file `claims` (JSON, written by `share`) under an
+    exclusive lock; a process alone keeps its index in memory."""
+
+    def __init__(self, shapes: list[TraceShape], claims: Path | None = None, index: int = 0):
+        self.shapes = shapes
+        self.claims = claims
+        self.index = index
+        self._next = 0
+
+    @staticmethod
+    def share(claims: Path, processes: int) -> None:
+        """Start the file `processes` take from: the first shape next, every process with all its room."""
+        claims.write_text(json.dumps({"next": 0, "room": {str(i): math.inf for i in range(processes)}}))
+
+    def take(self, fits: Callable[[TraceShape], bool], room: float) -> TraceShape | None:
+        """The next shape, taken, if it `fits` this process and no other has more `room` (KV tokens free; infinite
+        for a process that holds nothing, negative for one that may hold no more); None otherwise, or when none is
+        left."""
+        if self.claims is None:
+            shape = self._fitting(self._next, fits)
+            if shape is not None:
+                self._next += 1
+            return shape
+        with self.claims.open("r+") as file:
+            fcntl.flock(file, fcntl.LOCK_EX)  # released when the file closes
+            state = json.loads(file.read())
+            state["room"][str(self.index)] = room
+            most = max(state["room"].values())
+            shape = self._fitting(state["next"], fits) if room >= most else None
+            if shape is not None:
+                state["next"] += 1
+            file.seek(0)
+            file.write(json.dumps(state))
+            file.truncate()
+            return shape
+
+    def _fitting(self, index: int, fits: Callable[[TraceShape], bool]) -> TraceShape | None:
+        return self.shapes[index] if index < len(self.shapes) and fits(self.shapes[index]) else None
 
 
-def run_rolling(engine, shapes: list[TraceShape], capacity_tokens: int, max_traces: int | None = None) -> dict:
-    """Every shape's steps in order on `engine` (vLLM's `LLMEngine`), a trace's next step sent the moment its last
-    one ends; figures in the bench's terms.
+def start_together(folder: Path, index: int, processes: int, timeout_s: float = 600.0) -> None:
+    """Mark process `index` ready in `folder` and wait until all `processes` are: the engines load at their own pace,
+    and one that started taking traces first would take more than its share."""
+    (folder / f"ready-{index}").touch()
+    deadline = time.monotonic() + timeout_s
+    while sum(1 for _ in folder.glob("ready-*")) < processes:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the other offline limit processes were not ready within {timeout_s:.0f} s")
+        time.sleep(0.02)
 
-    Root traces are admitted in order while their final contexts together fit `capacity_tokens` and there are at
-    most `max_traces` of them (one at least); a root's room frees when it and every fan-out child of it have ended,
-    and the next waiting roots are admitted at once. A fan-out child starts after its parent's step, on the parent's
-    tokens, as the replay loop runs it (same trace ids, so the same token content); a root's end is its own last
-    step.
+
+def run_rolling(engine, queue: TraceQueue, capacity_tokens: int, max_traces: int | None = None) -> dict:
+    """The steps of every shape this process takes from `queue`, in order on `engine` (vLLM's `LLMEngine`), a
+    trace's next step sent the moment its last one ends; figures in the bench's terms.
+
+    Root traces are taken while their final contexts together fit `capacity_tokens` and there are at most
+    `max_traces` of them (one at least), each when no other process has more room (`TraceQueue`); a root's room
+    frees when it and every fan-out child of it have ended. Every engine step looks for the next roots to take. A
+    fan-out child starts after its parent's step, on the parent's tokens, as the replay loop runs it (same trace
+    ids, so the same token content); a root's end is its own last step.
     """
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
-    waiting = deque(shapes)
     running: dict[str, _Chain] = {}
     families: dict[str, _Family] = {}
     used = 0
@@ -94,17 +147,21 @@ def run_rolling(engine, shapes: list[TraceShape], capacity_tokens: int, max_trac
         running[chain.request_id] = chain
         engine.add_request(chain.request_id, TokensPrompt(prompt_token_ids=chain.tokens), params)
 
+    def fits(shape: TraceShape) -> bool:
+        room = used + final_context(shape) <= capacity_tokens and len(families) != max_traces
+        return not families or room
+
+    def room() -> float:
+        if not families:
+            return math.inf
+        return -1 if len(families) == max_traces else capacity_tokens - used
+
     def admit() -> None:
         nonlocal used
-        while waiting:
-            size = final_context(waiting[0])
-            if families and (used + size > capacity_tokens or len(families) == max_traces):
-                return
-            shape = waiting.popleft()
-            families[shape.trace_id] = _Family(size)
-            used += size
-            system = filler_tokens(f"{shape.trace_id}/system", shape.system_prompt_tokens)
-            send(_Chain(shape.trace_id, shape.trace_id, shape, system))
+        while (shape := queue.take(fits, room())) is not None:
+            families[shape.trace_id] = _Family(final_context(shape))
+            used += final_context(shape)
+            send(_Chain(shape.trace_id, shape.trace_id, shape, system_tokens(shape.trace_id, shape)))
 
     started = time.monotonic()
     admit()
@@ -122,9 +179,8 @@ def run_rolling(engine, shapes: list[TraceShape], capacity_tokens: int, max_trac
             family = families[chain.root_id]
             for i, child in enumerate(chain.shape.steps[chain.next].fan_out):
                 child_id = f"{chain.trace_id}.{chain.next}.{i}"
-                own = filler_tokens(f"{child_id}/system", child.system_prompt_tokens)
                 family.live += 1
-                send(_Chain(child_id, chain.root_id, child, chain.tokens + own))
+                send(_Chain(child_id, chain.root_id, child, chain.tokens + system_tokens(child_id, child)))
             chain.next += 1
             if chain.next < len(chain.shape.steps):
                 send(chain)
@@ -134,7 +190,7 @@ def run_rolling(engine, shapes: list[TraceShape], capacity_tokens: int, max_trac
             family.live -= 1
             if family.live == 0:
                 used -= families.pop(chain.root_id).size
-                admit()
+        admit()  # every engine step: another process may have taken what did not fit here, or left it
     return {
         "wall_s": time.monotonic() - started,
         "traces": len(finished_s),
@@ -156,14 +212,20 @@ def run_limit(
     max_traces: int | None = None,
     timeout_s: float = 3600.0,
 ) -> dict:
-    """The shapes split over one offline process per core set (pinned), run at once; their figures combined."""
+    """The shapes run by one offline process per core set (pinned), all taking from one queue and starting
+    together; their figures combined."""
     from bench.harness.baseline import pinned
 
     work_dir.mkdir(parents=True, exist_ok=True)
+    queue = work_dir / "queue"
+    queue.mkdir(exist_ok=True)
+    for stale in queue.iterdir():
+        stale.unlink()
+    TraceQueue.share(queue / "claims", len(cores))
+    all_shapes = work_dir / "limit-shapes.jsonl"
+    all_shapes.write_text("".join(s.model_dump_json() + "\n" for s in shapes))
     procs = []
-    for index, (core_set, share) in enumerate(zip(cores, process_shares(shapes, len(cores)), strict=True)):
-        part = work_dir / f"limit-shapes-{index}.jsonl"
-        part.write_text("".join(s.model_dump_json() + "\n" for s in share))
+    for index, core_set in enumerate(cores):
         out = work_dir / f"limit-{index}.json"
         out.unlink(missing_ok=True)
         argv = [
@@ -171,7 +233,7 @@ def run_limit(
             "-m",
             "bench.harness.offline_limit",
             "--shapes",
-            str(part),
+            str(all_shapes),
             "--model",
             str(model_dir),
             "--engine-args",
@@ -179,6 +241,12 @@ def run_limit(
             "--capacity-tokens",
             str(capacity_tokens),
             *(["--max-traces", str(max_traces)] if max_traces else []),
+            "--queue",
+            str(queue),
+            "--processes",
+            str(len(cores)),
+            "--index",
+            str(index),
             "--out",
             str(out),
         ]
@@ -214,6 +282,11 @@ def main() -> None:
         "--capacity-tokens", type=int, required=True, help="KV tokens the traces admitted at once may fill"
     )
     parser.add_argument("--max-traces", type=int, default=None, help="most traces admitted at once (default: no cap)")
+    parser.add_argument(
+        "--queue", type=Path, default=None, help="the folder of the queue shared with other processes (default: none)"
+    )
+    parser.add_argument("--processes", type=int, default=1, help="how many processes share the queue")
+    parser.add_argument("--index", type=int, default=0, help="this process's index among them")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
@@ -222,9 +295,11 @@ def main() -> None:
     from pronk.agents.replay import load_shapes
 
     llm = LLM(model=str(args.model), **json.loads(args.engine_args))
-    args.out.write_text(
-        json.dumps(run_rolling(llm.llm_engine, load_shapes(args.shapes), args.capacity_tokens, args.max_traces)) + "\n"
-    )
+    queue = TraceQueue(load_shapes(args.shapes), args.queue / "claims" if args.queue else None, args.index)
+    if args.queue:
+        start_together(args.queue, args.index, args.processes)
+    out = run_rolling(llm.llm_engine, queue, args.capacity_tokens, args.max_traces)
+    args.out.write_text(json.dumps(out) + "\n")
 
 
 if __name__ == "__main__":

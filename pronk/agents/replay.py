@@ -47,6 +47,14 @@ def filler_tokens(key: str, count: int) -> list[int]:
     return [rng.randrange(TOKEN_LOW, TOKEN_HIGH) for _ in range(count)]
 
 
+def system_tokens(trace_id: str, shape: TraceShape) -> list[int]:
+    """The system prompt `trace_id` replays for `shape`: the workload's shared prefix (the same tokens in every
+    trace), then tokens of its own."""
+    shared = shape.shared_prefix_tokens
+    own = filler_tokens(f"{trace_id}/system", shape.system_prompt_tokens - shared)
+    return filler_tokens("shared/system", shared) + own
+
+
 async def run_shape(
     router: Router,
     shape: TraceShape,
@@ -94,7 +102,7 @@ async def _replay(router, shape, trace_id, root_id, parent_id, prefix, record, r
 async def _replay_steps(
     router, shape, trace_id, root_id, parent_id, prefix, record, recorder, custom_id, ttl: _PinTtl, scale
 ) -> None:
-    tokens = prefix + filler_tokens(f"{trace_id}/system", shape.system_prompt_tokens)
+    tokens = prefix + system_tokens(trace_id, shape)
     for index, step in enumerate(shape.steps):
         tokens = tokens + filler_tokens(f"{trace_id}/{index}", step.new_prompt_tokens)
         more = index < len(shape.steps) - 1

@@ -3,8 +3,9 @@
 A trace's step k re-reads its prefix plus what step k added: `prompt[k] = prompt[k-1] + output[k-1] + new[k]`,
 so the records give each step's new tokens, output tokens and tool gap exactly. A child trace starts from
 its parent's prefix after the step that spawned it (the parent's last step that started before the child);
-its own first prompt minus that prefix is its system prompt. Replaying these shapes re-runs the job's own
-traffic, token for token in length, against any configuration.
+its own first prompt minus that prefix is its system prompt. What a root trace's first step found cached can
+only have come from other traces (a common system or tool prompt): that much of its system prompt is shared.
+Replaying these shapes re-runs the job's own traffic, token for token in length, against any configuration.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class _Step:
     step: int
     prompt: int
     output: int
+    cached: int
     gap: float
     started_at: float
 
@@ -33,7 +35,14 @@ def _trace_steps(good: pl.DataFrame) -> tuple[dict[str, list[_Step]], dict[str, 
     parents: dict[str, str | None] = {}
     for row in good.iter_rows(named=True):
         steps[row["trace_id"]].append(
-            _Step(row["step"], row["prompt_tokens"], row["output_tokens"], row["tool_time_s"] or 0.0, row["started_at"])
+            _Step(
+                row["step"],
+                row["prompt_tokens"],
+                row["output_tokens"],
+                row["cached_tokens"] or 0,
+                row["tool_time_s"] or 0.0,
+                row["started_at"],
+            )
         )
         parents[row["trace_id"]] = row["parent_trace_id"]
     for rows in steps.values():
@@ -65,6 +74,7 @@ def shapes_from_steps(steps: pl.LazyFrame, max_gap_s: float = 300.0) -> list[Tra
             "step",
             "prompt_tokens",
             "output_tokens",
+            "cached_tokens",
             "tool_time_s",
             "started_at",
         )
@@ -101,7 +111,13 @@ def shapes_from_steps(steps: pl.LazyFrame, max_gap_s: float = 300.0) -> list[Tra
                     new_prompt_tokens=new, output_tokens=max(1, row.output), tool_gap_s=round(gap, 3), fan_out=fan_out
                 )
             )
-        return TraceShape(trace_id=trace_id.replace("/", "-"), system_prompt_tokens=system, steps=shape_steps)
+        shared = min(system, kept[0].cached) if prefix == 0 else 0
+        return TraceShape(
+            trace_id=trace_id.replace("/", "-"),
+            system_prompt_tokens=system,
+            shared_prefix_tokens=shared,
+            steps=shape_steps,
+        )
 
     roots = sorted(t for t, p in parents.items() if p is None)
     return [shape for shape in (build(root, 0) for root in roots) if shape is not None]
@@ -117,7 +133,7 @@ def sample_shapes(shapes: list[TraceShape], count: int, seed: int = 0) -> list[T
 
 def relabel(shapes: list[TraceShape], label: str) -> list[TraceShape]:
     """The same shapes under trace ids of their own (replay derives token content from the id, so no KV is shared
-    with another trial's replay of the same shapes)."""
+    with another trial's replay of the same shapes beyond the workload's shared prefix, as in live traffic)."""
 
     def one(shape: TraceShape, trace_id: str) -> TraceShape:
         steps = [

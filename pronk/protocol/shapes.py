@@ -6,7 +6,7 @@ get realistic, deterministic agent traffic whatever the model's weights say.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class ShapeStep(BaseModel):
@@ -29,7 +29,19 @@ class TraceShape(BaseModel):
 
     trace_id: str = Field(min_length=1)
     system_prompt_tokens: int = Field(ge=1, description="Length of the prefix every step re-reads.")
+    shared_prefix_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="How many of the system prompt's first tokens every trace of the workload shares (a common "
+        "system or tool prompt): replay makes them the same tokens in every trace.",
+    )
     steps: list[ShapeStep] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _shared_prefix_within_system_prompt(self) -> TraceShape:
+        if self.shared_prefix_tokens > self.system_prompt_tokens:
+            raise ValueError("shared_prefix_tokens must not exceed system_prompt_tokens")
+        return self
 
     def total_steps(self) -> int:
         return sum(1 + sum(child.total_steps() for child in step.fan_out) for step in self.steps)

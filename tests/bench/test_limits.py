@@ -6,6 +6,7 @@ measured against."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -43,10 +44,10 @@ from bench.harness.fleet import (
     kv_footprint,
     kv_tokens_per_worker,
 )
-from bench.harness.offline_limit import final_context, process_shares, run_rolling
+from bench.harness.offline_limit import TraceQueue, final_context, run_rolling
 from bench.harness.report import defect_lines, goals_table, setups_table, write_json
 from bench.harness.workload import generate
-from pronk.agents.replay import filler_tokens
+from pronk.agents.replay import filler_tokens, system_tokens
 from pronk.agents.step_records import ToolCallCounts
 from pronk.batches.schemas import CheckCounts
 from pronk.jobs.files import get_job
@@ -99,7 +100,7 @@ def test_the_runner_admits_a_trace_the_moment_room_frees_and_sends_each_step_whe
     shapes = [_trace("a", 2), _trace("b", 50, fan_out=[child]), _trace("c", 3), _trace("d", 4)]
     capacity = final_context(shapes[1]) + final_context(shapes[3])  # b and any one other
     engine = _Engine()
-    out = run_rolling(engine, shapes, capacity)
+    out = run_rolling(engine, TraceQueue(shapes), capacity)
     assert out["traces"] == 4 and len(out["finished_s"]) == 4
     assert out["steps"] == sum(len(s.steps) for s in shapes) + 1  # b's child too
     assert out["output_tokens"] == sum(st.output_tokens for s in shapes for st in s.steps) + 9
@@ -119,19 +120,48 @@ def test_the_runner_admits_a_trace_the_moment_room_frees_and_sends_each_step_whe
 def test_the_runner_holds_at_most_max_traces_and_admits_a_trace_too_big_alone():
     shapes = [_trace(f"t{i}", 2 + i) for i in range(5)]
     engine = _Engine()
-    run_rolling(engine, shapes, 10**9, max_traces=2)
+    run_rolling(engine, TraceQueue(shapes), 10**9, max_traces=2)
     assert max(len(roots) for roots in engine.roots_in_engine) == 2
     engine = _Engine()
-    out = run_rolling(engine, shapes[:3], 1)  # each trace alone exceeds the capacity: one at a time
+    out = run_rolling(engine, TraceQueue(shapes[:3]), 1)  # each trace alone exceeds the capacity: one at a time
     assert out["traces"] == 3 and max(len(roots) for roots in engine.roots_in_engine) == 1
 
 
-def test_process_shares_deal_every_nth_trace():
-    shapes = generate("agent-long", 1).shapes[:5]
-    assert [[s.trace_id for s in share] for share in process_shares(shapes, 2)] == [
-        [shapes[i].trace_id for i in (0, 2, 4)],
-        [shapes[i].trace_id for i in (1, 3)],
+def test_processes_sharing_a_queue_take_each_trace_once_in_order_where_it_fits_the_most_room(tmp_path):
+    shapes = [_trace(f"t{i}", 2) for i in range(5)]
+    TraceQueue.share(tmp_path / "claims", 2)
+    first, second = (TraceQueue(shapes, tmp_path / "claims", index) for index in (0, 1))
+
+    def take(queue: TraceQueue, room: float, fits: bool = True) -> str | None:
+        shape = queue.take(lambda s: fits, room)
+        return shape.trace_id if shape else None
+
+    assert take(first, math.inf) == "t0"  # both hold nothing yet
+    assert take(first, 100) is None  # the second, holding nothing, has more room
+    assert take(second, math.inf, fits=False) is None  # the next does not fit it: it stays in the queue
+    assert take(second, math.inf) == "t1"
+    assert take(second, 50) is None and take(first, 100) == "t2"
+    assert take(first, -1) is None  # the first may hold no more
+    assert [take(second, 50), take(second, 20), take(second, 10)] == ["t3", "t4", None]  # none left
+
+
+def test_a_shared_system_prompt_is_the_same_tokens_in_every_trace_and_the_runner_sends_it():
+    shapes = [
+        TraceShape(
+            trace_id=t,
+            system_prompt_tokens=300,
+            shared_prefix_tokens=256,
+            steps=[ShapeStep(new_prompt_tokens=4, output_tokens=2)],
+        )
+        for t in ("a", "b")
     ]
+    engine = _Engine()
+    run_rolling(engine, TraceQueue(shapes), 10**9)
+    prompts = dict(engine.sent)
+    assert prompts["a/0"][:256] == prompts["b/0"][:256] and prompts["a/0"][256:300] != prompts["b/0"][256:300]
+    assert prompts["a/0"][:300] == system_tokens("a", shapes[0])
+    with pytest.raises(ValueError, match="shared_prefix_tokens"):
+        TraceShape(trace_id="c", system_prompt_tokens=10, shared_prefix_tokens=11, steps=shapes[0].steps)
 
 
 def test_admitted_footprint_bounds_whatever_the_runner_admits_at_once():
@@ -189,9 +219,8 @@ def test_the_compute_only_limit_holds_max_num_seqs_traces_at_once_whole(tmp_path
     assert plan.name == COMPUTE_LIMIT and plan.max_traces == job.engine.max_num_seqs == 32
     assert "kv_transfer_config" not in plan.engine_args  # no tier: the device cache holds everything
     held = plan.engine_args["kv_cache_memory_bytes"] // TINY_BYTES_PER_TOKEN
-    for share in process_shares(shapes, job.workers):  # 50 traces a process, any 32 of them at once
-        largest = sorted((kv_footprint(s, CPU_BLOCK_SIZE) for s in share), reverse=True)[:32]
-        assert sum(largest) == admitted_footprint(share, plan.capacity_tokens, 32, CPU_BLOCK_SIZE) < held
+    largest = sorted((kv_footprint(s, CPU_BLOCK_SIZE) for s in shapes), reverse=True)[:32]  # any 32 at once
+    assert sum(largest) == admitted_footprint(shapes, plan.capacity_tokens, 32, CPU_BLOCK_SIZE) < held
     assert plan.engine_args["kv_cache_memory_bytes"] <= COMPUTE_LIMIT_KV_BYTES
     assert {k: v for k, v in plan.engine_args.items() if k != "kv_cache_memory_bytes"} == {
         k: v for k, v in job.engine.as_vllm_kwargs().items() if k != "kv_cache_memory_bytes"
@@ -202,8 +231,7 @@ def test_the_compute_only_limit_admits_fewer_within_its_kv_bound_and_keeps_the_j
     job = get_job("agent-long", get_settings())
     shapes = generate("agent-long", 0, traces=100).shapes
     big = compute_limit(job, _model(tmp_path, layers=40), shapes)  # 10x the bytes a token: 32 traces no longer fit
-    for share in process_shares(shapes, 2):
-        assert sum(sorted((final_context(s) for s in share), reverse=True)[:32]) > big.capacity_tokens
+    assert sum(sorted((final_context(s) for s in shapes), reverse=True)[:32]) > big.capacity_tokens
     assert big.engine_args["kv_cache_memory_bytes"] <= COMPUTE_LIMIT_KV_BYTES
     few = compute_limit(job, _model(tmp_path), shapes[:1])
     assert few.engine_args["kv_cache_memory_bytes"] == job.engine.kv_cache_memory_bytes  # max_model_len must fit

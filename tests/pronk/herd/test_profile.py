@@ -113,6 +113,12 @@ def test_shapes_rebuild_the_traces(tmp_path):
     assert [s.new_prompt_tokens for s in child.steps] == [1, 12] and [s.output_tokens for s in child.steps] == [8, 4]
     assert (b.system_prompt_tokens, b.total_steps()) == (119, 1)
     assert a.total_steps() == 5 and a.total_output_tokens() == 47
+    assert (a.shared_prefix_tokens, b.shared_prefix_tokens, child.shared_prefix_tokens) == (0, 0, 0)
+    shared = records()
+    shared[-1].cached_tokens = 64  # b's first step found 64 tokens cached: other traces' (a common prompt)
+    shared[4].cached_tokens = 128  # the child's first found its parent's prefix: nothing shared with others
+    a, b = shapes_from_steps(scan_steps([write(tmp_path / "shared_steps.jsonl", shared)], get_settings()))
+    assert (a.shared_prefix_tokens, a.steps[1].fan_out[0].shared_prefix_tokens, b.shared_prefix_tokens) == (0, 0, 64)
     again = relabel(shapes, "t1")
     assert [s.trace_id for s in again] == ["t1-0000", "t1-0001"] and again[0].steps[1].fan_out[
         0
