@@ -6,11 +6,10 @@ pinned like the worker of that index), and all of them take traces, in order, fr
 next goes to a process with the most KV room left, as pronk's router sends a trace to the engine with the most
 room. A process takes the next trace while the final contexts of those it holds fit the capacity it is given (and
 at most `max_traces` of them), again as soon as a trace ends and frees its room, and sends each trace's next step
-the moment its last one ends
-(fan-out children start after their parent's step). So every step finds its trace's prefix held (no preemption),
-the engine's batch holds every admitted trace's step, and nothing waits on a tool, on a wave's slowest trace, on a
-group's tail or on a share of traces fixed in advance. The processes start together once every engine is loaded.
-What capacity and engine args each limit gets is `bench.harness.fleet`'s choice.
+the moment its last one ends (fan-out children start after their parent's step). So every step finds its trace's
+prefix held (no preemption), the engine's batch holds every admitted trace's step, and nothing waits on a tool, on
+a wave's slowest trace, on a group's tail or on a share of traces fixed in advance. The processes start together
+once every engine is loaded. What capacity and engine args each limit gets is `bench.harness.fleet`'s choice.
 
     python -m bench.harness.offline_limit --shapes S.jsonl --model DIR --engine-args JSON --capacity-tokens N \
         [--max-traces M] [--queue DIR --processes N --index I] --out OUT.json
@@ -26,7 +25,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,10 +60,10 @@ class _Family:
 
 
 class TraceQueue:
-    """The shapes a limit's processes take their traces from, in order. The next goes to a process it fits that has
-    no less KV room left than any other, as pronk's router sends a trace to the engine with the most room. Between
-    processes, the next index and each one's room are kept in the file `claims` (JSON, written by `share`) under an
-    exclusive lock; a process alone keeps its index in memory."""
+    """The shapes a limit's processes take their traces from, in order. The next goes to a process whose KV room
+    left holds its final context and is no less than any other's, as pronk's router sends a trace to the engine
+    with the most room. Between processes, the next index and each one's room are kept in the file `claims` (JSON,
+    written by `share`) under an exclusive lock; a process alone keeps its index in memory."""
 
     def __init__(self, shapes: list[TraceShape], claims: Path | None = None, index: int = 0):
         self.shapes = shapes
@@ -78,12 +76,12 @@ class TraceQueue:
         """Start the file `processes` take from: the first shape next, every process with all its room."""
         claims.write_text(json.dumps({"next": 0, "room": {str(i): math.inf for i in range(processes)}}))
 
-    def take(self, fits: Callable[[TraceShape], bool], room: float) -> TraceShape | None:
-        """The next shape, taken, if it `fits` this process and no other has more `room` (KV tokens free; infinite
-        for a process that holds nothing, negative for one that may hold no more); None otherwise, or when none is
-        left."""
+    def take(self, room: float) -> TraceShape | None:
+        """The next shape, taken, if its final context fits this process's `room` and no other has more (KV tokens
+        free; infinite for a process that holds nothing, negative for one that may hold no more); None otherwise,
+        or when none is left."""
         if self.claims is None:
-            shape = self._fitting(self._next, fits)
+            shape = self._fitting(self._next, room)
             if shape is not None:
                 self._next += 1
             return shape
@@ -92,7 +90,7 @@ class TraceQueue:
             state = json.loads(file.read())
             state["room"][str(self.index)] = room
             most = max(state["room"].values())
-            shape = self._fitting(state["next"], fits) if room >= most else None
+            shape = self._fitting(state["next"], room) if room >= most else None
             if shape is not None:
                 state["next"] += 1
             file.seek(0)
@@ -100,8 +98,8 @@ class TraceQueue:
             file.truncate()
             return shape
 
-    def _fitting(self, index: int, fits: Callable[[TraceShape], bool]) -> TraceShape | None:
-        return self.shapes[index] if index < len(self.shapes) and fits(self.shapes[index]) else None
+    def _fitting(self, index: int, room: float) -> TraceShape | None:
+        return self.shapes[index] if index < len(self.shapes) and final_context(self.shapes[index]) <= room else None
 
 
 def start_together(folder: Path, index: int, processes: int, timeout_s: float = 600.0) -> None:
@@ -147,20 +145,17 @@ def run_rolling(engine, queue: TraceQueue, capacity_tokens: int, max_traces: int
         running[chain.request_id] = chain
         engine.add_request(chain.request_id, TokensPrompt(prompt_token_ids=chain.tokens), params)
 
-    def fits(shape: TraceShape) -> bool:
-        room = used + final_context(shape) <= capacity_tokens and len(families) != max_traces
-        return not families or room
-
     def room() -> float:
+        """The KV tokens this process may still take: a trace is taken where its final context fits them."""
         if not families:
             return math.inf
         return -1 if len(families) == max_traces else capacity_tokens - used
 
     def admit() -> None:
         nonlocal used
-        while (shape := queue.take(fits, room())) is not None:
+        while (shape := queue.take(room())) is not None:
             families[shape.trace_id] = _Family(final_context(shape))
-            used += final_context(shape)
+            used += families[shape.trace_id].size
             send(_Chain(shape.trace_id, shape.trace_id, shape, system_tokens(shape.trace_id, shape)))
 
     started = time.monotonic()

@@ -132,17 +132,19 @@ def test_processes_sharing_a_queue_take_each_trace_once_in_order_where_it_fits_t
     TraceQueue.share(tmp_path / "claims", 2)
     first, second = (TraceQueue(shapes, tmp_path / "claims", index) for index in (0, 1))
 
-    def take(queue: TraceQueue, room: float, fits: bool = True) -> str | None:
-        shape = queue.take(lambda s: fits, room)
+    def take(queue: TraceQueue, room: float) -> str | None:
+        shape = queue.take(room)
         return shape.trace_id if shape else None
 
+    assert final_context(shapes[0]) == 134
     assert take(first, math.inf) == "t0"  # both hold nothing yet
-    assert take(first, 100) is None  # the second, holding nothing, has more room
-    assert take(second, math.inf, fits=False) is None  # the next does not fit it: it stays in the queue
+    assert take(first, 200) is None  # the second, holding nothing, has more room
     assert take(second, math.inf) == "t1"
-    assert take(second, 50) is None and take(first, 100) == "t2"
+    assert take(second, 50) is None  # the first has more room
+    assert take(first, 100) is None  # the most room, but the next does not fit it: it stays in the queue
+    assert take(first, 200) == "t2"
     assert take(first, -1) is None  # the first may hold no more
-    assert [take(second, 50), take(second, 20), take(second, 10)] == ["t3", "t4", None]  # none left
+    assert [take(second, 150), take(second, 140), take(second, 10)] == ["t3", "t4", None]  # none left
 
 
 def test_a_shared_system_prompt_is_the_same_tokens_in_every_trace_and_the_runner_sends_it():
