@@ -3,8 +3,10 @@
 A trace's step k re-reads its prefix plus what step k added: `prompt[k] = prompt[k-1] + output[k-1] + new[k]`,
 so the records give each step's new tokens, output tokens and tool gap exactly. A child trace starts from
 its parent's prefix after the step that spawned it (the parent's last step that started before the child);
-its own first prompt minus that prefix is its system prompt. What a root trace's first step found cached can
-only have come from other traces (a common system or tool prompt): that much of its system prompt is shared.
+its own first prompt minus that prefix is its system prompt. What a root trace's first request (step 0's first
+attempt a worker served) found cached can only have come from other traces (a common system or tool prompt): that
+much of its system prompt is shared. A later attempt of step 0 may find the first attempt's own prefix cached, so
+only the first counts.
 Replaying these shapes re-runs the job's own traffic, token for token in length, against any configuration.
 """
 
@@ -24,7 +26,6 @@ class _Step:
     step: int
     prompt: int
     output: int
-    cached: int
     gap: float
     started_at: float
 
@@ -39,7 +40,6 @@ def _trace_steps(good: pl.DataFrame) -> tuple[dict[str, list[_Step]], dict[str, 
                 row["step"],
                 row["prompt_tokens"],
                 row["output_tokens"],
-                row["cached_tokens"] or 0,
                 row["tool_time_s"] or 0.0,
                 row["started_at"],
             )
@@ -58,13 +58,21 @@ def shapes_from_steps(steps: pl.LazyFrame, max_gap_s: float = 300.0) -> list[Tra
     """
     frame = steps if "_run" in steps.collect_schema().names() else steps.with_columns(pl.lit(0).alias("_run"))
     run = pl.col("_run").cast(pl.String)
+    served = frame.filter(pl.col("worker_id").is_not_null()).with_columns(
+        pl.concat_str([run, pl.col("trace_id")], separator="/").alias("trace_id"),
+        pl.concat_str([run, pl.col("root_trace_id")], separator="/").alias("root_trace_id"),
+        pl.concat_str([run, pl.col("parent_trace_id")], separator="/").alias("parent_trace_id"),
+    )
+    first_cached = dict(
+        served.filter(pl.col("step") == 0)
+        .sort(["trace_id", "attempt"])
+        .unique(subset=["trace_id"], keep="first")
+        .select("trace_id", pl.col("cached_tokens").fill_null(0))
+        .collect()
+        .iter_rows()
+    )
     good = (
-        frame.filter(pl.col("worker_id").is_not_null() & pl.col("error").is_null())
-        .with_columns(
-            pl.concat_str([run, pl.col("trace_id")], separator="/").alias("trace_id"),
-            pl.concat_str([run, pl.col("root_trace_id")], separator="/").alias("root_trace_id"),
-            pl.concat_str([run, pl.col("parent_trace_id")], separator="/").alias("parent_trace_id"),
-        )
+        served.filter(pl.col("error").is_null())
         .sort(["trace_id", "step", "attempt"])
         .unique(subset=["trace_id", "step"], keep="last")
         .select(
@@ -74,7 +82,6 @@ def shapes_from_steps(steps: pl.LazyFrame, max_gap_s: float = 300.0) -> list[Tra
             "step",
             "prompt_tokens",
             "output_tokens",
-            "cached_tokens",
             "tool_time_s",
             "started_at",
         )
@@ -111,7 +118,7 @@ def shapes_from_steps(steps: pl.LazyFrame, max_gap_s: float = 300.0) -> list[Tra
                     new_prompt_tokens=new, output_tokens=max(1, row.output), tool_gap_s=round(gap, 3), fan_out=fan_out
                 )
             )
-        shared = min(system, kept[0].cached) if prefix == 0 else 0
+        shared = min(system, first_cached[trace_id]) if prefix == 0 else 0
         return TraceShape(
             trace_id=trace_id.replace("/", "-"),
             system_prompt_tokens=system,

@@ -10,22 +10,23 @@ from pronk.agents.step_records import StepRecord, steps_ndjson
 from pronk.herd.profile import NoStepRecords, profile_steps, scan_steps
 from pronk.settings import get_settings
 
+SERVED = {"worker_id": "w0", "model_version": "m/1", "engine_time_s": 0.1, "custom_id": "x"}
+
 
 def records() -> list[StepRecord]:
     """Root trace `a` (3 steps, a failed attempt, one child), its child `a.1.0` (2 steps) and root `b` (1 step)."""
-    served = {"worker_id": "w0", "model_version": "m/1", "engine_time_s": 0.1, "custom_id": "x"}
     return [
         StepRecord("a", 0, "a", prompt_tokens=100, output_tokens=10, tool_name="sql", tool_time_s=0.5,
-                   tool_ok=True, started_at=0.0, **served),
+                   tool_ok=True, started_at=0.0, **SERVED),
         StepRecord("a", 1, "a", prompt_tokens=130, cached_tokens=96, output_tokens=20, tool_name="spawn_subagents",
-                   tool_time_s=1.0, tool_ok=True, started_at=1.0, **served),
+                   tool_time_s=1.0, tool_ok=True, started_at=1.0, **SERVED),
         StepRecord("a", 2, "a", attempt=0, error="unparsable step output", prompt_tokens=200, started_at=2.9),
         StepRecord("a", 2, "a", attempt=1, prompt_tokens=200, cached_tokens=128, host_tier_tokens=128,
-                   output_tokens=5, started_at=3.0, **served),
-        StepRecord("a.1.0", 0, "a", parent_trace_id="a", prompt_tokens=150, output_tokens=8, started_at=2.0, **served),
+                   output_tokens=5, started_at=3.0, **SERVED),
+        StepRecord("a.1.0", 0, "a", parent_trace_id="a", prompt_tokens=150, output_tokens=8, started_at=2.0, **SERVED),
         StepRecord("a.1.0", 1, "a", parent_trace_id="a", prompt_tokens=170, output_tokens=4, started_at=2.5,
-                   **served),
-        StepRecord("b", 0, "b", prompt_tokens=120, output_tokens=6, started_at=0.5, **served),
+                   **SERVED),
+        StepRecord("b", 0, "b", prompt_tokens=120, output_tokens=6, started_at=0.5, **SERVED),
     ]  # fmt: skip
 
 
@@ -119,6 +120,12 @@ def test_shapes_rebuild_the_traces(tmp_path):
     shared[4].cached_tokens = 128  # the child's first found its parent's prefix: nothing shared with others
     a, b = shapes_from_steps(scan_steps([write(tmp_path / "shared_steps.jsonl", shared)], get_settings()))
     assert (a.shared_prefix_tokens, a.steps[1].fan_out[0].shared_prefix_tokens, b.shared_prefix_tokens) == (0, 0, 64)
+    retried = [*shared[:-1], StepRecord("b", 0, "b", attempt=0, error="unparsable step output", prompt_tokens=120,
+                                        cached_tokens=64, output_tokens=6, started_at=0.5, **SERVED),
+               StepRecord("b", 0, "b", attempt=1, prompt_tokens=120, cached_tokens=112, output_tokens=6,
+                          started_at=0.7, **SERVED)]  # fmt: skip
+    _, b = shapes_from_steps(scan_steps([write(tmp_path / "retried_steps.jsonl", retried)], get_settings()))
+    assert b.shared_prefix_tokens == 64  # the retry found its own first attempt's prefix: only the first counts
     again = relabel(shapes, "t1")
     assert [s.trace_id for s in again] == ["t1-0000", "t1-0001"] and again[0].steps[1].fan_out[
         0
