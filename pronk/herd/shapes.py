@@ -58,17 +58,20 @@ def shapes_from_steps(steps: pl.LazyFrame, max_gap_s: float = 300.0) -> list[Tra
     """
     frame = steps if "_run" in steps.collect_schema().names() else steps.with_columns(pl.lit(0).alias("_run"))
     run = pl.col("_run").cast(pl.String)
-    served = frame.filter(pl.col("worker_id").is_not_null()).with_columns(
-        pl.concat_str([run, pl.col("trace_id")], separator="/").alias("trace_id"),
-        pl.concat_str([run, pl.col("root_trace_id")], separator="/").alias("root_trace_id"),
-        pl.concat_str([run, pl.col("parent_trace_id")], separator="/").alias("parent_trace_id"),
+    served = (
+        frame.filter(pl.col("worker_id").is_not_null())
+        .with_columns(
+            pl.concat_str([run, pl.col("trace_id")], separator="/").alias("trace_id"),
+            pl.concat_str([run, pl.col("root_trace_id")], separator="/").alias("root_trace_id"),
+            pl.concat_str([run, pl.col("parent_trace_id")], separator="/").alias("parent_trace_id"),
+        )
+        .collect()
     )
     first_cached = dict(
         served.filter(pl.col("step") == 0)
         .sort(["trace_id", "attempt"])
         .unique(subset=["trace_id"], keep="first")
         .select("trace_id", pl.col("cached_tokens").fill_null(0))
-        .collect()
         .iter_rows()
     )
     good = (
@@ -85,7 +88,6 @@ def shapes_from_steps(steps: pl.LazyFrame, max_gap_s: float = 300.0) -> list[Tra
             "tool_time_s",
             "started_at",
         )
-        .collect()
     )
     by_trace, parents = _trace_steps(good)
     children: dict[str, list[str]] = defaultdict(list)
