@@ -200,7 +200,7 @@ class VllmBackend:
 
     def _sampling_params(self, spec: SamplingSpec):
         from vllm import SamplingParams
-        from vllm.sampling_params import StructuredOutputsParams
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         structured = StructuredOutputsParams(json=spec.json_schema) if spec.json_schema else None
         # On CPU a seed is dropped (OpenAI's `seed` is best effort): vLLM's CPU sampler cannot rewind a seeded
@@ -215,6 +215,10 @@ class VllmBackend:
             stop=spec.stop,
             ignore_eos=spec.ignore_eos,
             structured_outputs=structured,
+            # A step's answer is its final output. vLLM's default hands the front end a cumulative output for every
+            # token (a copy of the tokens so far, a wake of the step's coroutine), CPU taken from the engines' cores
+            # on a machine where they share them; its own OpenAI server asks for the final one only too.
+            output_kind=RequestOutputKind.FINAL_ONLY,
         )
 
     def prompt_token_ids(self, request: StepRequest) -> list[int]:

@@ -98,3 +98,13 @@ def test_a_seed_reaches_vllm_only_where_its_sampler_can_use_it(seeded_sampling, 
     backend = VllmBackend("m", "m/1", "w0", JOB, {}, seeded_sampling=seeded_sampling)
     params = backend._sampling_params(SamplingSpec(max_tokens=4, temperature=temperature, seed=5))
     assert params.seed == sent
+
+
+def test_a_step_asks_vllm_for_its_final_output_only():
+    """The worker answers a step once, at its end: vLLM need not make an output for every token on the way."""
+    from vllm.sampling_params import RequestOutputKind
+
+    from engine.protocol import SamplingSpec
+
+    backend = VllmBackend("m", "m/1", "w0", JOB, {})
+    assert backend._sampling_params(SamplingSpec(max_tokens=4)).output_kind == RequestOutputKind.FINAL_ONLY
