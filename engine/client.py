@@ -4,11 +4,9 @@ system's trust store (`engine.tls`)."""
 
 from __future__ import annotations
 
-import ssl
 from pathlib import Path
 
 import httpx
-from httpx_aiohttp import AiohttpTransport
 from pydantic import BaseModel
 
 from engine.auth import auth_headers
@@ -46,24 +44,15 @@ class WeightsRefused(EngineError):
     attempt cannot make it fit."""
 
 
-def step_http_client(
-    timeout_s: float, headers: dict[str, str] | None = None, verify: ssl.SSLContext | bool = True
-) -> httpx.AsyncClient:
-    """An HTTP client for many concurrent step requests: httpx's API over aiohttp's transport (`httpx_aiohttp`, by an
-    httpx maintainer). httpx's own connection pool took 2.2-3.3 ms of CPU a request on the development machine,
-    aiohttp's 0.3-0.6 ms (bench/RESULTS.md): CPU that a router, a batch flow or a benchmark's loop takes from the
-    engines it feeds. Transport errors still arrive as httpx's."""
-    return httpx.AsyncClient(
-        timeout=httpx.Timeout(timeout_s, connect=5.0),
-        headers=headers,
-        transport=AiohttpTransport(verify=verify, limits=httpx.Limits(max_connections=1024)),
-    )
-
-
 class WorkerClient:
     def __init__(self, token: str, timeout_s: float = 600.0, ca_file: str | Path | None = None):
         """`ca_file`: the CA bundle `https://` workers' certificates are verified against (unset: the system's)."""
-        self._http = step_http_client(timeout_s, auth_headers(token), verify_context(ca_file))
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout_s, connect=5.0),
+            limits=httpx.Limits(max_connections=1024),
+            headers=auth_headers(token),
+            verify=verify_context(ca_file),
+        )
 
     async def generate(self, url: str, request: StepRequest) -> StepResult:
         try:

@@ -17,7 +17,8 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-from engine.client import step_http_client
+import httpx
+
 from engine.protocol import StepRequest, StepResult
 from pronk.agents.replay import TraceRecord, run_shape
 from pronk.agents.tool_gaps import ToolGaps
@@ -32,7 +33,9 @@ class OpenAIServers:
         self.urls = urls
         self.model = model
         self._next = itertools.cycle(range(len(urls)))
-        self._http = step_http_client(600.0)  # the client pronk's router uses: the two loops cost the same
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(600.0, connect=5.0), limits=httpx.Limits(max_connections=1024)
+        )
 
     async def finish(self, trace_id: str) -> None:
         """A trace ended; stock servers keep no per-trace state."""
