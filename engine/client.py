@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from engine.auth import auth_headers
 from engine.errors import EngineError
+from engine.http_transport import many_requests_client
 from engine.protocol import (
     ReloadRequest,
     ReloadResult,
@@ -47,12 +48,7 @@ class WeightsRefused(EngineError):
 class WorkerClient:
     def __init__(self, token: str, timeout_s: float = 600.0, ca_file: str | Path | None = None):
         """`ca_file`: the CA bundle `https://` workers' certificates are verified against (unset: the system's)."""
-        self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout_s, connect=5.0),
-            limits=httpx.Limits(max_connections=1024),
-            headers=auth_headers(token),
-            verify=verify_context(ca_file),
-        )
+        self._http = many_requests_client(timeout_s, verify_context(ca_file), auth_headers(token))
 
     async def generate(self, url: str, request: StepRequest) -> StepResult:
         try:

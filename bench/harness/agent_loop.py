@@ -17,9 +17,9 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-import httpx
-
+from engine.http_transport import many_requests_client
 from engine.protocol import StepRequest, StepResult
+from engine.tls import verify_context
 from pronk.agents.replay import TraceRecord, run_shape
 from pronk.agents.tool_gaps import ToolGaps
 from pronk.protocol.shapes import TraceShape
@@ -33,9 +33,8 @@ class OpenAIServers:
         self.urls = urls
         self.model = model
         self._next = itertools.cycle(range(len(urls)))
-        self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(600.0, connect=5.0), limits=httpx.Limits(max_connections=1024)
-        )
+        # The client pronk's workers are called by (`engine.client`): the two loops pay the same CPU a request.
+        self._http = many_requests_client(600.0, verify_context(None))
 
     async def finish(self, trace_id: str) -> None:
         """A trace ended; stock servers keep no per-trace state."""

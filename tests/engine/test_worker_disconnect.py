@@ -1,4 +1,6 @@
-"""A step whose caller gave up is cancelled in the worker, so the engine aborts it instead of generating for no one."""
+"""A step whose caller gave up is cancelled in the worker, so the engine aborts it instead of generating for no one.
+The caller is the workers' own client (`engine.client.WorkerClient`, over `engine.http_transport`): a request it
+gives up on must close its connection for the worker to see it go."""
 
 import asyncio
 import contextlib
@@ -8,6 +10,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 
+from engine.client import WorkerClient
 from engine.worker import free_port, until_disconnected
 
 
@@ -40,15 +43,17 @@ def test_a_step_is_cancelled_when_its_caller_disconnects_and_finishes_when_it_st
                 break
             await asyncio.sleep(0.02)
         url = f"http://127.0.0.1:{port}/generate"
+        workers = WorkerClient("token")  # the test app asks for none
         try:
-            async with httpx.AsyncClient() as client:
-                with pytest.raises(httpx.ReadTimeout):
-                    await client.post(url, params={"seconds": 30}, timeout=0.3)
-                await asyncio.wait_for(cancelled.wait(), timeout=5)
-                assert events == ["cancelled"]
-                answer = await client.post(url, params={"seconds": 0.1}, timeout=5)
-                assert answer.json() == {"slept": 0.1} and events == ["cancelled", "finished"]
+            client = workers._http
+            with pytest.raises(httpx.ReadTimeout):
+                await client.post(url, params={"seconds": 30}, timeout=0.3)
+            await asyncio.wait_for(cancelled.wait(), timeout=5)
+            assert events == ["cancelled"]
+            answer = await client.post(url, params={"seconds": 0.1}, timeout=5)
+            assert answer.json() == {"slept": 0.1} and events == ["cancelled", "finished"]
         finally:
+            await workers.aclose()
             server.should_exit = True
             with contextlib.suppress(asyncio.CancelledError):
                 await serving
