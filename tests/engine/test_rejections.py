@@ -108,3 +108,45 @@ def test_a_step_asks_vllm_for_its_final_output_only():
 
     backend = VllmBackend("m", "m/1", "w0", JOB, {})
     assert backend._sampling_params(SamplingSpec(max_tokens=4)).output_kind == RequestOutputKind.FINAL_ONLY
+
+
+class RecordingEngine:
+    model_config = SimpleNamespace(max_model_len=64)
+
+    def __init__(self):
+        self.prompts: list = []
+
+    async def generate(self, prompt, params, request_id):
+        self.prompts.append(prompt)
+        completion = SimpleNamespace(text="ok", token_ids=[7], finish_reason="stop")
+        yield SimpleNamespace(
+            outputs=[completion], metrics=None, prompt_token_ids=[1, 2], num_cached_tokens=0, kv_transfer_params=None
+        )
+
+
+def test_a_step_reaches_vllm_as_rendered_token_input(monkeypatch):
+    """Token ids go in as vLLM's own server sends them (`tokens_input`), not as a raw prompt vLLM would hand to its
+    tokenizer threads first."""
+    monkeypatch.setattr(VllmBackend, "_generation_version", lambda self, completion: "m/1")
+    engine = RecordingEngine()
+    backend = VllmBackend("m", "m/1", "w0", JOB, {}, _engine=engine)
+    result = asyncio.run(backend.generate(StepRequest(request_id="r", prompt_token_ids=[1, 2])))
+    assert engine.prompts == [{"type": "token", "prompt_token_ids": [1, 2]}] and result.token_ids == [7]
+
+
+def test_a_workers_engine_keeps_the_stats_its_stats_read_and_no_prometheus_metrics():
+    """vLLM adds a Prometheus logger to every engine unless given one: the worker's stand-in records nothing, while
+    the snapshot behind /stats gets every scheduler report."""
+    from vllm.v1.metrics.loggers import PrometheusStatLogger, StatLoggerManager
+    from vllm.v1.metrics.stats import PrefixCacheStats, SchedulerStats
+
+    snapshot = vllm_backend.SchedulerSnapshot()
+    factories = [vllm_backend._stat_logger_factory(snapshot), vllm_backend._no_prometheus_logger()]
+    manager = StatLoggerManager(SimpleNamespace(), custom_stat_loggers=factories, enable_default_loggers=False)
+    prometheus = [logger for logger in manager.stat_loggers if isinstance(logger, PrometheusStatLogger)]
+    assert [type(logger).__name__ for logger in prometheus] == ["NoPrometheus"]
+    stats = SchedulerStats(
+        num_running_reqs=3, kv_cache_usage=0.5, prefix_cache_stats=PrefixCacheStats(queries=8, hits=6)
+    )
+    manager.record(stats, None)
+    assert (snapshot.running, snapshot.kv_cache_usage, snapshot.prefix_cache_hits) == (3, 0.5, 6)

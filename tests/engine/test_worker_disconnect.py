@@ -9,9 +9,14 @@ import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request
+from pydantic import BaseModel
 
 from engine.client import WorkerClient
 from engine.worker import free_port, until_disconnected
+
+
+class Step(BaseModel):
+    seconds: float
 
 
 def test_a_step_is_cancelled_when_its_caller_disconnects_and_finishes_when_it_stays():
@@ -31,8 +36,9 @@ def test_a_step_is_cancelled_when_its_caller_disconnects_and_finishes_when_it_st
     app = FastAPI()
 
     @app.post("/generate")
-    async def generate(http: Request, seconds: float) -> dict:
-        return await until_disconnected(http, work(seconds), poll_s=0.05)
+    async def generate(step: Step, http: Request) -> dict:
+        """A body, read before the work starts, as a worker reads its step."""
+        return await until_disconnected(http, work(step.seconds))
 
     async def scenario() -> None:
         port = free_port()
@@ -47,10 +53,10 @@ def test_a_step_is_cancelled_when_its_caller_disconnects_and_finishes_when_it_st
         try:
             client = workers._http
             with pytest.raises(httpx.ReadTimeout):
-                await client.post(url, params={"seconds": 30}, timeout=0.3)
+                await client.post(url, json={"seconds": 30}, timeout=0.3)
             await asyncio.wait_for(cancelled.wait(), timeout=5)
             assert events == ["cancelled"]
-            answer = await client.post(url, params={"seconds": 0.1}, timeout=5)
+            answer = await client.post(url, json={"seconds": 0.1}, timeout=5)
             assert answer.json() == {"slept": 0.1} and events == ["cancelled", "finished"]
         finally:
             await workers.aclose()
