@@ -1,7 +1,7 @@
 """httpx's API over aiohttp's connection pool, for clients that send many small concurrent requests: the workers'
 client (`engine.client`) and the benchmark's stock agent loop.
 
-httpx's own pool took 2.2-3.3 ms of CPU a step request on the development machine, aiohttp's 0.2-0.6 ms
+httpx's own pool took 2.2-3.3 ms of CPU a step request on the development machine, this transport 0.3-0.6 ms
 (bench/RESULTS.md): CPU that a router, a batch flow or a benchmark's loop takes from the engines it feeds. Callers
 keep httpx's requests, responses and errors: every aiohttp error arrives as the httpx error that names the same
 failure (a refused connection or certificate is `httpx.ConnectError`, a worker that stops answering a
