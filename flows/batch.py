@@ -26,6 +26,7 @@ from pronk.batches.schemas import TERMINAL_STATUSES
 from pronk.batches.store import BatchStore
 from pronk.batches.traces import scratch_dir
 from pronk.control.artifacts import ProgressArtifact, publish_batch_report, publish_summary
+from pronk.control.dead_runs import record_process
 from pronk.control.trace_sample import publish_traces
 from pronk.errors import PronkError
 from pronk.herd.profile import in_flight_start
@@ -81,6 +82,7 @@ def run_name() -> str:
     log_prints=False,
     on_failure=[_end_on_failure],
     on_cancellation=[_end_on_cancellation],
+    on_running=[record_process],
 )
 async def run_batch(
     input_uri: str,

@@ -17,6 +17,7 @@ from prefect import flow, get_run_logger
 from flows.batch import run_batch
 from pronk.batches.queue import BatchQueue, Entry, runnable
 from pronk.batches.store import BatchStore
+from pronk.control.dead_runs import record_process
 from pronk.settings import get_settings
 from pronk.stack.prefect_env import show_pronk_logs
 
@@ -24,7 +25,7 @@ POLL_S = 0.5
 """How often the drainer looks at the queue while it waits (a listing of one folder of the store)."""
 
 
-@flow(name="drain-batch-queue", log_prints=False)
+@flow(name="drain-batch-queue", log_prints=False, on_running=[record_process])
 async def drain_batch_queue() -> dict[str, int]:
     """Run the API's queued batches in order, `batch_queue_concurrency` at once, until the queue stays empty."""
     show_pronk_logs()

@@ -18,6 +18,7 @@ from pronk import storage
 from pronk.batches.run import end_batch
 from pronk.control import flow_runs
 from pronk.control.calls import best_effort
+from pronk.control.dead_runs import record_process
 from pronk.enrich import open_run
 from pronk.enrich import run as enrich_run
 from pronk.enrich.history import EnrichRun, summary_markdown
@@ -32,7 +33,7 @@ from tasks.enrich import plan_rows, read_answers
 PREVIEW_ROWS = 20
 
 
-@flow(name="enrich-table", log_prints=False)
+@flow(name="enrich-table", log_prints=False, on_running=[record_process])
 async def enrich_table(spec: str, limit: int | None = None, batch_id: str | None = None) -> dict:
     """Fill a table's output columns with agents for the rows that are new or changed since the last run."""
     show_pronk_logs()

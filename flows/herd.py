@@ -10,6 +10,7 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
+from pronk.control.dead_runs import record_process
 from pronk.herd.tuner import TuneConfig, Tuner, chosen_knobs
 from pronk.jobs.files import get_job
 from pronk.settings import get_settings
@@ -17,7 +18,7 @@ from pronk.stack.prefect_env import show_pronk_logs
 from tasks.herd import apply_winner, herd_trial, profile_job
 
 
-@flow(name="herd", log_prints=False)
+@flow(name="herd", log_prints=False, on_running=[record_process])
 def herd(
     job_id: str,
     budget_minutes: float = 10.0,

@@ -17,6 +17,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import acreate_table_artifact
 
 from flows.leap import leap
+from pronk.control.dead_runs import record_process
 from pronk.jobs.files import get_job
 from pronk.jobs.schema import ImproveConfig, JobConfig
 from pronk.leap.records import LeapRecord, LeapStore
@@ -97,7 +98,7 @@ async def improve_round(
         await asyncio.to_thread(store.save, record)
 
 
-@flow(name="improve", log_prints=False)
+@flow(name="improve", log_prints=False, on_running=[record_process])
 async def improve(
     job_id: str,
     rounds: int | None = None,

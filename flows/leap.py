@@ -16,6 +16,7 @@ from prefect.artifacts import acreate_table_artifact
 
 from pronk.batches.schemas import CheckCounts
 from pronk.batches.traces import scratch_dir
+from pronk.control.dead_runs import record_process
 from pronk.jobs.files import get_job
 from pronk.leap import canary as canaries
 from pronk.leap import sequence as leaps
@@ -39,7 +40,7 @@ async def _publish(record: LeapRecord) -> None:
     )
 
 
-@flow(name="leap", log_prints=False)
+@flow(name="leap", log_prints=False, on_running=[record_process])
 async def leap(
     job_id: str,
     version: int | None = None,

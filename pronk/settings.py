@@ -120,7 +120,10 @@ class Settings(BaseSettings):
         description="How often `pronk api` looks for batches whose flow run ended without ending them (0: never).",
     )
     max_batch_runs: int = Field(
-        default=3, ge=1, description="Runs a batch may take: a crashed run is resumed until then, else it ends failed."
+        default=3,
+        ge=1,
+        description="Runs of a batch that may end without finishing a line: a crashed run is resumed until then, "
+        "else the batch ends failed. A run that persisted lines (cut short by a restart, say) does not count.",
     )
     api_run_start_attempts: int = Field(
         default=6,

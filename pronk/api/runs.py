@@ -13,6 +13,8 @@ from pronk.stack.deployments import DeploymentStarter
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
 
+    from pronk.control.dead_runs import DeadRun
+
 FLOW = "run-batch"
 RUN_BATCH = "run-batch/run-batch"
 DRAINER_FLOW = "drain-batch-queue"
@@ -39,7 +41,8 @@ async def resume_batch_run(runs: DeploymentStarter, batch: Batch, parameters: di
 
 
 class BatchFlowRuns:
-    """What the Prefect server knows of run-batch flow runs: which ended badly, and how many a batch has had."""
+    """What the Prefect server knows of the API's flow runs: which ended badly, which died without ending, the
+    batch queue's drainers, and how many runs a batch has had."""
 
     async def ended(self, limit: int = 200) -> list[FlowRun]:
         """The latest run-batch flow runs that crashed, failed or were cancelled."""
@@ -63,15 +66,19 @@ class BatchFlowRuns:
                 limit=limit,
             )
 
-    async def orphaned(self, limit: int = 50) -> list[FlowRun]:
-        """The run-batch subflow runs of the latest crashed batch-queue drainers that never ended: a killed drainer's
-        process took them along, and nothing else marks them."""
+    async def end_dead(self, judge_remote: bool) -> list[DeadRun]:
+        """Mark `Crashed` the runs of pronk's flows whose process is gone (`pronk.control.dead_runs`)."""
+        from pronk.control.dead_runs import end_dead_runs
+
+        return await end_dead_runs(judge_remote)
+
+    async def drainers(self) -> list[FlowRun]:
+        """The batch queue's drainers that have not ended: the one running, and those waiting for its slot."""
         from prefect import get_client
         from prefect.client.schemas.filters import (
             FlowFilter,
             FlowFilterName,
             FlowRunFilter,
-            FlowRunFilterParentFlowRunId,
             FlowRunFilterState,
             FlowRunFilterStateType,
         )
@@ -80,29 +87,12 @@ class BatchFlowRuns:
 
         unended = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.CANCELLING, StateType.PAUSED]
         async with get_client() as client:
-            drainers = await client.read_flow_runs(
-                flow_filter=FlowFilter(name=FlowFilterName(any_=[DRAINER_FLOW])),
-                flow_run_filter=FlowRunFilter(
-                    state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.CRASHED]))
-                ),
-                sort=FlowRunSort.EXPECTED_START_TIME_DESC,
-                limit=limit,
-            )
-            if not drainers:
-                return []
             return await client.read_flow_runs(
-                flow_filter=FlowFilter(name=FlowFilterName(any_=[FLOW])),
-                flow_run_filter=FlowRunFilter(
-                    parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[d.id for d in drainers]),
-                    state=FlowRunFilterState(type=FlowRunFilterStateType(any_=unended)),
-                ),
+                flow_filter=FlowFilter(name=FlowFilterName(any_=[DRAINER_FLOW])),
+                flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=unended))),
+                sort=FlowRunSort.EXPECTED_START_TIME_ASC,
+                limit=20,
             )
-
-    async def crash(self, flow_run_id: str, message: str) -> bool:
-        """Mark the flow run `Crashed` (best effort): its process is gone."""
-        from pronk.control.flow_runs import mark_crashed
-
-        return await mark_crashed(flow_run_id, message)
 
     async def count(self, batch_id: str) -> int:
         """How many flow runs the batch has had (each is named by the batch's id, a resumed one `<id>-run-<n>`)."""

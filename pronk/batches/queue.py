@@ -65,6 +65,11 @@ class BatchQueue:
         storage.delete(storage.join(self.root, entry.name), self.settings)
 
 
+def enqueued_at(name: str) -> float:
+    """When the entry was queued (seconds since the epoch), from its name."""
+    return int(name.split("-", 1)[0]) / 1e9
+
+
 def batch_id_of(name: str) -> str:
     """The batch id in an entry's name."""
     return name.split("-", 1)[-1].removesuffix(".json")

@@ -86,6 +86,11 @@ class ResultParts:
                 finished.setdefault(line.line, line)
         return finished
 
+    def productive_runs(self) -> int:
+        """How many runs persisted at least one line (a part is named `<run>-<seq>.jsonl`)."""
+        names = storage.list_names(self.root, self.settings)
+        return len({n.rsplit("-", 1)[0] for n in names if n.endswith(".jsonl")})
+
     def save_run(self, record: RunRecord) -> None:
         storage.write_bytes(
             storage.join(self.runs_root, f"{record.run}.json"), record.model_dump_json().encode(), self.settings

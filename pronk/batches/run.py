@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Literal
 
@@ -17,7 +18,7 @@ from engine.registry import WorkerEntry
 from pronk import storage
 from pronk.agents.checks import run_check
 from pronk.agents.harness import Harness
-from pronk.agents.outcomes import Completion, RequestOutcome
+from pronk.agents.outcomes import Completion, LineFailure, RequestOutcome
 from pronk.agents.step_records import StepRecord, ToolCallCounts, record_order, steps_ndjson
 from pronk.agents.tools.python_exec import PythonTool
 from pronk.batches.files import FileStore
@@ -48,6 +49,20 @@ STOP_ERRORS: dict[StopReason, tuple[str, str]] = {
     "expired": (ErrorCode.EXPIRED, "the batch's completion window ended before this request started"),
     "failed": (ErrorCode.RUN_FAILED, "the batch's run ended before this request finished"),
 }
+
+
+OUTAGE_RERUNS = 5
+"""How many times a line that found no worker to run it (`engine_unavailable`) runs again once one is back. A fleet
+that restarts (an operator's `pronk stack down`/`up`, a host rebooting) costs a line nothing within its batch's
+window; a line whose steps take down every worker they reach fails after this many tries."""
+OUTAGE_FIRST_WAIT_S, OUTAGE_MAX_WAIT_S = 1.0, 15.0
+"""The first wait for a worker to come back, and the most between two looks (the wait doubles)."""
+
+
+def fleet_outage(outcome: RequestOutcome) -> bool:
+    """The line failed because no worker could run its steps: the fleet's fault, not the line's."""
+    failure = outcome.result
+    return isinstance(failure, LineFailure) and failure.code == ErrorCode.ENGINE_UNAVAILABLE
 
 
 def finished_line(
@@ -188,6 +203,11 @@ class BatchRun:
                     return
                 outcome = await harness.run_line(request)
                 steps = harness.recorder.take_line(request.custom_id)
+                for _ in range(OUTAGE_RERUNS):
+                    if not fleet_outage(outcome) or not await self.fleet_back(live_workers):
+                        break
+                    outcome = await harness.run_line(request)
+                    steps = harness.recorder.take_line(request.custom_id)
                 self.in_flight.observe(steps, live_workers)
                 self.batch.in_flight = list(self.in_flight.points)
                 answer = outcome.result.text if isinstance(outcome.result, Completion) else None
@@ -197,6 +217,17 @@ class BatchRun:
         self.in_flight.retarget(live_workers)
         self.batch.in_flight = list(self.in_flight.points)
         await asyncio.gather(*(one(r) for r in self.todo[start:stop]))
+
+    async def fleet_back(self, live_workers: Callable[[], list[WorkerEntry]]) -> bool:
+        """Wait, backing off, until a worker of the job is live again; False when the run is told to stop or the
+        batch's window ends first."""
+        delay = OUTAGE_FIRST_WAIT_S
+        while self.stop_reason is None and (self.batch.expires_at is None or time.time() < self.batch.expires_at):
+            if live_workers():
+                return True
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, OUTAGE_MAX_WAIT_S)
+        return False
 
     def record(self, outcome: RequestOutcome, steps: list[StepRecord], checked: CheckResult | None = None) -> None:
         """A line finished: counted now, persisted with its step records and table row at the next flush."""

@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 
 from pronk.agents.step_records import ToolCallCounts
 from pronk.protocol.bodies import CHAT_COMPLETIONS_URL
+from pronk.protocol.error_codes import ErrorCode
 from pronk.protocol.ids import new_id
 
 BatchStatus = Literal[
@@ -181,8 +182,11 @@ class Batch(BatchObject):
         return BatchObject.model_validate(self.model_dump(include=set(BatchObject.model_fields)))
 
     def mark(self, status: BatchStatus) -> None:
-        """Move to `status` and stamp its `<status>_at` time."""
+        """Move to `status` and stamp its `<status>_at` time; a note on why it waited in the queue goes."""
         self.status = status
+        if self.errors is not None and status != "validating":
+            kept = [e for e in self.errors.data if e.code != ErrorCode.QUEUE_WAITING]
+            self.errors = BatchErrors(data=kept) if kept else None
         stamp = f"{status}_at"
         if stamp in type(self).model_fields and getattr(self, stamp) is None:
             setattr(self, stamp, int(time.time()))

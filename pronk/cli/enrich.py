@@ -30,9 +30,10 @@ def enrich_run(
     settings = get_settings()
     configure_prefect(settings)
     from flows.enrich import enrich_table
-    from pronk.enrich.open_run import EnrichRunning, read_open_run, this_process
+    from pronk.enrich.open_run import EnrichRunning, read_open_run
     from pronk.enrich.spec import EnrichSpecError, load_spec
     from pronk.enrich.table import results_uri
+    from pronk.host_process import HostProcess
     from pronk.protocol.ids import new_id
 
     try:
@@ -45,7 +46,7 @@ def enrich_run(
     def asking() -> str:
         """The batch this process asks: a run taking over a crashed one's runs on under that run's batch."""
         marker = read_open_run(results, settings)
-        return marker.batch_id if marker is not None and (marker.host, marker.pid) == this_process()[:2] else batch_id
+        return marker.batch_id if marker is not None and marker.process() == HostProcess.this() else batch_id
 
     with batch_progress(asking, name):
         try:

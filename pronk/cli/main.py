@@ -15,7 +15,7 @@ from pronk.cli.enrich import register as register_enrich_commands
 from pronk.cli.herd import register as register_herd_commands
 from pronk.cli.leap import register as register_leap_commands
 from pronk.cli.terminal import batch_progress, expected_failure, fail
-from pronk.settings import get_settings
+from pronk.settings import Settings, get_settings
 from pronk.stack.prefect_env import hide_tracebacks_of_refusals
 from pronk.worker_registry import worker_registry
 
@@ -117,6 +117,35 @@ def stack_status() -> None:
             typer.echo(
                 f"{entry.worker_id:24} {entry.url}  {entry.stats.model_version}  in flight {entry.stats.in_flight}"
             )
+    if state:
+        for line in queue_lines(settings):
+            typer.echo(line)
+
+
+def queue_lines(settings: Settings) -> list[str]:
+    """The batch queue: how many batches wait and for how long, and its drainers (the one running, those waiting)."""
+    import asyncio
+
+    from pronk.api.runs import BatchFlowRuns
+    from pronk.batches.queue import BatchQueue, enqueued_at
+    from pronk.control.calls import best_effort
+    from pronk.stack.prefect_env import configure_prefect
+
+    names = BatchQueue(settings).names()
+    oldest = f", the oldest for {time.time() - enqueued_at(names[0]):.0f}s" if names else ""
+    lines = [f"batch queue: {len(names)} batches waiting{oldest}"]
+    configure_prefect(settings)
+    drainers = asyncio.run(best_effort("reading the batch queue's drainers", BatchFlowRuns().drainers()))
+    if drainers is None:
+        return [*lines, "drainers: Prefect did not answer"]
+    now = time.time()
+    for run in drainers:
+        state = run.state
+        since = f" for {now - state.timestamp.timestamp():.0f}s" if state is not None else ""
+        lines.append(f"drainer {run.name}: {state.name if state is not None else 'unknown'}{since}")
+    if not drainers:
+        lines.append("drainer: none running or waiting")
+    return lines
 
 
 @model_app.command("make-tiny")

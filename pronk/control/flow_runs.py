@@ -8,7 +8,7 @@ are bounded and best effort (`best_effort`): a Prefect server that is away costs
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 from pronk.control.calls import best_effort
 
@@ -26,16 +26,24 @@ async def flow_run_state(flow_run_id: str) -> str | None:
     return await best_effort(f"reading flow run {flow_run_id}", _state_type(flow_run_id))
 
 
-async def _set_crashed(flow_run_id: str, message: str) -> bool:
+async def _set_ended(flow_run_id: str, state: Literal["CRASHED", "CANCELLED"], message: str) -> bool:
     from prefect import get_client
     from prefect.client.schemas.responses import SetStateStatus
-    from prefect.states import Crashed
+    from prefect.states import Cancelled, Crashed, State
 
+    ended: State[Any] = Crashed(message=message) if state == "CRASHED" else Cancelled(message=message)
     async with get_client() as client:
-        result: Any = await client.set_flow_run_state(uuid.UUID(flow_run_id), Crashed(message=message), force=True)
+        result: Any = await client.set_flow_run_state(uuid.UUID(flow_run_id), ended, force=True)
     return result.status == SetStateStatus.ACCEPT
 
 
+async def mark_ended(flow_run_id: str, state: Literal["CRASHED", "CANCELLED"], message: str) -> bool:
+    """Set the flow run `Crashed` (or `Cancelled`) with the message, which gives back any concurrency slot it holds;
+    False when Prefect refused or did not answer."""
+    what = f"marking flow run {flow_run_id} {state.lower()}"
+    return bool(await best_effort(what, _set_ended(flow_run_id, state, message)))
+
+
 async def mark_crashed(flow_run_id: str, message: str) -> bool:
-    """Set the flow run `Crashed` with the message; False when Prefect refused or did not answer."""
-    return bool(await best_effort(f"marking flow run {flow_run_id} crashed", _set_crashed(flow_run_id, message)))
+    """`mark_ended` as `Crashed`: its process is gone."""
+    return await mark_ended(flow_run_id, "CRASHED", message)

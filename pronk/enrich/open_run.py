@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
@@ -32,6 +29,7 @@ from pronk.batches.run import end_batch
 from pronk.batches.schemas import TERMINAL_STATUSES, Batch
 from pronk.batches.store import BatchStore
 from pronk.errors import PronkError
+from pronk.host_process import HostProcess
 from pronk.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -66,6 +64,9 @@ class OpenRun(BaseModel):
     """The process's start time (clock ticks since boot, from /proc), so a reused pid is not taken for it."""
     started_at: str
 
+    def process(self) -> HostProcess:
+        return HostProcess(self.host, self.pid, self.pid_started)
+
     def describe(self) -> str:
         flow_run = f"flow run {self.flow_run_id}" if self.flow_run_id else "a run outside Prefect"
         return f"{flow_run} (run {self.run_id}, pid {self.pid} on {self.host}, since {self.started_at})"
@@ -94,44 +95,11 @@ def close(results: str, run_id: str, settings: Settings) -> None:
         storage.delete(marker_uri(results), settings)
 
 
-def process_started(pid: int) -> int | None:
-    """When the process started (clock ticks since boot), or None where /proc cannot say."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return None
-    # Field 22 (starttime); the command name (field 2) may hold spaces and parentheses, so count from its end.
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
-
-
-def process_alive(pid: int, started: int | None) -> bool:
-    """Whether process `pid` of this host still runs, and is the one that started at `started` (when known)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # it exists, under another user
-    now = process_started(pid)
-    return started is None or now is None or now == started
-
-
-def this_process() -> tuple[str, int, int | None]:
-    pid = os.getpid()
-    return socket.gethostname(), pid, process_started(pid)
-
-
 def is_gone(marker: OpenRun, flow_run_state: str | None) -> bool:
     """Whether the marker's run no longer runs: its flow run ended, or (same host) its process is gone."""
     if flow_run_state in ENDED_FLOW_RUN_STATES:
         return True
-    if marker.host == socket.gethostname():
-        return not process_alive(marker.pid, marker.pid_started)
-    return False  # another host, and Prefect does not show its flow run ended: it may well be running
+    return marker.process().alive() is False  # another host (None): Prefect does not show it ended, it may run
 
 
 async def check_earlier(
@@ -161,44 +129,6 @@ def _crash_message(marker: OpenRun) -> str:
         f"its process (pid {marker.pid} on {marker.host}) is gone; run {marker.run_id} of enrichment {marker.spec} "
         "ended without finishing"
     )
-
-
-async def mark_dead_run(
-    results: str, settings: Settings, state_of: StateOf, mark_crashed: MarkCrashed
-) -> OpenRun | None:
-    """The marker under `results` of an enrichment run whose process is gone while Prefect still shows its flow run
-    running, that flow run now marked crashed; None when there is no such run.
-
-    Something always running calls it (the API's reconcile loop), so a killed run shows `Crashed` within a check or
-    two instead of `Running` until the enrichment's next run (a day, on a nightly schedule). It reads processes of
-    this host only: a run on another host is left to the next run (`check_earlier`). The marker stays, for the next
-    run to take over the dead run's batch.
-    """
-    marker = read_open_run(results, settings)
-    if marker is None or marker.flow_run_id is None or marker.host != socket.gethostname():
-        return None
-    state = await state_of(marker.flow_run_id)
-    if state is None or state in ENDED_FLOW_RUN_STATES or not is_gone(marker, state):
-        return None
-    await mark_crashed(marker.flow_run_id, _crash_message(marker))
-    return marker
-
-
-async def mark_dead_runs(
-    results: list[str], settings: Settings, state_of: StateOf, mark_crashed: MarkCrashed
-) -> list[str]:
-    """`mark_dead_run` for each results folder; the flow runs it marked crashed. One folder's trouble (a store that
-    does not answer) is logged and leaves the others alone."""
-    marked = []
-    for folder in results:
-        try:
-            dead = await mark_dead_run(folder, settings, state_of, mark_crashed)
-        except Exception as exc:  # noqa: BLE001 - the next check tries again
-            logger.warning("%s: looking for a dead enrichment run failed: %s: %s", folder, type(exc).__name__, exc)
-            continue
-        if dead is not None and dead.flow_run_id:
-            marked.append(dead.flow_run_id)
-    return marked
 
 
 @dataclass(slots=True)
@@ -272,7 +202,7 @@ def open_run(
 ) -> OpenRun:
     """Write the lines file and this run's marker (it replaces a dead run's, whose batch was settled first)."""
     storage.write_bytes(lines_uri, lines, settings)
-    host, pid, started = this_process()
+    process = HostProcess.this()
     marker = OpenRun(
         run_id=run_id,
         spec=spec,
@@ -280,9 +210,9 @@ def open_run(
         lines_uri=lines_uri,
         lines_sha256=lines_hash(lines),
         flow_run_id=flow_run_id,
-        host=host,
-        pid=pid,
-        pid_started=started,
+        host=process.host,
+        pid=process.pid,
+        pid_started=process.started,
         started_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
     storage.write_bytes(marker_uri(results), marker.model_dump_json().encode(), settings)

@@ -28,3 +28,5 @@ class ErrorCode:
     CANCELLED = "batch_cancelled"
     EXPIRED = "batch_expired"
     RUN_FAILED = "batch_run_failed"
+    QUEUE_WAITING = "batch_queue_waiting"
+    """Not an error line: a queued batch's note on why it still waits (`Batch.errors`, cleared once it runs)."""

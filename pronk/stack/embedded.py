@@ -35,6 +35,9 @@ from pronk.worker_token import worker_token
 log = logging.getLogger(__name__)
 WORK_POOL = "pronk"
 TRACE_SAMPLE_DRAWER = "trace-sample drawer"
+WORK_MAKERS = ("prefect-worker", "api")
+"""What `down` stops first: the processes that send steps to the engine workers (the Prefect worker's flow runs)
+or start runs (the API)."""
 DATABASE_URL_KEYS = ("PREFECT_API_DATABASE_CONNECTION_URL", "PREFECT_SERVER_DATABASE_CONNECTION_URL")
 
 
@@ -101,6 +104,24 @@ def start_prefect_server(settings: Settings, state: dict[str, int], database_url
         ]
         state["prefect-server"] = spawn(argv, log, env=env)
         wait_healthy(env["PREFECT_API_URL"] + "/health", "Prefect server", state["prefect-server"], log)
+
+
+def end_dead_flow_runs(settings: Settings) -> None:
+    """Mark crashed the flow runs a stopped stack left RUNNING on this host (`pronk.control.dead_runs`), so none holds
+    a deployment's concurrency slot; in a process of its own, as Prefect's settings are this stack's there. Trouble
+    is logged: the API's reconcile loop looks again every `reconcile_interval_s`."""
+    argv = [sys.executable, "-m", "pronk.control.dead_runs"]
+    try:
+        ended = subprocess.run(
+            argv, env={**os.environ, **prefect_environment(settings)}, capture_output=True, text=True, timeout=120
+        )
+    except subprocess.TimeoutExpired:
+        log.warning("looking for dead flow runs took over 120 s; the API's reconcile loop looks again")
+        return
+    if ended.returncode != 0:
+        log.warning("looking for dead flow runs failed: %s", ended.stderr.strip()[-2000:])
+    elif ended.stdout.strip():
+        log.warning("flow runs left by a stopped stack:\n%s", ended.stdout.strip())
 
 
 def deploy_flows(settings: Settings, state: dict[str, int]) -> None:
@@ -233,6 +254,7 @@ def up(
         # The workers load their model (the longest start) while Prefect, MLflow and the API start beside them.
         workers = spawn_job(job, settings, state)
         start_prefect_server(settings, state, database_url)
+        end_dead_flow_runs(settings)
         if mlflow_ui:
             start_mlflow_ui(settings, state)
         if deploy:
@@ -273,18 +295,23 @@ def stop_trace_sample_drawer(settings: Settings, timeout_s: float = 10.0, kill_t
 
 def down(settings: Settings) -> list[str]:
     """Stop everything `up` started and their process groups: the supervisor first (so it restarts nothing), then
-    the trace-sample drawer that flow runs started (before the Prefect server it draws for), then the workers (so they
-    withdraw from the registry and take vLLM's engine processes with them), then the rest, PostgreSQL last (its
-    clients first, so it has no sessions left to wait for). The processes of each wave stop together.
+    the trace-sample drawer that flow runs started (before the Prefect server it draws for), then what makes work (the
+    Prefect worker with its flow runs, and the API), while the engine workers still serve their steps: a step cut
+    off by a worker stopping first would end its line `engine_unavailable`, where a flow run stopped first leaves
+    the line for its batch's next run. Then the workers (so they withdraw from the registry and take vLLM's engine
+    processes with them), then the rest, PostgreSQL last (its clients first, so it has no sessions left to wait
+    for). The processes of each wave stop together.
     """
     state = read_state(settings)
     stopped = [SUPERVISOR] if SUPERVISOR in state else []
     stop_supervisor(settings, state)
     if stop_trace_sample_drawer(settings):
         stopped.append(TRACE_SAMPLE_DRAWER)
-    order = sorted(state, key=lambda name: (worker_of(name) is None, name == POSTGRES, name))
+    order = sorted(state, key=lambda name: (name not in WORK_MAKERS, worker_of(name) is None, name == POSTGRES, name))
     workers = [name for name in order if worker_of(name) is not None]
-    for wave in (workers, [n for n in order if n not in workers and n != POSTGRES], [POSTGRES]):
+    makers = [name for name in order if name in WORK_MAKERS]
+    rest = [n for n in order if n not in workers and n not in makers and n != POSTGRES]
+    for wave in (makers, workers, rest, [POSTGRES]):
         pids = {name: state[name] for name in wave if name in state}
         emptied = stop_groups(pids.values())  # a wave stops together
         for name, pid in pids.items():

@@ -24,6 +24,10 @@ TUNED_SERVER = {
     # A run waiting on its deployment's concurrency limit (the batch queue's next drainer) is offered again 5 s
     # later, not 30: it starts soon after the drainer before it ends.
     "PREFECT_SERVER_DEPLOYMENTS_CONCURRENCY_SLOT_WAIT_SECONDS": "5",
+    # A deployment's concurrency slot is a lease its flow run renews. Kept in memory (Prefect's default), a server
+    # restart forgets every lease: a run still alive is killed at its next renewal (410), and the slot of a run that
+    # died is never given back, so the next drainer waits for good (issue 65). On disk they outlive a restart.
+    "PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE": "prefect.server.concurrency.lease_storage.filesystem",
 }
 
 
@@ -74,6 +78,9 @@ def prefect_environment(settings: Settings) -> dict[str, str]:
         "PREFECT_SERVER_API_PORT": str(settings.prefect_port),
         "PREFECT_LOGGING_LEVEL": "WARNING",
         "PREFECT_UI_ENABLED": "true",
+        # A flow run's `prefect.flow-run.heartbeat` every 30 s (Prefect's least; its default is 180):
+        # `pronk.control.dead_runs` judges a run on another host dead after three missed.
+        "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30",
         **RUN_PAGE_LOGGING,
         **TUNED_SERVER,
     }

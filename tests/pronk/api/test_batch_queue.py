@@ -64,9 +64,15 @@ def test_a_burst_of_one_line_batches_queues_within_the_pool_limit_and_all_comple
     assert all(parent is not None for parent in runs.values())  # a subflow run of a drainer
 
 
-def test_a_killed_drainer_s_batches_are_resumed_and_end_with_one_line_each(stack):
-    """SIGKILL the drainer mid-way: its subflow runs are marked crashed by the reconcile loop and resumed as runs of
-    their own, which run only what no run persisted; every line still ends as exactly one output or error line."""
+def test_a_drainer_killed_with_its_prefect_worker_is_ended_and_its_batches_and_later_ones_complete(stack):
+    """SIGKILL the Prefect worker's process group mid-way, the drainer with it, as an ordinary `pronk stack down` did
+    in issue 65: no worker is left to mark the drainer crashed, and it held the deployment's only slot, so every later
+    batch waited for good. Now `pronk stack up` ends it at once (its recorded process is gone), its subflow runs are
+    resumed as runs of their own that run only what no run persisted, and a batch created after the kill runs too;
+    every line still ends as exactly one output or error line, and no run of pronk's flows is left unended."""
+    from pronk.control.dead_runs import find_dead
+    from pronk.stack import embedded
+
     client = openai.OpenAI(
         api_key=ApiKeyStore(stack).create(name="kill")[0], base_url=f"http://127.0.0.1:{stack.api_port}/v1"
     )
@@ -78,10 +84,14 @@ def test_a_killed_drainer_s_batches_are_resumed_and_end_with_one_line_each(stack
         for _ in range(2)
     ]
     wait_for(client, ids[0], lambda b: b.status in TERMINAL or b.request_counts.completed > 0)
-    (drainer,) = flow_run_pids(stack.data_dir)
-    os.kill(drainer, signal.SIGKILL)
-    for batch_id in ids:
+    assert len(flow_run_pids(stack.data_dir)) == 1
+    os.killpg(embedded.read_state(stack)["prefect-worker"], signal.SIGKILL)
+    one = client.files.create(file=("one.jsonl", slow_line("r0").encode()), purpose="batch")
+    ids.append(client.batches.create(input_file_id=one.id, endpoint=REPLAY_URL, completion_window="24h").id)  # type: ignore[arg-type]
+    embedded.up(stack, mlflow_ui=False)  # the worker starts again; the running parts are left alone
+    assert asyncio.run(find_dead(judge_remote=False)) == []
+    for batch_id, lines in zip(ids, (total, total, 1), strict=True):
         batch, _ = wait_for(client, batch_id, lambda b: b.status in TERMINAL, timeout_s=300)
         assert batch.status == "completed", batch
         outputs, errors = jsonl(client, batch.output_file_id), jsonl(client, batch.error_file_id)
-        assert sorted(line["custom_id"] for line in outputs + errors) == sorted(f"r{i}" for i in range(total))
+        assert sorted(line["custom_id"] for line in outputs + errors) == sorted(f"r{i}" for i in range(lines))

@@ -4,41 +4,40 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import subprocess
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
 from prefect.client.schemas.objects import StateType
 
 from pronk import storage
-from pronk.api.reconcile import Reconciler
+from pronk.api.reconcile import QUEUE_NOTE_AFTER_S, Reconciler
+from pronk.batches.queue import BatchQueue
 from pronk.batches.results import FinishedLine, ResultParts
 from pronk.batches.schemas import Batch
 from pronk.batches.store import BatchStore
-from pronk.control import flow_runs
-from pronk.enrich import open_run
-from pronk.enrich.open_run import OpenRun
-from pronk.protocol.lines import OutputLine, ResponseEnvelope
+from pronk.protocol.lines import OutputLine, ResponseEnvelope, error_line
 from pronk.settings import Settings
 
 
 class FakeRuns:
-    def __init__(self, ended: list[SimpleNamespace], counts: dict[str, int], orphans: list[SimpleNamespace] = []):  # noqa: B006
+    def __init__(self, ended: list[SimpleNamespace], counts: dict[str, int], dead: list[SimpleNamespace] = []):  # noqa: B006
         self._ended = ended
         self.counts = counts
-        self.orphans = orphans
+        self.dead = dead
+        self.judged_remote: list[bool] = []
         self.resumed: list[tuple[str, dict, int]] = []
 
-    async def orphaned(self) -> list[SimpleNamespace]:
-        return self.orphans
+    async def end_dead(self, judge_remote: bool) -> list[SimpleNamespace]:
+        """As Prefect does once pronk marks them: the dead runs are now among the ended runs, crashed."""
+        self.judged_remote.append(judge_remote)
+        marked, self.dead = self.dead, []
+        self._ended += [SimpleNamespace(**{**vars(run), "state_type": StateType.CRASHED}) for run in marked]
+        return marked
 
-    async def crash(self, flow_run_id: str, message: str) -> bool:
-        """As Prefect does: the marked subflow run is now among the ended runs, crashed."""
-        (orphan,) = [o for o in self.orphans if o.id == flow_run_id]
-        self.orphans.remove(orphan)
-        self._ended.append(SimpleNamespace(**{**vars(orphan), "state_type": StateType.CRASHED}))
-        return True
+    async def drainers(self) -> list[SimpleNamespace]:
+        return []
 
     async def ended(self) -> list[SimpleNamespace]:
         return self._ended
@@ -122,71 +121,78 @@ def test_a_crashed_run_is_resumed_until_the_limit_then_its_batch_ends_failed(tmp
     failed = store.load("batch_failed")
     outputs = [json.loads(x)["id"] for x in Path(failed.output_uri).read_text().splitlines()]
     assert outputs == ["batch_req_kept"] and (failed.request_counts.completed, failed.request_counts.failed) == (1, 0)
-    assert "run 3 of at most 3" in store.load("batch_crashed_too_often").errors.data[0].message
+    assert "3 runs ended without finishing a line; at most 3" in too_often.errors.data[0].message
     assert store.load("batch_moved_on").status == "in_progress"
     assert store.load("batch_cancelled").status == "cancelled"  # a cancel never leaves a batch `cancelling`
     assert asyncio.run(reconciler.check()) == []  # each ended flow run is acted on once
 
 
-def test_the_subflow_runs_of_a_crashed_drainer_are_marked_crashed_and_resumed(tmp_path):
+def test_a_run_whose_process_is_gone_is_marked_crashed_and_its_batch_resumed(tmp_path):
     """A killed drainer's process took its batch's subflow run along, still RUNNING: it is marked crashed and the
-    batch resumed as a run of its own."""
+    batch resumed as a run of its own. Runs on other hosts are judged by heartbeats only once the loop has watched
+    Prefect answer for longer than the heartbeats' window."""
     settings = Settings(data_dir=tmp_path, storage_uri=str(tmp_path / "store"), max_batch_runs=3)
     store = BatchStore(settings)
     batch = Batch(id="batch_orphan", input_file_id="in.jsonl", job_id="job-c0ffee01", model="pronk-tiny")
     batch.mark("in_progress")
     batch.flow_run_id = "subflow-run"
     store.save(batch)
-    runs = FakeRuns([], {}, orphans=[flow_run("subflow-run", "batch_orphan", StateType.RUNNING, "in.jsonl")])
+    runs = FakeRuns([], {}, dead=[flow_run("subflow-run", "batch_orphan", StateType.RUNNING, "in.jsonl")])
     reconciler = Reconciler(settings, runs, runs, store)
 
     assert asyncio.run(reconciler.check()) == ["batch_orphan"]
-    assert runs.orphans == [] and runs.resumed == [("batch_orphan", "run-batch/run-batch", "batch_orphan-run-2")]
+    assert runs.dead == [] and runs.resumed == [("batch_orphan", "run-batch/run-batch", "batch_orphan-run-2")]
     assert store.load("batch_orphan").flow_run_id == "resumed-batch_orphan-run-2"
+    assert runs.judged_remote == [False]  # its first check: it has not watched heartbeats long enough
+    reconciler.watching_since = time.monotonic() - 3600
+    asyncio.run(reconciler.check())
+    assert runs.judged_remote == [False, True]
 
 
-def test_a_dead_enrichment_run_is_marked_crashed_while_the_batch_check_keeps_failing(tmp_path, monkeypatch):
-    """The loop's two checks stand apart: a batch check that fails every time (a record that does not load, say) must
-    not leave a SIGKILLed enrichment's flow run Running for good."""
-    settings = Settings(data_dir=tmp_path, storage_uri=str(tmp_path / "store"), reconcile_interval_s=0.01)
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    results = storage.join(settings.store_uri, "enrichments", "killed")
-    marker = OpenRun(
-        run_id="run-1",
-        spec="killed",
-        batch_id="batch_dead",
-        lines_uri=storage.join(results, "inputs", "run-1.jsonl"),
-        lines_sha256="0" * 64,
-        flow_run_id="flow-run-of-the-killed-run",
-        host=socket.gethostname(),
-        pid=dead.pid,
-        started_at="2026-01-01T00:00:00+00:00",
+def test_a_crashed_run_that_finished_lines_does_not_count_against_the_batch_s_runs(tmp_path):
+    """A restart that cuts a run short costs the batch nothing: only runs that persisted no line count."""
+    settings = Settings(data_dir=tmp_path, storage_uri=str(tmp_path / "store"), max_batch_runs=2)
+    store = BatchStore(settings)
+    batch = Batch(id="batch_restarted", input_file_id="in.jsonl", job_id="job-c0ffee01", model="pronk-tiny")
+    batch.mark("in_progress")
+    batch.flow_run_id = "run-4"
+    store.save(batch)
+    kept = FinishedLine(line=1, output=error_line(1, "a", "x", "y"), ok=False)
+    for run in ("1700000000000-aaaaaa", "1700000000001-bbbbbb", "1700000000002-cccccc"):
+        ResultParts("batch_restarted", settings).write_part(run, 1, [kept])
+    runs = FakeRuns([flow_run("run-4", "batch_restarted", StateType.CRASHED, "in.jsonl")], {"batch_restarted": 4})
+
+    assert asyncio.run(Reconciler(settings, runs, runs, store).check()) == ["batch_restarted"]
+    assert runs.resumed == [("batch_restarted", "run-batch/run-batch", "batch_restarted-run-5")]
+
+
+def test_a_batch_queued_while_no_drainer_runs_says_why_and_the_note_goes_once_it_runs(tmp_path):
+    settings = Settings(data_dir=tmp_path, storage_uri=str(tmp_path / "store"))
+    store = BatchStore(settings)
+    batch = Batch(id="batch_waiting", input_file_id="in.jsonl", job_id="job-c0ffee01", model="pronk-tiny")
+    store.save(batch)
+    queue = BatchQueue(settings)
+    queue.put(batch, "in.jsonl")
+    (entry,) = queue.waiting()
+    queue.remove(entry)
+    old = f"{time.time_ns() - int((QUEUE_NOTE_AFTER_S + 5) * 1e9):020d}-{batch.id}.json"
+    storage.write_bytes(storage.join(queue.root, old), entry.run.model_dump_json().encode(), settings)
+    waiting = SimpleNamespace(
+        name="batch-queue-1",
+        state_type=StateType.SCHEDULED,
+        state=SimpleNamespace(name="AwaitingConcurrencySlot", timestamp=datetime.now(UTC)),
     )
-    storage.write_bytes(open_run.marker_uri(results), marker.model_dump_json().encode(), settings)
-    crashed: list[str] = []
-    marked = asyncio.Event()
 
-    async def state_of(flow_run_id: str) -> str:
-        return "CRASHED" if flow_run_id in crashed else "RUNNING"
+    class Drainers(FakeRuns):
+        async def drainers(self) -> list[SimpleNamespace]:
+            return [waiting]
 
-    async def mark_crashed(flow_run_id: str, message: str) -> bool:
-        crashed.append(flow_run_id)
-        marked.set()
-        return True
+    runs = Drainers([], {})
+    starts = SimpleNamespace(queue=queue, want_drainer=lambda: None)
+    asyncio.run(Reconciler(settings, runs, runs, store, starts).check())  # type: ignore[arg-type]
 
-    monkeypatch.setattr(flow_runs, "flow_run_state", state_of)
-    monkeypatch.setattr(flow_runs, "mark_crashed", mark_crashed)
-
-    class FailingRuns(FakeRuns):
-        async def ended(self) -> list[SimpleNamespace]:
-            raise ValueError("a batch record that does not load")
-
-    async def until_marked() -> None:
-        runs = FailingRuns([], {})
-        loop = asyncio.create_task(Reconciler(settings, runs, runs, BatchStore(settings)).loop())
-        await marked.wait()
-        loop.cancel()
-
-    asyncio.run(asyncio.wait_for(until_marked(), 10))
-    assert crashed == ["flow-run-of-the-killed-run"]
+    (note,) = store.load(batch.id).errors.data
+    assert note.code == "batch_queue_waiting" and "batch-queue-1 has been AwaitingConcurrencySlot" in note.message
+    noted = store.load(batch.id)
+    noted.mark("in_progress")
+    assert noted.errors is None

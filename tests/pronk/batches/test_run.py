@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from pronk import storage
 from pronk.agents.completions import failed_outcome
 from pronk.agents.outcomes import Completion, RequestOutcome, Usage
 from pronk.agents.step_records import StepRecord
+from pronk.batches import run as batch_run
 from pronk.batches.files import FileStore
 from pronk.batches.input import validate_input
 from pronk.batches.results import FinishedLine, ResultParts
@@ -184,3 +186,67 @@ def test_a_batch_without_tool_calls_has_no_validity():
     batch = Batch(input_file_id="file-x", job_id=JOB, model="pronk-tiny")
     assert batch.tool_calls.validity is None
     assert Batch.model_validate_json(batch.model_dump_json()).tool_calls == batch.tool_calls
+
+
+class FleetThatRestarts:
+    """A harness whose fleet is down until the router has looked for a live worker `down` times: until then each
+    line finds no worker (`engine_unavailable`)."""
+
+    def __init__(self, down: int):
+        self.down = down
+        self.looks = 0
+        self.tries: dict[str, int] = {}
+        self.recorder = self
+        self.router = self
+
+    def workers(self) -> list[str]:
+        self.looks += 1
+        return ["w1"] if self.looks > self.down else []
+
+    def take_line(self, custom_id: str) -> list:
+        return []
+
+    async def run_line(self, request) -> RequestOutcome:
+        self.tries[request.custom_id] = self.tries.get(request.custom_id, 0) + 1
+        if self.looks <= self.down:
+            return failed_outcome(request, "engine_unavailable", "no live worker for job job-c0ffee01")
+        return done(request, 10)[0]
+
+
+def test_a_line_that_found_no_worker_runs_again_once_the_fleet_is_back(tmp_path, monkeypatch):
+    """A fleet restart costs a line nothing: it runs again once a worker is live, up to `OUTAGE_RERUNS` times; a line
+    that takes the fleet down more often than that fails as before."""
+    monkeypatch.setattr(batch_run, "OUTAGE_FIRST_WAIT_S", 0.01)
+    _, _, batch, job, validated, _ = setup(tmp_path, lines=3)
+    run = BatchRun(batch, job, validated.requests, validated.errors)
+    harness = FleetThatRestarts(down=5)
+    asyncio.run(run.run_lines(harness, 0, len(run.todo)))  # type: ignore[arg-type]
+    assert [f.ok for f in run.finished.values()] == [True] * 3
+    assert min(harness.tries.values()) >= 2  # each ran again once the fleet was back
+
+    (tmp_path / "again").mkdir()
+    _, _, batch, job, validated, _ = setup(tmp_path / "again", lines=1)
+    run = BatchRun(batch, job, validated.requests, validated.errors)
+    always_down = FleetThatRestarts(down=10**9)
+    always_down.workers = lambda: ["w1"]  # type: ignore[method-assign]  # workers announce, yet every step fails
+    asyncio.run(run.run_lines(always_down, 0, len(run.todo)))  # type: ignore[arg-type]
+    (failed,) = run.finished.values()
+    assert not failed.ok and always_down.tries == {"r1": 1 + batch_run.OUTAGE_RERUNS}
+
+
+def test_a_line_waiting_for_the_fleet_stops_when_the_batch_is_cancelled(tmp_path, monkeypatch):
+    monkeypatch.setattr(batch_run, "OUTAGE_FIRST_WAIT_S", 0.01)
+    _, _, batch, job, validated, _ = setup(tmp_path, lines=1)
+    run = BatchRun(batch, job, validated.requests, validated.errors)
+    harness = FleetThatRestarts(down=10**9)
+
+    async def cancel_soon() -> None:
+        await asyncio.sleep(0.1)
+        run.stop_reason = "cancelled"
+
+    async def both() -> None:
+        await asyncio.gather(run.run_lines(harness, 0, 1), cancel_soon())  # type: ignore[arg-type]
+
+    asyncio.run(both())
+    (failed,) = run.finished.values()
+    assert not failed.ok and harness.tries == {"r1": 1}

@@ -156,27 +156,3 @@ def test_a_run_that_ends_removes_its_marker_and_never_another_runs(settings):
 def test_the_same_rows_make_the_same_lines_file(settings):
     assert the_lines("Acme", "Borealis") == the_lines("Acme", "Borealis")
     assert the_lines("Acme", "Borealis") != the_lines("Acme", "Borealis!")
-
-
-def test_the_reconcile_check_marks_a_killed_runs_flow_run_crashed_and_leaves_its_marker_for_the_next_run(settings):
-    """What the API's reconcile loop runs every `reconcile_interval_s`, so a SIGKILLed enrichment shows Crashed
-    within a minute, not at its next scheduled run."""
-    dead = killed_run(settings, the_lines("Acme"), finished=[])
-    results = storage.join(settings.store_uri, "enrichments", "t")
-
-    def marks(prefect: Prefect) -> list[str]:
-        return asyncio.run(open_run.mark_dead_runs([results], settings, prefect.state_of, prefect.mark_crashed))
-
-    running = Prefect("RUNNING")
-    assert marks(running) == [FLOW_RUN] and "run-1 of enrichment t ended without finishing" in running.crashed[0][1]
-    assert read_open_run(results, settings) == dead  # the next run still takes over its batch
-    for state in ("CRASHED", "COMPLETED", None):  # ended already, or Prefect does not answer: nothing to do
-        assert marks(Prefect(state)) == []
-
-    live = dead.model_copy(update={"pid": os.getpid(), "pid_started": open_run.process_started(os.getpid())})
-    elsewhere = dead.model_copy(update={"host": "another-host"})
-    for marker in (live, elsewhere):  # alive, or on a host whose processes this one cannot see
-        storage.write_bytes(open_run.marker_uri(results), marker.model_dump_json().encode(), settings)
-        assert marks(Prefect("RUNNING")) == []
-    storage.delete(open_run.marker_uri(results), settings)  # no run open: nothing to look at
-    assert marks(Prefect("RUNNING")) == []

@@ -45,7 +45,9 @@ def test_a_sigkilled_leader_leaves_its_child_and_kill_group_ends_it(tmp_path):
     assert not alive(child) and group_members(pid) == []
 
 
-def test_down_stops_the_supervisor_first_and_empties_every_recorded_group(tmp_path):
+def test_down_stops_the_supervisor_first_then_what_makes_work_and_empties_every_recorded_group(tmp_path):
+    """The API (and the Prefect worker with its flow runs) stop before the engine workers, so no step in flight is cut
+    off by a worker stopping under it."""
     settings = Settings(data_dir=tmp_path)
     state = {
         "supervisor": spawn([sys.executable, "-c", "import time; time.sleep(300)"], tmp_path / "supervisor.log"),
@@ -56,7 +58,7 @@ def test_down_stops_the_supervisor_first_and_empties_every_recorded_group(tmp_pa
     os.kill(state["job-c0ffee01-w1"], signal.SIGKILL)  # a dead worker whose child lives on
     write_state(settings, state)
     stopped = embedded.down(settings)
-    assert stopped == ["supervisor", "job-c0ffee01-w0", "job-c0ffee01-w1", "api"]
+    assert stopped == ["supervisor", "api", "job-c0ffee01-w0", "job-c0ffee01-w1"]
     assert all(group_members(pid) == [] for pid in state.values())
     assert read_state(settings) == {}
 
