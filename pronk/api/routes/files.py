@@ -18,11 +18,12 @@ from pronk.api.deps import FilesDep, OwnerDep, SettingsDep
 from pronk.api.errors import ApiError, not_found
 from pronk.batches.files import FileRecord, FileStore, UploadRejected
 from pronk.batches.schemas import FileObject, FilePurpose
+from pronk.protocol.ids import id_pattern
 
 router = APIRouter(prefix="/files", tags=["files"])
 
-ID_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"
-FileId = Annotated[str, Path(pattern=ID_PATTERN, description="The file's id.")]
+FILE_ID_PATTERN = id_pattern("file")
+FileId = Annotated[str, Path(pattern=FILE_ID_PATTERN, description="The file's id (`file_` and 24 hex digits).")]
 UPLOADABLE = ("batch",)
 MAX_FILENAME = 255
 """Characters of an uploaded file's name that are kept."""

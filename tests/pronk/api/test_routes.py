@@ -237,6 +237,32 @@ def test_a_model_served_by_several_jobs_goes_to_the_one_with_live_workers(api):
     assert created.json()["job_id"] == job
 
 
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/v1/files/{file}"),
+        ("GET", "/v1/files/{file}/content"),
+        ("DELETE", "/v1/files/{file}"),
+        ("GET", "/v1/batches/{batch}"),
+        ("POST", "/v1/batches/{batch}/cancel"),
+    ],
+)
+def test_a_malformed_id_is_a_400_and_a_well_formed_unknown_id_a_404(api, method, path):
+    client, alice, *_ = api
+    param = "batch_id" if "batches" in path else "file_id"
+    for file, batch in (("file-abc", "batch-abc"), ("nope", "nope"), ("file_" + "0" * 23, "batch_" + "A" * 24)):
+        error = assert_error(client.request(method, path.format(file=file, batch=batch), headers=alice), 400, param)
+        assert "pattern" in error["message"]
+    unknown = path.format(file="file_" + "0" * 24, batch="batch_" + "0" * 24)
+    assert assert_error(client.request(method, unknown, headers=alice), 404, param)["code"] == "not_found"
+
+
+def test_a_batch_on_a_malformed_input_file_id_is_a_400_and_on_an_unknown_one_a_404(api):
+    client, alice, *_ = api
+    assert_error(create(client, alice, "file-abc"), 400, "input_file_id")
+    assert_error(create(client, alice, "file_" + "0" * 24), 404, "file_id")
+
+
 def test_batches_list_newest_first_with_cursor_pagination(api):
     client, alice, bob, _, _ = api
     file_id = upload(client, alice, line(0)).json()["id"]
