@@ -161,6 +161,14 @@ async def _create_batch(
         raise ApiError(
             400, f"File {file.id} has purpose {file.purpose!r}; a batch needs purpose 'batch'.", param="input_file_id"
         )
+    if not file.lines:
+        raise ApiError(
+            400,
+            f"File {file.id} has no request lines: a batch needs at least one; upload a file with one JSON request a "
+            "line.",
+            param="input_file_id",
+            code="empty_file",
+        )
     if body.endpoint not in SERVED_URLS:
         raise ApiError(
             400, f"Endpoint {body.endpoint[:80]!r} is not served; use one of {list(SERVED_URLS)}.", param="endpoint"

@@ -89,7 +89,8 @@ UPLOAD_FORM = {
 
 @router.post("", response_model=FileObject, openapi_extra=UPLOAD_FORM)
 async def upload_file(request: Request, owner: OwnerDep, files: FilesDep, settings: SettingsDep) -> FileObject:
-    """Upload a batch input file (multipart `file` and `purpose=batch`); nothing is stored when a limit is hit."""
+    """Upload a batch input file (multipart `file` and `purpose=batch`); nothing is stored when a limit is hit or
+    the file has no request line."""
     limit = settings.api_max_upload_bytes
     declared = int(request.headers.get("content-length") or 0)
     if declared > limit + MULTIPART_SLACK:
@@ -120,7 +121,7 @@ async def upload_file(request: Request, owner: OwnerDep, files: FilesDep, settin
                 settings.api_max_upload_lines,
             )
         except UploadRejected as exc:
-            raise ApiError(400, str(exc), param="file", code="too_many_lines") from exc
+            raise ApiError(400, str(exc), param="file", code=exc.code) from exc
     return record.public()
 
 

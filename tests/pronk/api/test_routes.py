@@ -145,6 +145,14 @@ def test_uploads_over_a_limit_are_refused_and_nothing_is_stored(api, text, statu
     assert stored_contents(root) == [] and client.get("/v1/files", headers=alice).json()["data"] == []
 
 
+@pytest.mark.parametrize("text", ["", "\n", "  \n\t\n\r\n"], ids=["empty", "one-newline", "blank-lines"])
+def test_an_upload_without_a_request_line_is_refused_and_nothing_is_stored(api, text):
+    client, alice, _, _, root = api
+    error = assert_error(upload(client, alice, text), 400, "file")
+    assert error["code"] == "empty_file" and "no request lines" in error["message"]
+    assert stored_contents(root) == [] and client.get("/v1/files", headers=alice).json()["data"] == []
+
+
 def test_upload_needs_purpose_batch(api):
     client, alice, *_ = api
     assert_error(upload(client, alice, line(0), purpose="fine-tune"), 400, "purpose")
@@ -235,6 +243,17 @@ def test_a_model_served_by_several_jobs_goes_to_the_one_with_live_workers(api):
     created = create(client, alice, file_id)
     assert created.status_code == 200, created.text
     assert created.json()["job_id"] == job
+
+
+def test_a_batch_on_a_file_without_request_lines_says_so(api):
+    """A file recorded with no request line (uploaded before uploads were checked for one) cannot make a batch."""
+    client, alice, _, runs, root = api
+    file_id = upload(client, alice, line(0)).json()["id"]
+    record = root / "store" / "files" / "records" / f"{file_id}.json"
+    record.write_text(json.dumps({**json.loads(record.read_text()), "lines": 0, "models": [], "urls": []}))
+    error = assert_error(create(client, alice, file_id), 400, "input_file_id")
+    assert error["code"] == "empty_file" and "no request lines" in error["message"] and "models" not in error["message"]
+    assert queued(client) == [] and runs.drainers == 0
 
 
 @pytest.mark.parametrize(
