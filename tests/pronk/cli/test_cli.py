@@ -57,7 +57,8 @@ def test_a_refusal_ends_the_command_with_its_message_and_no_traceback(tmp_path):
     for args in (("leap", "status", "--job", "nope"), ("job", "show", "--job", "nope")):
         done = pronk(local_env(tmp_path), *args)
         assert done.returncode == 1
-        assert done.stderr.startswith("pronk: no job 'nope'; known: ") and "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.startswith("pronk: no job 'nope' (a job id or name); known: "), done.stderr
+        assert "job-c0ffee01 (tiny-cpu)" in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
 def test_batch_run_on_an_empty_file_a_directory_or_no_file_says_which_and_writes_nothing(tmp_path):
