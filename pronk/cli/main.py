@@ -328,7 +328,8 @@ def _run_locally(batch_id: str, label: str, parameters: dict, answers: int = 0) 
         if uri and storage.exists(uri, settings)
     )
     typer.echo(
-        f"batch {batch.id} {batch.status}: {counts.completed} completed, {counts.failed} failed of {counts.total}; "
+        f"batch {batch.id} {batch.status}: {counts.completed} completed, {counts.failed} failed"
+        f"{f', {counts.cancelled} cancelled' if counts.cancelled else ''} of {counts.total}; "
         f"{written or 'no output or error file written'}",
         err=True,
     )

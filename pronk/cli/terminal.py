@@ -59,7 +59,10 @@ def _draw_progress(batch_id: str | Callable[[], str], label: str, stop: threadin
                 continue
             counts = batch.request_counts
             bar.update(
-                task, total=counts.total or None, completed=counts.completed + counts.failed, description=batch.status
+                task,
+                total=counts.total or None,
+                completed=counts.completed + counts.failed + counts.cancelled,
+                description=batch.status,
             )
 
 
