@@ -55,6 +55,15 @@ class CheckCounts(BaseModel):
         return f"{self.passed}/{self.checked} passed" + (f" ({rate:.0%})" if rate is not None else "")
 
 
+class LinesChecked(BaseModel):
+    """How far a long run of checked lines has got, for a command to show while it runs: the lines given so far
+    (`pronk.batches.labelled.check_lines` adds each call's) and those checked. An improve round's rollouts and a
+    Leap's canary keep one in their record."""
+
+    total: int = 0
+    done: int = 0
+
+
 class InputTokensDetails(BaseModel):
     cached_tokens: int = 0
 
