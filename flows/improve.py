@@ -17,6 +17,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import acreate_table_artifact
 
 from flows.leap import leap
+from pronk.batches.progress import saved_every
 from pronk.control.dead_runs import record_process
 from pronk.jobs.files import get_job
 from pronk.jobs.schema import ImproveConfig, JobConfig
@@ -60,35 +61,51 @@ async def _leap(record: ImproveRound, job: JobConfig, version: str, canary: bool
 async def improve_round(
     job: JobConfig, config: ImproveConfig, settings: Settings, number: int, canary: bool
 ) -> ImproveRound:
-    """One round: rollouts, selection, training, registration and a Leap through the canary."""
+    """One round: rollouts, selection, training, registration and a Leap through the canary. Its record is saved
+    about once a second meanwhile, with how far the rollouts and the training have got (`pronk improve` shows it);
+    each phase is logged as it ends."""
+    logger = get_run_logger()
     store = RoundStore(settings)
     model, parent = await asyncio.to_thread(served_version, job, settings)
     record = ImproveRound(job_id=job.job_id, round=number, model=model, parent_version=parent)
     await asyncio.to_thread(store.save, record)
     try:
-        seed = config.seed + (number - 1) * ROUND_SEED_STRIDE
-        started = time.monotonic()
-        examples, record.selection = await roll_out(record.id, job, config, settings, seed)
-        record.seconds["rollouts"] = round(time.monotonic() - started, 3)
-        if not examples:
-            record.finish("nothing_to_learn", f"no rollout passed its check ({record.selection.samples} samples)")
-            return record
-        record.status = "training"
-        await asyncio.to_thread(store.save, record)
-        started = time.monotonic()
-        record.training = await fine_tune(record.id, parent, examples, config, settings)
-        record.seconds["training"] = round(time.monotonic() - started, 3)
-        if not record.training.steps:
-            record.finish("failed", f"the training budget ({config.max_seconds}s) ended before its first step")
-            return record
-        record.version, record.mlflow_run_id = await register_version(
-            record, record.selection, record.training, job, settings
-        )
-        record.status = "leaping"
-        await asyncio.to_thread(store.save, record)
-        started = time.monotonic()
-        await _leap(record, job, record.version, canary, settings)
-        record.seconds["leap"] = round(time.monotonic() - started, 3)
+        async with saved_every(lambda: asyncio.to_thread(store.save, record)):
+            seed = config.seed + (number - 1) * ROUND_SEED_STRIDE
+            started = time.monotonic()
+            examples, selection = await roll_out(record.id, job, config, settings, seed, record.progress.rollouts)
+            record.selection, record.seconds["rollouts"] = selection, round(time.monotonic() - started, 3)
+            logger.info(
+                "improve %s round %d: %d samples checked, %d passed, %d kept to train on",
+                job.job_id,
+                number,
+                selection.samples,
+                selection.passed,
+                selection.kept,
+            )
+            if not examples:
+                record.finish("nothing_to_learn", f"no rollout passed its check ({selection.samples} samples)")
+                return record
+            record.status, record.progress.steps = "training", config.max_steps
+            started = time.monotonic()
+            training = await fine_tune(record.id, parent, examples, config, settings, record.progress.trained)
+            record.training, record.seconds["training"] = training, round(time.monotonic() - started, 3)
+            logger.info(
+                "improve %s round %d: %d training steps (stopped by %s), loss %s",
+                job.job_id,
+                number,
+                training.steps,
+                training.stopped_by,
+                record.row()["loss first → last"] or "none",
+            )
+            if not training.steps:
+                record.finish("failed", f"the training budget ({config.max_seconds}s) ended before its first step")
+                return record
+            record.version, record.mlflow_run_id = await register_version(record, selection, training, job, settings)
+            record.status = "leaping"
+            started = time.monotonic()
+            await _leap(record, job, record.version, canary, settings)
+            record.seconds["leap"] = round(time.monotonic() - started, 3)
         await asyncio.to_thread(log_held_out, record, settings)
         return record
     except Exception as exc:

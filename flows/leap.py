@@ -14,7 +14,7 @@ import asyncio
 from prefect import flow, get_run_logger, runtime
 from prefect.artifacts import acreate_table_artifact
 
-from pronk.batches.schemas import CheckCounts
+from pronk.batches.schemas import CheckCounts, LinesChecked
 from pronk.batches.traces import scratch_dir
 from pronk.control.dead_runs import record_process
 from pronk.jobs.files import get_job
@@ -69,8 +69,8 @@ async def leap(
     workers = worker_client(settings, timeout_s=leaps.WORKER_TIMEOUT_S)
     run = leaps.LeapRun(record, LeapStore(settings), workers)
 
-    async def measure(labelled: list[ValidRequest], worker_ids: list[str]) -> CheckCounts:
-        return await measure_labelled(job, labelled, worker_ids, settings, scratch_dir(settings, record.id))
+    async def measure(labelled: list[ValidRequest], worker_ids: list[str], progress: LinesChecked) -> CheckCounts:
+        return await measure_labelled(job, labelled, worker_ids, settings, scratch_dir(settings, record.id), progress)
 
     try:
         failed: list[str] = []

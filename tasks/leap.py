@@ -13,7 +13,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from engine.client import WeightsRefused
-from pronk.batches.schemas import CheckCounts
+from pronk.batches.schemas import CheckCounts, LinesChecked
 from pronk.jobs.schema import JobConfig
 from pronk.leap import canary
 from pronk.leap.sequence import LeapRun
@@ -47,7 +47,12 @@ async def reload_weights(run: LeapRun, worker_id: str, version: str) -> None:
 
 @task(cache_policy=NO_CACHE, task_run_name="labelled-set-on-{worker_ids}")
 async def measure_labelled(
-    job: JobConfig, lines: list[ValidRequest], worker_ids: list[str], settings: Settings, scratch: Path
+    job: JobConfig,
+    lines: list[ValidRequest],
+    worker_ids: list[str],
+    settings: Settings,
+    scratch: Path,
+    progress: LinesChecked,
 ) -> CheckCounts:
-    """Run the job's labelled set on these workers only and tally its checks."""
-    return await canary.measure(job, lines, worker_ids, settings, scratch)
+    """Run the job's labelled set on these workers only, counting the lines checked, and tally its checks."""
+    return await canary.measure(job, lines, worker_ids, settings, scratch, progress)

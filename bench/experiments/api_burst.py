@@ -32,7 +32,7 @@ import httpx
 
 from bench.experiments import scratch_stack
 from bench.harness.figures import percentile
-from bench.harness.report import record_section
+from bench.harness.results_md import record_section
 
 BENCH_DIR = Path(__file__).resolve().parent.parent
 LINE = {"method": "POST", "url": "/v1/chat/completions"}

@@ -31,7 +31,8 @@ from pathlib import Path
 
 from bench.experiments import scratch_stack
 from bench.harness.figures import spread
-from bench.harness.report import record_section, write_json
+from bench.harness.report import write_json
+from bench.harness.results_md import record_section
 
 BENCH_DIR = Path(__file__).resolve().parent.parent
 PROJECT_ROOT = BENCH_DIR.parent

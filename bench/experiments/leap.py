@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from bench.experiments import scratch_stack
-from bench.harness.report import record_section
+from bench.harness.results_md import record_section
 from pronk.worker_registry import worker_registry
 
 BENCH_DIR = Path(__file__).resolve().parent.parent

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from bench.experiments import scratch_stack
-from bench.harness.report import record_section
+from bench.harness.results_md import record_section
 
 BENCH_DIR = Path(__file__).resolve().parent.parent
 JOB = "tiny-cpu"

@@ -1,9 +1,7 @@
-"""The benchmark's outputs: the printed table, `bench/results/results.json`, the main section of `bench/RESULTS.md`,
-the plot; `record` writes a profile's three, with `run_meta` (the run they came from).
-
-`RESULTS.md` is shared with other sections (`## Gap KV`, `## Leap`, `## Calibration`): this module only
-rewrites the text between a profile's two markers, and puts that block first when it writes it for the first
-time. `results.json` holds one entry per profile; recording one profile leaves the others as they were.
+"""The benchmark's outputs: the printed table, `bench/results/results.json`, a profile's record in `bench/RESULTS.md`
+(its text here, its place there: `bench.harness.results_md`), the plot; `record` writes a profile's three, with
+`run_meta` (the run they came from). `results.json` holds one entry per profile; recording one profile leaves the
+others as they were.
 """
 
 from __future__ import annotations
@@ -18,17 +16,11 @@ from pathlib import Path
 
 from bench.harness.config import BenchConfig
 from bench.harness.figures import AgentRun, Comparison, limit_defects, percentile, record_key
+from bench.harness.results_md import write_results_md
 from pronk.jobs.schema import JobConfig
 from pronk.settings import PROJECT_ROOT
 
-START, END = "<!-- bench:main:start -->", "<!-- bench:main:end -->"
-TITLE = "# Benchmark results"
 BENCH_DIR = PROJECT_ROOT / "bench"
-
-
-def markers(profile: str) -> tuple[str, str]:
-    """The markers around a profile's section (the `cpu` profile keeps the original main section's)."""
-    return (START, END) if profile == "cpu" else (f"<!-- bench:{profile}:start -->", f"<!-- bench:{profile}:end -->")
 
 
 def _fmt(value: float | None) -> str:
@@ -260,21 +252,6 @@ def plot_completion_times(path: Path, runs: list[AgentRun]) -> Path:
     return path
 
 
-def write_results_md(path: Path, section: str, profile: str = "cpu") -> Path:
-    """Replace the profile's section between its markers, or put it first under the title."""
-    start, end = markers(profile)
-    block = f"{start}\n{section.strip()}\n{end}"
-    text = path.read_text() if path.exists() else f"{TITLE}\n"
-    if start in text and end in text:
-        head, rest = text.split(start, 1)
-        text = head + block + rest.split(end, 1)[1]
-    else:
-        title, _, body = text.partition("\n")
-        text = f"{title}\n\n{block}\n\n{body.lstrip()}"
-    path.write_text(text.rstrip() + "\n")
-    return path
-
-
 def section_head(title: str, meta: dict) -> tuple[list[str], str]:
     """A profile section's heading and run line, and what a record cut short says after its rounds."""
     asked = meta.get("rounds_asked", meta["rounds"])
@@ -414,20 +391,6 @@ def markdown_section(
     return "\n".join(lines)
 
 
-def record_section(path: Path, section: str) -> None:
-    """Replace (or append) the `## ` section of `path` whose heading is `section`'s first line, leaving the other
-    sections alone (the experiments' sections of RESULTS.md)."""
-    heading = section.split("\n", 1)[0] + "\n"
-    text = path.read_text() if path.exists() else f"{TITLE}\n"
-    start = text.find(heading)
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = text.find("\n## ", start + 1)
-        text = text[:start] + section + (text[end + 1 :] if end >= 0 else "")
-    path.write_text(text)
-
-
 def run_meta(config: BenchConfig, job: JobConfig, rounds: int) -> dict:
     """What every profile's record says of the run: when, where, the command, the job and the rounds."""
     return {
@@ -458,8 +421,9 @@ def record(
     out_dir: Path = BENCH_DIR,
     section: Callable[..., str] = markdown_section,
 ) -> list[Path]:
-    """Write results/results.json, the plot under results/ and the profile's section of RESULTS.md (`section` writes
-    its text from the meta, the comparisons, the plot's link, the setups and the goals)."""
+    """Write results/results.json, the plot under results/ and the profile's record in RESULTS.md, the one it
+    replaces going to the dated notes (`section` writes its text from the meta, the comparisons, the plot's link,
+    the setups and the goals)."""
     comparisons: list[Comparison] = outcome["comparisons"]
     key = info.get("record", config.profile)
     suffix = "" if key == "cpu" else f"_{key}"

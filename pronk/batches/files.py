@@ -24,7 +24,11 @@ from pronk.settings import Settings
 
 
 class UploadRejected(PronkError, ValueError):
-    """An upload over a limit; nothing of it was stored."""
+    """An upload over a limit, or with no request line; nothing of it was stored. `code` names which, for the API."""
+
+    def __init__(self, message: str, code: str):
+        super().__init__(message)
+        self.code = code
 
 
 class FileRecord(FileObject):
@@ -50,14 +54,17 @@ class InputSummary:
 
 
 def summarize_input(source: BinaryIO, max_lines: int) -> InputSummary:
-    """Count the request lines and collect their urls and models; unparsable lines are left to the batch flow."""
+    """Count the request lines and collect their urls and models; unparsable lines are left to the batch flow. A file
+    over `max_lines`, or without a line that is not blank, raises UploadRejected."""
     summary = InputSummary()
     for raw in source:
         if not raw.strip():
             continue
         summary.lines += 1
         if summary.lines > max_lines:
-            raise UploadRejected(f"a batch input file may hold at most {max_lines} request lines; this one has more")
+            raise UploadRejected(
+                f"a batch input file may hold at most {max_lines} request lines; this one has more", "too_many_lines"
+            )
         line, _ = parse_line(raw)
         if isinstance(line, dict):
             if isinstance(line.get("url"), str):
@@ -65,6 +72,11 @@ def summarize_input(source: BinaryIO, max_lines: int) -> InputSummary:
             body = line.get("body")
             if isinstance(body, dict) and isinstance(body.get("model"), str):
                 summary.models.add(body["model"])
+    if not summary.lines:
+        raise UploadRejected(
+            "the file has no request lines (it is empty or blank): a batch input file holds one JSON request a line",
+            "empty_file",
+        )
     source.seek(0)
     return summary
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -192,6 +192,12 @@ def split_lines(data: bytes) -> Iterator[tuple[int, bytes]]:
     for number, line in enumerate(data.split(b"\n"), start=1):
         if line.strip():
             yield number, line
+
+
+def is_blank(chunks: Iterable[bytes]) -> bool:
+    """Whether a batch input (its bytes, in pieces of any size) holds no request line: nothing but whitespace, so
+    `split_lines` finds no line that is not blank."""
+    return not any(chunk.strip() for chunk in chunks)
 
 
 def validate_input(data: bytes, job: JobConfig, limits: InputLimits | None = None) -> ValidatedInput:

@@ -25,7 +25,7 @@ from pronk.agents.tools.python_exec import PythonTool
 from pronk.agents.transcripts import Transcript
 from pronk.batches.in_flight import InFlight
 from pronk.batches.input import validate_input
-from pronk.batches.schemas import CheckCounts
+from pronk.batches.schemas import CheckCounts, LinesChecked
 from pronk.errors import PronkError
 from pronk.jobs.schema import JobConfig
 from pronk.protocol.checks import CheckResult, PythonCheck
@@ -122,9 +122,14 @@ class CheckedLine:
     transcripts: list[Transcript] = field(default_factory=list)
 
 
-async def check_lines(lines: list[ValidRequest], harness: Harness) -> list[CheckedLine]:
+async def check_lines(
+    lines: list[ValidRequest], harness: Harness, progress: LinesChecked | None = None
+) -> list[CheckedLine]:
     """Run every line through `harness` (whose router picks the workers measured), within the job's lines in flight
-    (`max_concurrency`, or the adaptive target: `pronk.batches.in_flight`), and check each answer."""
+    (`max_concurrency`, or the adaptive target: `pronk.batches.in_flight`), and check each answer; `progress` counts
+    the lines given and those checked, as they are."""
+    if progress is not None:
+        progress.total += len(lines)
     predicates = any(isinstance(r.check, PythonCheck) for r in lines)
     python = PythonTool(harness.job.tools.python) if predicates else None
     in_flight = InFlight(harness.job)
@@ -141,6 +146,8 @@ async def check_lines(lines: list[ValidRequest], harness: Harness) -> list[Check
         transcripts = [] if harness.transcripts is None else harness.transcripts.take_line(request.custom_id)
         answer = outcome.result.text if isinstance(outcome.result, Completion) else None
         check = await run_check(request.check, answer, python)
+        if progress is not None:
+            progress.done += 1
         return CheckedLine(request, outcome, check, records, finished_at, transcripts)
 
     in_flight.retarget(live_workers)
@@ -154,6 +161,8 @@ def tally(checked: list[CheckedLine]) -> CheckCounts:
     )
 
 
-async def run_labelled(lines: list[ValidRequest], harness: Harness) -> CheckCounts:
+async def run_labelled(
+    lines: list[ValidRequest], harness: Harness, progress: LinesChecked | None = None
+) -> CheckCounts:
     """Run every line through `harness` (whose router picks the workers measured) and tally the checks."""
-    return tally(await check_lines(lines, harness))
+    return tally(await check_lines(lines, harness, progress))

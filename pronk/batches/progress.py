@@ -1,5 +1,6 @@
 """What a running batch does about once a second besides its lines: persist what finished, honour a stop, save its
-record, and report its progress (to a callback: the Prefect layer's progress artifact)."""
+record, and report its progress (to a callback: the Prefect layer's progress artifact); and `saved_every`, the same
+once-a-second save for any other record whose counts move while it runs."""
 
 from __future__ import annotations
 
@@ -59,6 +60,33 @@ async def progress_kept(run: BatchRun, store: BatchStore, on_progress: Progress)
     """`keep_progress` in the background for the duration of the block."""
     stopped = asyncio.Event()
     keeper = asyncio.create_task(keep_progress(run, store, stopped, on_progress))
+    try:
+        yield
+    finally:
+        stopped.set()
+        await keeper
+
+
+@contextlib.asynccontextmanager
+async def saved_every(save: Callable[[], Awaitable[None]], interval_s: float = 1.0) -> AsyncIterator[None]:
+    """`save` about every `interval_s` for the duration of the block, so a record whose counts move inside it (an
+    improve round's rollouts and training, a Leap's canary) shows them to whoever reads it while it runs. A failed
+    save is logged and made again at the next tick; a save under way when the block ends is awaited, so none lands
+    after what the caller saves next."""
+    stopped = asyncio.Event()
+
+    async def keep() -> None:
+        while not stopped.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopped.wait(), interval_s)
+            if stopped.is_set():
+                return
+            try:
+                await save()
+            except Exception as exc:  # noqa: BLE001 - the next tick saves again
+                logger.warning("saving progress failed, trying again: %s", exc)
+
+    keeper = asyncio.create_task(keep())
     try:
         yield
     finally:

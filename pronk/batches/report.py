@@ -36,6 +36,7 @@ class RunFigures:
     lines: int
     completed: int
     failed: int
+    cancelled: int
     input_tokens: int
     cached_tokens: int
     output_tokens: int
@@ -71,6 +72,7 @@ class RunFigures:
             lines=batch.request_counts.total,
             completed=batch.request_counts.completed,
             failed=batch.request_counts.failed,
+            cancelled=batch.request_counts.cancelled,
             input_tokens=usage.input_tokens,
             cached_tokens=cached,
             output_tokens=usage.output_tokens,
@@ -189,7 +191,10 @@ def batch_markdown(figures: RunFigures, times: list[float], mlflow_url: str | No
     """A batch's run-page report: its figures, a completion-time chart and where MLflow charts it over time."""
     rows = [
         ("status", figures.status),
-        ("lines (completed / failed)", f"{figures.lines} ({figures.completed} / {figures.failed})"),
+        (
+            "lines (completed / failed / cancelled)",
+            f"{figures.lines} ({figures.completed} / {figures.failed} / {figures.cancelled})",
+        ),
         ("tokens in / cached / out", f"{figures.input_tokens} / {figures.cached_tokens} / {figures.output_tokens}"),
         ("cached", f"{figures.cached_pct:.1f}%"),
         ("cost (USD)", f"{figures.cost_usd:.6f}"),

@@ -169,7 +169,8 @@ class BatchRun:
         done = list(self.finished.values())
         counts.completed = sum(1 for f in done if f.ok)
         unstarted = len(self.unstarted) if self.stop_reason is not None else 0
-        counts.failed = len(self.invalid) + len(done) - counts.completed + unstarted
+        counts.cancelled = unstarted if self.stop_reason in ("cancelled", "expired") else 0
+        counts.failed = len(self.invalid) + len(done) - counts.completed + unstarted - counts.cancelled
         usage = BatchUsage()
         for f in done:
             if f.ok:
@@ -283,7 +284,8 @@ class BatchRun:
             self.stop_reason = "expired"
 
     def unstarted_lines(self) -> list[OutputLine]:
-        """One error line per request the stopped run never started; they count as failed."""
+        """One error line per request the stopped run never started; they count as cancelled when the batch was
+        cancelled or expired, as failed when its run failed."""
         if self.stop_reason is None:
             return []
         code, reason = STOP_ERRORS[self.stop_reason]
@@ -339,6 +341,7 @@ class BatchRun:
             "requests total": batch.request_counts.total,
             "requests completed": batch.request_counts.completed,
             "requests failed": batch.request_counts.failed,
+            "requests cancelled": batch.request_counts.cancelled,
             "prompt tokens": usage.input_tokens,
             "cached prompt tokens": usage.input_tokens_details.cached_tokens,
             "completion tokens": usage.output_tokens,

@@ -19,9 +19,20 @@ TERMINAL_STATUSES = frozenset({"failed", "completed", "expired", "cancelled"})
 
 
 class RequestCounts(BaseModel):
-    total: int = 0
-    completed: int = 0
-    failed: int = 0
+    """OpenAI's request counts, and pronk's `cancelled` beside them (the `openai` client keeps it, in
+    `request_counts.model_extra`). A batch that ended has `completed + failed + cancelled == total`."""
+
+    total: int = Field(default=0, description="Requests (non-blank lines) in the input file.")
+    completed: int = Field(default=0, description="Requests answered.")
+    failed: int = Field(
+        default=0, description="Requests that were invalid, or ran and failed, or that a failed run never finished."
+    )
+    cancelled: int = Field(
+        default=0,
+        description="Requests never started because the batch was cancelled or its completion window ended: OpenAI "
+        "cancels an expired batch's unfinished requests too, and counts neither as failed. The batch's status says "
+        "which (`cancelled` or `expired`); their error lines say `batch_cancelled` or `batch_expired`.",
+    )
 
 
 class CheckCounts(BaseModel):
@@ -43,6 +54,15 @@ class CheckCounts(BaseModel):
     def describe(self) -> str:
         rate = self.success_rate
         return f"{self.passed}/{self.checked} passed" + (f" ({rate:.0%})" if rate is not None else "")
+
+
+class LinesChecked(BaseModel):
+    """How far a long run of checked lines has got, for a command to show while it runs: the lines given so far
+    (`pronk.batches.labelled.check_lines` adds each call's) and those checked. An improve round's rollouts and a
+    Leap's canary keep one in their record."""
+
+    total: int = 0
+    done: int = 0
 
 
 class InputTokensDetails(BaseModel):

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Annotated
 
 import typer
 
-from pronk.cli.terminal import fail
+from pronk.cli.terminal import fail, improve_reading, progress_bar
 from pronk.settings import get_settings
 from pronk.worker_registry import worker_registry
 
@@ -151,7 +152,8 @@ def improve(
     ] = None,
 ) -> None:
     """Improve the job's weights from its own checked traces: rollouts of its training set on the running workers,
-    the passes kept, a bounded fine-tune, the next MLflow version, a Leap through the canary; round after round."""
+    the passes kept, a bounded fine-tune, the next MLflow version, a Leap through the canary; round after round.
+    On a terminal a progress bar shows each round's rollouts checked, training steps and loss, and canary lines."""
     from pronk.stack.prefect_env import configure_prefect
 
     settings = get_settings()
@@ -160,11 +162,12 @@ def improve(
     from pronk.jobs.files import get_job
 
     job_id = get_job(job or settings.default_job, settings).job_id
-    records = asyncio.run(  # NotImprovable, a PronkError, ends the command in one line (pronk.cli.main)
-        improve_flow(
-            job_id=job_id, rounds=rounds, canary=canary, seed=seed, training_set=training_set, held_out=held_out
+    with progress_bar(improve_reading(job_id, time.time(), settings), f"improve {job_id}"):
+        records = asyncio.run(  # NotImprovable, a PronkError, ends the command in one line (pronk.cli.main)
+            improve_flow(
+                job_id=job_id, rounds=rounds, canary=canary, seed=seed, training_set=training_set, held_out=held_out
+            )
         )
-    )
     for record in records:
         typer.echo(f"round {record['round']} ({record['id']}): {record['status']}: {record['message']}", err=True)
     typer.echo(json.dumps(records))

@@ -288,12 +288,9 @@ def batch_run(
         job_config = get_job(job or settings.default_job, settings)
     except (KeyError, ValueError) as exc:
         fail(str(exc))
+    input_uri = _input_with_lines(input)
     if not worker_registry(settings).live(job_config.job_id):
         fail(f"no live workers for {job_config.job_id}; start them with `pronk stack up --job {job_config.name}`")
-    local_input = "://" not in input
-    if local_input and not Path(input).is_file():
-        fail(f"input file {input} does not exist")
-    input_uri = str(Path(input).resolve()) if local_input else input
     out_uri = str(Path(out).resolve()) if "://" not in out else out
 
     _run_locally(
@@ -302,6 +299,27 @@ def batch_run(
         dict(input_uri=input_uri, job_id=job_config.job_id, output_dir=out_uri, chunk_size=chunk_size),
         answers,
     )
+
+
+def _input_with_lines(input: str) -> str:
+    """The URI of the batch input `input` (a path or s3://…) once it is known to hold a request line; else the
+    command fails, saying why, before it writes anything."""
+    from pronk import storage
+    from pronk.batches.input import is_blank
+
+    local = "://" not in input
+    if local and Path(input).is_dir():
+        fail(f"input {input} is a directory: give the batch input file (JSONL) itself")
+    if local and not Path(input).exists():
+        fail(f"input file {input} does not exist")
+    uri = str(Path(input).resolve()) if local else input
+    try:
+        blank = is_blank(storage.iter_chunks(uri, get_settings()))
+    except OSError as exc:
+        fail(f"cannot read input file {input}: {exc}")
+    if blank:
+        fail(f"input file {input} has no request lines (it is empty or blank): nothing was run or written")
+    return uri
 
 
 def _print_answers(batch, count: int) -> None:
@@ -322,6 +340,7 @@ def _run_locally(batch_id: str, label: str, parameters: dict, answers: int = 0) 
     import asyncio
 
     from flows.batch import BatchFailed, run_batch
+    from pronk import storage
     from pronk.batches.store import BatchStore
 
     with batch_progress(batch_id, label):
@@ -329,11 +348,18 @@ def _run_locally(batch_id: str, label: str, parameters: dict, answers: int = 0) 
             asyncio.run(run_batch(batch_id=batch_id, **parameters))
         except BatchFailed as exc:
             typer.echo(f"pronk: {exc}", err=True)
-    batch = BatchStore(get_settings()).load(batch_id)
+    settings = get_settings()
+    batch = BatchStore(settings).load(batch_id)
     counts = batch.request_counts
+    written = ", ".join(
+        f"{kind} {uri}"
+        for kind, uri in (("output", batch.output_uri), ("errors", batch.error_uri))
+        if uri and storage.exists(uri, settings)
+    )
     typer.echo(
-        f"batch {batch.id} {batch.status}: {counts.completed} completed, {counts.failed} failed of {counts.total}; "
-        f"output {batch.output_uri}, errors {batch.error_uri}",
+        f"batch {batch.id} {batch.status}: {counts.completed} completed, {counts.failed} failed"
+        f"{f', {counts.cancelled} cancelled' if counts.cancelled else ''} of {counts.total}; "
+        f"{written or 'no output or error file written'}",
         err=True,
     )
     if answers:

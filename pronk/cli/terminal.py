@@ -1,5 +1,5 @@
 """What every `pronk` command shows on the terminal: a refusal or a failure the user can act on, as one line, and a
-batch's progress bar while it runs."""
+progress bar while a long run goes (a batch's lines, an improve round's phases), read from the run's record."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import NoReturn
 import typer
 
 from pronk.errors import PronkError
+from pronk.settings import Settings, get_settings
 
 
 def fail(message: str) -> NoReturn:
@@ -41,42 +42,77 @@ def expected_failure(exc: BaseException) -> str | None:
     return f"cannot reach {address} ({str(cause) or type(cause).__name__}): is the stack up? `pronk stack up` starts it"
 
 
-def _draw_progress(batch_id: str | Callable[[], str], label: str, stop: threading.Event) -> None:
-    """Draw a progress bar on stderr from the batch record's request counts until `stop` is set (`batch_id`: the
-    batch, or a function naming it at each redraw)."""
+Reading = tuple[str, int, int | None]
+"""What a progress bar shows: what is under way, how far it has got, and of how much (None: not known yet)."""
+
+
+def _draw_progress(read: Callable[[], Reading | None], label: str, stop: threading.Event) -> None:
+    """Draw a progress bar on stderr from `read` (None: nothing to show yet) about twice a second until `stop` is
+    set; a record that cannot be read at one redraw is read again at the next."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from pronk.batches.store import BatchStore
-    from pronk.settings import get_settings
-
-    store = BatchStore(get_settings())
-    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=True) as bar:
-        task = bar.add_task("batch", total=None)
+    columns = (TextColumn(label), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeElapsedColumn(), transient=True) as bar:
+        task = bar.add_task("", total=None)
         while not stop.wait(0.5):
             try:
-                batch = store.load(batch_id if isinstance(batch_id, str) else batch_id())
+                reading = read()
             except (OSError, ValueError):
                 continue
-            counts = batch.request_counts
-            bar.update(
-                task, total=counts.total or None, completed=counts.completed + counts.failed, description=batch.status
-            )
+            if reading is not None:
+                description, done, total = reading
+                bar.update(task, description=description, completed=done, total=total)
 
 
 @contextlib.contextmanager
-def batch_progress(batch_id: str | Callable[[], str], label: str) -> Iterator[None]:
-    """A progress bar for the batch while the block runs, when stderr is a terminal."""
+def progress_bar(read: Callable[[], Reading | None], label: str) -> Iterator[None]:
+    """A progress bar drawn from `read` while the block runs, when stderr is a terminal."""
     if not sys.stderr.isatty():
         yield
         return
     stop = threading.Event()
-    watcher = threading.Thread(target=_draw_progress, args=(batch_id, label, stop), daemon=True)
+    watcher = threading.Thread(target=_draw_progress, args=(read, label, stop), daemon=True)
     watcher.start()
     try:
         yield
     finally:
         stop.set()
         watcher.join()
+
+
+def batch_progress(batch_id: str | Callable[[], str], label: str) -> contextlib.AbstractContextManager[None]:
+    """A progress bar of the batch's lines while the block runs, from its record's request counts (`batch_id`: the
+    batch, or a function naming it at each redraw)."""
+    from pronk.batches.store import BatchStore
+
+    store = BatchStore(get_settings())
+
+    def read() -> Reading:
+        batch = store.load(batch_id if isinstance(batch_id, str) else batch_id())
+        counts = batch.request_counts
+        return batch.status, counts.completed + counts.failed + counts.cancelled, counts.total or None
+
+    return progress_bar(read, label)
+
+
+def improve_reading(job_id: str, since: float, settings: Settings) -> Callable[[], Reading | None]:
+    """How far the job's improve round begun after `since` has got, from its record: the rollouts checked, the
+    training steps with their loss, then the lines its Leap's canary has checked (None: no such round yet)."""
+    from pronk.leap.records import LeapStore
+    from pronk.learn.rounds import RoundStore
+
+    rounds, leaps = RoundStore(settings), LeapStore(settings)
+
+    def read() -> Reading | None:
+        record = rounds.latest(job_id)
+        if record is None or record.started_at < since:
+            return None
+        leap = leaps.latest(job_id) if record.status == "leaping" else None
+        if leap is None or leap.canary is None or leap.to_version != record.version:
+            return record.shown()
+        return record.shown(leap.canary.checked)
+
+    return read
 
 
 ANSWER_CHARS = 100

@@ -106,7 +106,8 @@ def get_job(job: str, settings: Settings, versions: bool = True) -> JobConfig:
     found = jobs.get(job) or next((candidate for candidate in jobs.values() if candidate.name == job), None)
     if found is None:
         unreadable = "".join(f"; unreadable: {exc}" for exc in broken)
-        raise UnknownJob(f"no job {job!r}; known: {', '.join(sorted(jobs)) or 'none'}{unreadable}")
+        known = ", ".join(f"{job_id} ({jobs[job_id].name})" for job_id in sorted(jobs)) or "none"
+        raise UnknownJob(f"no job {job!r} (a job id or name); known: {known}{unreadable}")
     for exc in broken:
         logger.warning("job file skipped: %s", exc)
     return with_changes(found, current_changes(found.job_id, settings)) if versions else found

@@ -19,7 +19,8 @@ from typing import NoReturn
 from pronk.agents.harness import Harness, job_router
 from pronk.agents.step_records import StepRecorder
 from pronk.batches.labelled import LabelledSetError, compare_success, labelled_lines, run_labelled
-from pronk.batches.schemas import CheckCounts
+from pronk.batches.progress import saved_every
+from pronk.batches.schemas import CheckCounts, LinesChecked
 from pronk.jobs.schema import JobConfig
 from pronk.leap.records import CanaryRecord, LeapRecord, LeapStore
 from pronk.leap.sequence import LeapFailed, LeapRefused, LeapRun, ReloadStep, StageStep, roll_back
@@ -27,8 +28,9 @@ from pronk.models.registry import models_uri
 from pronk.protocol.lines import ValidRequest
 from pronk.settings import Settings
 
-Measure = Callable[[list[ValidRequest], list[str]], Awaitable[CheckCounts]]
-"""Run labelled lines on these workers only and tally their checks (`measure`, or the flow's task around it)."""
+Measure = Callable[[list[ValidRequest], list[str], LinesChecked], Awaitable[CheckCounts]]
+"""Run labelled lines on these workers only, counting them in the `LinesChecked` as they are checked, and tally
+their checks (`measure`, or the flow's task around it)."""
 
 
 def labelled_set(job: JobConfig, record: LeapRecord, requested: bool, settings: Settings) -> list[ValidRequest] | None:
@@ -47,12 +49,17 @@ def labelled_set(job: JobConfig, record: LeapRecord, requested: bool, settings: 
 
 
 async def measure(
-    job: JobConfig, lines: list[ValidRequest], worker_ids: list[str], settings: Settings, scratch: Path
+    job: JobConfig,
+    lines: list[ValidRequest],
+    worker_ids: list[str],
+    settings: Settings,
+    scratch: Path,
+    progress: LinesChecked | None = None,
 ) -> CheckCounts:
-    """Run `lines` through the harness on `worker_ids` alone and tally their checks."""
+    """Run `lines` through the harness on `worker_ids` alone and tally their checks (`progress` counts them)."""
     router = job_router(job, settings, only=worker_ids)
     try:
-        return await run_labelled(lines, Harness(router, job, StepRecorder(), scratch))
+        return await run_labelled(lines, Harness(router, job, StepRecorder(), scratch), progress)
     finally:
         await router.aclose()
 
@@ -72,7 +79,8 @@ async def trial(
     The baseline runs on the other workers, still on the current version, while the canary runs; a job with one
     worker measures the baseline on it before it switches. A worse canary, or one whose measuring takes longer than
     `timeout_s` (`leap_canary_timeout_s`: a fleet too loaded to judge the version in time), goes back, and the Leap
-    ends `refused` (`LeapRefused`), or `failed` (`LeapFailed`) if the canary cannot go back.
+    ends `refused` (`LeapRefused`), or `failed` (`LeapFailed`) if the canary cannot go back. The record is saved
+    about once a second while the lines run, with how many have been checked (`CanaryRecord.checked`).
     """
     record = run.record
     canary, *others = sorted(run.original)
@@ -85,18 +93,21 @@ async def trial(
     )
     await run.save()
     started = time.monotonic()
+    checked = record.canary.checked
     try:
-        async with asyncio.timeout(timeout_s):
-            before = None if others else await measure(lines, [canary])
+        async with asyncio.timeout(timeout_s), saved_every(run.save):
+            before = None if others else await measure(lines, [canary], checked)
             try:
                 await stage(run, canary, models_uri(record.to_version))
                 await reload(run, canary, record.to_version)
             except Exception:  # noqa: BLE001 - the worker's entry holds the error; conclude rolls back and says so
                 return [canary]
             if before is None:
-                baseline, candidate = await asyncio.gather(measure(lines, others), measure(lines, [canary]))
+                baseline, candidate = await asyncio.gather(
+                    measure(lines, others, checked), measure(lines, [canary], checked)
+                )
             else:
-                baseline, candidate = before, await measure(lines, [canary])
+                baseline, candidate = before, await measure(lines, [canary], checked)
     except TimeoutError:
         record.canary.seconds = round(time.monotonic() - started, 3)
         record.canary.reason = f"the labelled set did not finish within leap_canary_timeout_s ({timeout_s:g}s)"

@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from pronk import storage
-from pronk.batches.schemas import CheckCounts
+from pronk.batches.schemas import CheckCounts, LinesChecked
 from pronk.protocol.ids import new_id
 from pronk.settings import Settings
 
@@ -50,6 +50,9 @@ class CanaryRecord(BaseModel):
     worse: bool | None = Field(default=None, description="Whether the canary passed fewer checks beyond noise.")
     reason: str = ""
     seconds: float | None = Field(default=None, description="How long the labelled set took on both versions.")
+    checked: LinesChecked = Field(
+        default_factory=LinesChecked, description="Lines of the set run so far on either version, and checked."
+    )
 
 
 class LeapRecord(BaseModel):

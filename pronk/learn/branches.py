@@ -22,6 +22,7 @@ from collections import Counter
 
 from engine.protocol import ChatMessage
 from pronk.agents.harness import Harness, tool_turn_ok
+from pronk.batches.schemas import LinesChecked
 from pronk.learn.rollouts import Sample, SampleRequest, run_samples, sample_request
 from pronk.protocol.bodies import ChatCompletionBody, HarnessRequest
 
@@ -78,7 +79,9 @@ async def branch(
     temperature: float,
     seed: int,
     first_index: int,
+    progress: LinesChecked | None = None,
 ) -> list[Sample]:
-    """Run and check the answer branches of `samples` (`branch_requests`) through `harness`."""
+    """Run and check the answer branches of `samples` (`branch_requests`) through `harness`; `progress` counts
+    them asked and checked."""
     requests = branch_requests(samples, branches, cap_per_task, temperature, seed, first_index)
-    return await run_samples(requests, harness) if requests else []
+    return await run_samples(requests, harness, progress=progress) if requests else []

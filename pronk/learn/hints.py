@@ -1,10 +1,10 @@
 """Hints for the tasks no rollout solved: STaR's rationalization, with the task's tool call and answer as the hint.
 
 Rejection sampling learns only from tasks the served version already solves now and then. A family it never solves
-gives it nothing to learn from: in bench/RESULTS.md's improve runs, search passed 0 of 12 samples a round and
-lookups ~10%, so each round trained on arithmetic the model already answered. STaR (Zelikman et al., 2022)
-answers this with rationalization: show the model the answer of a task it failed, let it produce the rest, keep
-what passes and train on it as if no hint had been given.
+gives it nothing to learn from: in the first improve rounds (bench/notes/2026-12-05.md), search passed 0 of 12
+samples a round and lookups ~10%, so each round trained on arithmetic the model already answered. STaR (Zelikman
+et al., 2022) answers this with rationalization: show the model the answer of a task it failed, let it produce the
+rest, keep what passes and train on it as if no hint had been given.
 
 Here the hint is a training line's `reference` (`training_tasks` writes one on every generated line): the tool call
 that answers it and what the answer says. The model still writes the call (copying it or not), the tool runs it for

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pronk.agents.harness import Harness
 from pronk.agents.transcripts import Transcript
 from pronk.batches.labelled import CheckedLine, check_lines
+from pronk.batches.schemas import LinesChecked
 from pronk.learn.hints import without_hint
 from pronk.protocol.bodies import ChatCompletionBody
 from pronk.protocol.lines import ValidRequest
@@ -87,15 +88,20 @@ async def rollout(
     seed: int,
     first_index: int = 0,
     hinted: bool = False,
+    progress: LinesChecked | None = None,
 ) -> list[Sample]:
     """Run every line `samples_per_task` times through `harness` (which must keep transcripts) and check each;
-    `hinted`: the lines carry a hint (`pronk.learn.hints.hinted_request`) that training takes out again."""
-    return await run_samples(sample_requests(lines, samples_per_task, temperature, seed, first_index), harness, hinted)
+    `hinted`: the lines carry a hint (`pronk.learn.hints.hinted_request`) that training takes out again; `progress`
+    counts the samples asked and checked."""
+    requests = sample_requests(lines, samples_per_task, temperature, seed, first_index)
+    return await run_samples(requests, harness, hinted, progress)
 
 
-async def run_samples(requests: list[SampleRequest], harness: Harness, hinted: bool = False) -> list[Sample]:
+async def run_samples(
+    requests: list[SampleRequest], harness: Harness, hinted: bool = False, progress: LinesChecked | None = None
+) -> list[Sample]:
     """Run and check every sample's request through `harness` (which must keep transcripts)."""
     if harness.transcripts is None:
         raise ValueError("rollouts need a Harness with a TranscriptRecorder: selection trains on transcripts")
-    checked = await check_lines([r.request for r in requests], harness)
+    checked = await check_lines([r.request for r in requests], harness, progress)
     return [Sample(r.task_id, r.index, run, hinted, r.branch_of) for r, run in zip(requests, checked, strict=True)]

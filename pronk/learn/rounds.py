@@ -25,7 +25,7 @@ from pronk.agents.harness import Harness, job_router
 from pronk.agents.step_records import StepRecorder
 from pronk.agents.transcripts import TranscriptRecorder
 from pronk.batches.labelled import labelled_lines
-from pronk.batches.schemas import CheckCounts
+from pronk.batches.schemas import CheckCounts, LinesChecked
 from pronk.batches.traces import scratch_dir
 from pronk.errors import PronkError
 from pronk.jobs.schema import ImproveConfig, JobConfig
@@ -49,6 +49,19 @@ class NotImprovable(PronkError, ValueError):
     """The job cannot be improved now: no live worker, workers on several versions, or no MLflow model to version."""
 
 
+class RoundProgress(BaseModel):
+    """How far the round's phase has got, saved about once a second while it runs, for `pronk improve` to show."""
+
+    rollouts: LinesChecked = Field(default_factory=LinesChecked, description="Samples asked so far, and checked.")
+    step: int = Field(default=0, description="Training steps done.")
+    steps: int = Field(default=0, description="Steps the budget allows (`max_seconds` may end training sooner).")
+    loss: float | None = Field(default=None, description="The last training step's loss.")
+
+    def trained(self, step: int, loss: float) -> None:
+        """A training step ended (`pronk.learn.training.StepDone`)."""
+        self.step, self.loss = step, loss
+
+
 class ImproveRound(BaseModel):
     """One round of the improve loop of a job."""
 
@@ -67,11 +80,25 @@ class ImproveRound(BaseModel):
     held_out_after: CheckCounts | None = Field(default=None, description="The new version on the held-out set.")
     mlflow_run_id: str | None = Field(default=None, description="The MLflow run holding the round's lineage.")
     seconds: dict[str, float] = Field(default_factory=dict, description="Wall-clock seconds of each phase.")
+    progress: RoundProgress = Field(default_factory=RoundProgress)
     started_at: float = Field(default_factory=time.time)
     finished_at: float | None = None
 
     def finish(self, status: RoundStatus, message: str) -> None:
         self.status, self.message, self.finished_at = status, message, time.time()
+
+    def shown(self, canary: LinesChecked | None = None) -> tuple[str, int, int | None]:
+        """What a terminal shows of the round while it runs: its phase, and how far that has got of how much (None:
+        not known); `canary`: the lines its Leap's canary has checked, once the round leaps."""
+        progress, where = self.progress, f"round {self.round}"
+        if self.status == "rolling_out":
+            return f"{where}: rollouts checked", progress.rollouts.done, progress.rollouts.total or None
+        if self.status == "training":
+            loss = "" if progress.loss is None else f", loss {progress.loss:.3f}"
+            return f"{where}: training steps{loss}", progress.step, progress.steps or None
+        if self.status == "leaping" and canary is not None:
+            return f"{where}: canary lines checked", canary.done, canary.total or None
+        return f"{where}: {self.status.replace('_', ' ')}", 0, None
 
     def row(self) -> dict[str, object]:
         """The round's row of the flow's table artifact."""
@@ -99,16 +126,25 @@ class ImproveRound(BaseModel):
 
 
 class RoundStore:
-    """`improve/<id>.json` per round, and `improve/<id>/rollouts.jsonl` with every sample of its rollouts."""
+    """`improve/<id>.json` per round, `improve/latest-<job>.json` the newest round of each job, and
+    `improve/<id>/rollouts.jsonl` with every sample of a round's rollouts."""
 
     def __init__(self, settings: Settings):
         self.settings = settings
         self.root = storage.join(settings.store_uri, "improve")
 
     def save(self, record: ImproveRound) -> None:
-        storage.write_bytes(
-            storage.join(self.root, f"{record.id}.json"), record.model_dump_json().encode(), self.settings
-        )
+        data = record.model_dump_json().encode()
+        storage.write_bytes(storage.join(self.root, f"{record.id}.json"), data, self.settings)
+        storage.write_bytes(storage.join(self.root, f"latest-{record.job_id}.json"), data, self.settings)
+
+    def latest(self, job_id: str) -> ImproveRound | None:
+        try:
+            return ImproveRound.model_validate_json(
+                storage.read_bytes(storage.join(self.root, f"latest-{job_id}.json"), self.settings)
+            )
+        except FileNotFoundError:
+            return None
 
     def rollouts_uri(self, round_id: str) -> str:
         return storage.join(self.root, round_id, "rollouts.jsonl")
@@ -160,17 +196,23 @@ def training_lines(job: JobConfig, config: ImproveConfig, settings: Settings, se
 
 
 async def roll_out(
-    round_id: str, job: JobConfig, config: ImproveConfig, settings: Settings, seed: int
+    round_id: str,
+    job: JobConfig,
+    config: ImproveConfig,
+    settings: Settings,
+    seed: int,
+    progress: LinesChecked | None = None,
 ) -> tuple[list[TrainingExample], SelectionReport]:
     """Run the training set `samples_per_task` times on the job's live workers, branch the answers of the failed
     samples (`pronk.learn.branches`), then run `hinted_samples` times with a hint each line none of whose samples
-    passed (`pronk.learn.hints`); keep every sample with the round, and select the passed transcripts."""
+    passed (`pronk.learn.hints`); keep every sample with the round, and select the passed transcripts. `progress`
+    counts the samples asked and checked."""
     lines = training_lines(job, config, settings, seed)
     hints = reference_hints(config.training_set, settings) if config.hinted_samples else {}
     router = job_router(job, settings)
     harness = Harness(router, job, StepRecorder(), scratch_dir(settings, round_id), TranscriptRecorder())
     try:
-        samples = await rollout(lines, harness, config.samples_per_task, config.temperature, seed)
+        samples = await rollout(lines, harness, config.samples_per_task, config.temperature, seed, progress=progress)
         if config.answer_branches:
             samples += await branch(
                 samples,
@@ -180,6 +222,7 @@ async def roll_out(
                 config.temperature,
                 seed,
                 first_index=config.samples_per_task,
+                progress=progress,
             )
         solved = {s.task_id for s in samples if s.passed}
         unsolved = [line for line in lines if line.custom_id not in solved and line.custom_id in hints]
@@ -193,6 +236,7 @@ async def roll_out(
                 seed,
                 first_index=config.samples_per_task * (1 + config.answer_branches),
                 hinted=True,
+                progress=progress,
             )
     finally:
         await router.aclose()

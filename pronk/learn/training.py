@@ -16,14 +16,17 @@ parent's directory (config, tokenizer, chat template) as it was; it is checked a
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.queues
 import os
+import queue
 import random
 import shutil
 import time
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -218,8 +221,16 @@ def write_checkpoint(model: Any, parent_dir: Path, out_dir: Path) -> None:
     check_compatible(read_spec(out_dir), spec, str(out_dir), str(parent_dir))
 
 
+StepDone = Callable[[int, float], None]
+"""Told each optimizer step's number (1 for the first) and loss as it ends."""
+
+
 def fine_tune(
-    base_model_dir: Path, examples: list[TrainingExample], out_dir: Path, budget: TrainingBudget
+    base_model_dir: Path,
+    examples: list[TrainingExample],
+    out_dir: Path,
+    budget: TrainingBudget,
+    on_step: StepDone | None = None,
 ) -> TrainingResult:
     """Train every parameter of `base_model_dir`'s model on `examples` in this process, within `budget`'s steps and
     seconds, and write the checkpoint to `out_dir` (which must not exist yet)."""
@@ -250,6 +261,8 @@ def fine_tune(
         optimizer.zero_grad()
         tokens += sum(len(e.input_ids) for e in batch)
         trained += sum(e.trained_tokens for e in batch)
+        if on_step is not None:
+            on_step(len(losses), losses[-1])
     write_checkpoint(model, base_model_dir, out_dir)
     return TrainingResult(
         checkpoint_dir=str(out_dir),
@@ -266,8 +279,18 @@ def fine_tune(
     )
 
 
-def _limit_cores(threads: int, nice: int) -> None:
-    """In the training process, before torch starts its thread pools: `threads` threads, priority lowered."""
+StepReports: TypeAlias = "multiprocessing.queues.Queue[tuple[int, float] | None]"
+"""Each step's (number, loss) from the training process, then None once it ends."""
+
+_steps_done: StepReports | None = None
+"""In the training process: where its steps go back to the caller's `on_step` (set by `_start_trainer`)."""
+
+
+def _start_trainer(threads: int, nice: int, steps_done: StepReports) -> None:
+    """In the training process, before torch starts its thread pools: `threads` threads, priority lowered, and the
+    queue its steps are reported on (a multiprocessing queue reaches a child only as it starts)."""
+    global _steps_done
+    _steps_done = steps_done
     for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[variable] = str(threads)
     os.nice(nice)
@@ -277,12 +300,47 @@ def _limit_cores(threads: int, nice: int) -> None:
     torch.set_num_interop_threads(1)
 
 
-def train(
+def _fine_tune_reporting(
     base_model_dir: Path, examples: list[TrainingExample], out_dir: Path, budget: TrainingBudget
 ) -> TrainingResult:
-    """`fine_tune` in a spawned child process, niced by `budget.nice`, with `budget.threads` torch threads."""
+    """`fine_tune` in the training process, each step put on the queue, and None once it ends (however it ends)."""
+    steps_done = _steps_done
+    assert steps_done is not None
+    try:
+        return fine_tune(base_model_dir, examples, out_dir, budget, lambda step, loss: steps_done.put((step, loss)))
+    finally:
+        steps_done.put(None)
+
+
+def train(
+    base_model_dir: Path,
+    examples: list[TrainingExample],
+    out_dir: Path,
+    budget: TrainingBudget,
+    on_step: StepDone | None = None,
+) -> TrainingResult:
+    """`fine_tune` in a spawned child process, niced by `budget.nice`, with `budget.threads` torch threads; each
+    step's number and loss reach `on_step` in this thread as the child reports them."""
     context = multiprocessing.get_context("spawn")
+    steps_done: StepReports = context.Queue()
     with ProcessPoolExecutor(
-        max_workers=1, mp_context=context, initializer=_limit_cores, initargs=(budget.threads, budget.nice)
+        max_workers=1,
+        mp_context=context,
+        initializer=_start_trainer,
+        initargs=(budget.threads, budget.nice, steps_done),
     ) as pool:
-        return pool.submit(fine_tune, Path(base_model_dir), list(examples), Path(out_dir), budget).result()
+        result = pool.submit(_fine_tune_reporting, Path(base_model_dir), list(examples), Path(out_dir), budget)
+        while (reported := _next_step(steps_done, result)) is not None:
+            if on_step is not None:
+                on_step(*reported)
+        return result.result()
+
+
+def _next_step(steps_done: StepReports, result: Future[TrainingResult]) -> tuple[int, float] | None:
+    """The training process's next step, or None once it has said it ended, or died without saying so."""
+    while True:
+        try:
+            return steps_done.get(timeout=0.25)
+        except queue.Empty:
+            if result.done() and result.exception() is not None:
+                return None

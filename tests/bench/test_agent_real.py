@@ -19,7 +19,8 @@ from bench.harness.figures import (
     checked_goals,
     checked_table,
 )
-from bench.harness.report import checked_section, write_json, write_results_md
+from bench.harness.report import checked_section, write_json
+from bench.harness.results_md import write_results_md
 from bench.harness.workload import CHARS_PER_TOKEN, LABELLED_PROFILES, labelled_traces, relabelled
 from pronk.agents.outcomes import Completion, LineFailure, RequestOutcome, Usage
 from pronk.agents.step_records import StepRecord, ToolCallCounts

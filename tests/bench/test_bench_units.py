@@ -43,7 +43,8 @@ from bench.harness.pronk_runs import (
     running_in_metrics,
     sampling,
 )
-from bench.harness.report import END, START, goals_table, markdown_table, setups_table, write_json, write_results_md
+from bench.harness.report import goals_table, markdown_table, setups_table, write_json
+from bench.harness.results_md import write_results_md
 from bench.harness.suite import relabel
 from bench.harness.workload import PROFILES, cache_bounds, generate
 from engine.protocol import ChatMessage, SamplingSpec, StepRequest
@@ -104,16 +105,6 @@ def test_figures_and_ratios():
     verdicts = [row.split("|")[-2].strip() for row in table.splitlines()]
     assert verdicts[2:] == ["pronk wins", "pronk loses"]
     assert markdown_table([Comparison("rate", "passed/checked", 0.5, 0.5)]).endswith("| even |")
-
-
-def test_results_md_keeps_other_sections(tmp_path):
-    path = tmp_path / "RESULTS.md"
-    path.write_text("# Benchmark results\n\n## Gap KV\n\nkept\n")
-    write_results_md(path, "## main\n\nfirst")
-    write_results_md(path, "## main\n\nsecond")
-    text = path.read_text()
-    assert text.index(START) < text.index("## Gap KV") and "second" in text and "first" not in text
-    assert text.count(START) == 1 and text.count(END) == 1 and "kept" in text
 
 
 def test_vllm_flags_and_progress_parsing():

@@ -44,7 +44,7 @@ def test_mixed_file_gives_exactly_one_line_per_input_line(stack, tmp_path):
     outputs, errors = read_jsonl(batch["output_uri"]), read_jsonl(batch["error_uri"])
 
     assert batch["status"] == "completed"
-    assert batch["request_counts"] == {"total": 10, "completed": 3, "failed": 7}
+    assert batch["request_counts"] == {"total": 10, "completed": 3, "failed": 7, "cancelled": 0}
     assert len(outputs) + len(errors) == 10
     assert [o["custom_id"] for o in outputs] == ["ok-1", "ok-2", "ok-3"]
     assert sorted(e["error"]["line"] for e in errors) == [2, 3, 4, 5, 6, 7, 10]
@@ -181,7 +181,7 @@ def test_a_killed_worker_has_its_steps_resent_and_a_sigtermed_one_withdraws(stac
         batch = run(path, tmp_path)
         killer.join()
         assert busy_at_kill, "w2 never held a step, so nothing was resent"
-        assert batch["request_counts"] == {"total": 24, "completed": 24, "failed": 0}
+        assert batch["request_counts"] == {"total": 24, "completed": 24, "failed": 0, "cancelled": 0}
         workers = {line["response"]["body"]["pronk"]["worker_id"] for line in read_jsonl(batch["output_uri"])}
         assert not any(w.endswith("-w2") for w in workers)
 

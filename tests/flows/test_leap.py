@@ -186,7 +186,7 @@ def test_leap_during_a_running_batch_switches_every_step_cleanly(stack, on_v1, t
         assert 0 < record["switch_seconds"] < 10
         assert alias_version(MODEL, "live", stack) == v2
         assert {w.stats.model_version for w in fleet(stack)} == {f"{MODEL}/{v2}"}
-        assert batch["request_counts"] == {"total": 160, "completed": 160, "failed": 0}
+        assert batch["request_counts"] == {"total": 160, "completed": 160, "failed": 0, "cancelled": 0}
         lines = [json.loads(line) for line in Path(batch["output_uri"]).read_text().splitlines()]
         outputs = [o for o in lines if o["custom_id"].startswith("r")]
         fingerprints = [o["response"]["body"]["system_fingerprint"] for o in outputs]

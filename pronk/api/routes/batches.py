@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pronk.api.deps import BatchesDep, FilesDep, IdempotencyDep, OwnerDep, RunStartsDep, SettingsDep
 from pronk.api.errors import ApiError, not_found
 from pronk.api.idempotency import HEADER, Remembered, check_key, request_hash
-from pronk.api.routes.files import ID_PATTERN, owned_file
+from pronk.api.routes.files import FILE_ID_PATTERN, owned_file
 from pronk.api.run_starts import RunStarts
 from pronk.batches.files import FileRecord, FileStore
 from pronk.batches.schemas import TERMINAL_STATUSES, Batch, BatchObject
@@ -20,13 +20,14 @@ from pronk.batches.store import BatchStore
 from pronk.jobs.files import AmbiguousModel, job_for_model, load_jobs
 from pronk.jobs.schema import JobConfig
 from pronk.protocol.bodies import SERVED_URLS
+from pronk.protocol.ids import id_pattern
 from pronk.settings import Settings
 from pronk.worker_registry import worker_registry
 
 router = APIRouter(prefix="/batches", tags=["batches"])
 logger = logging.getLogger(__name__)
 
-BatchId = Annotated[str, Path(pattern=ID_PATTERN, description="The batch's id.")]
+BatchId = Annotated[str, Path(pattern=id_pattern("batch"), description="The batch's id (`batch_` and 24 hex digits).")]
 
 JOB_ID_PATTERN = r"^job-[0-9a-f]{8}$"
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
@@ -37,7 +38,7 @@ class BatchCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    input_file_id: str = Field(pattern=ID_PATTERN, description="An uploaded file with purpose `batch`.")
+    input_file_id: str = Field(pattern=FILE_ID_PATTERN, description="An uploaded file with purpose `batch`.")
     endpoint: str = Field(description="The url every line of the file must name; pronk serves /v1/chat/completions.")
     completion_window: Literal["24h", "unlimited"] = Field(
         description="`24h`: lines not started within a day end as `batch_expired` and the batch `expired`."
@@ -159,6 +160,14 @@ async def _create_batch(
     if file.purpose != "batch":
         raise ApiError(
             400, f"File {file.id} has purpose {file.purpose!r}; a batch needs purpose 'batch'.", param="input_file_id"
+        )
+    if not file.lines:
+        raise ApiError(
+            400,
+            f"File {file.id} has no request lines: a batch needs at least one; upload a file with one JSON request a "
+            "line.",
+            param="input_file_id",
+            code="empty_file",
         )
     if body.endpoint not in SERVED_URLS:
         raise ApiError(

@@ -18,11 +18,12 @@ from pronk.api.deps import FilesDep, OwnerDep, SettingsDep
 from pronk.api.errors import ApiError, not_found
 from pronk.batches.files import FileRecord, FileStore, UploadRejected
 from pronk.batches.schemas import FileObject, FilePurpose
+from pronk.protocol.ids import id_pattern
 
 router = APIRouter(prefix="/files", tags=["files"])
 
-ID_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"
-FileId = Annotated[str, Path(pattern=ID_PATTERN, description="The file's id.")]
+FILE_ID_PATTERN = id_pattern("file")
+FileId = Annotated[str, Path(pattern=FILE_ID_PATTERN, description="The file's id (`file_` and 24 hex digits).")]
 UPLOADABLE = ("batch",)
 MAX_FILENAME = 255
 """Characters of an uploaded file's name that are kept."""
@@ -88,7 +89,8 @@ UPLOAD_FORM = {
 
 @router.post("", response_model=FileObject, openapi_extra=UPLOAD_FORM)
 async def upload_file(request: Request, owner: OwnerDep, files: FilesDep, settings: SettingsDep) -> FileObject:
-    """Upload a batch input file (multipart `file` and `purpose=batch`); nothing is stored when a limit is hit."""
+    """Upload a batch input file (multipart `file` and `purpose=batch`); nothing is stored when a limit is hit or
+    the file has no request line."""
     limit = settings.api_max_upload_bytes
     declared = int(request.headers.get("content-length") or 0)
     if declared > limit + MULTIPART_SLACK:
@@ -119,7 +121,7 @@ async def upload_file(request: Request, owner: OwnerDep, files: FilesDep, settin
                 settings.api_max_upload_lines,
             )
         except UploadRejected as exc:
-            raise ApiError(400, str(exc), param="file", code="too_many_lines") from exc
+            raise ApiError(400, str(exc), param="file", code=exc.code) from exc
     return record.public()
 
 

@@ -145,6 +145,14 @@ def test_uploads_over_a_limit_are_refused_and_nothing_is_stored(api, text, statu
     assert stored_contents(root) == [] and client.get("/v1/files", headers=alice).json()["data"] == []
 
 
+@pytest.mark.parametrize("text", ["", "\n", "  \n\t\n\r\n"], ids=["empty", "one-newline", "blank-lines"])
+def test_an_upload_without_a_request_line_is_refused_and_nothing_is_stored(api, text):
+    client, alice, _, _, root = api
+    error = assert_error(upload(client, alice, text), 400, "file")
+    assert error["code"] == "empty_file" and "no request lines" in error["message"]
+    assert stored_contents(root) == [] and client.get("/v1/files", headers=alice).json()["data"] == []
+
+
 def test_upload_needs_purpose_batch(api):
     client, alice, *_ = api
     assert_error(upload(client, alice, line(0), purpose="fine-tune"), 400, "purpose")
@@ -235,6 +243,43 @@ def test_a_model_served_by_several_jobs_goes_to_the_one_with_live_workers(api):
     created = create(client, alice, file_id)
     assert created.status_code == 200, created.text
     assert created.json()["job_id"] == job
+
+
+def test_a_batch_on_a_file_without_request_lines_says_so(api):
+    """A file recorded with no request line (uploaded before uploads were checked for one) cannot make a batch."""
+    client, alice, _, runs, root = api
+    file_id = upload(client, alice, line(0)).json()["id"]
+    record = root / "store" / "files" / "records" / f"{file_id}.json"
+    record.write_text(json.dumps({**json.loads(record.read_text()), "lines": 0, "models": [], "urls": []}))
+    error = assert_error(create(client, alice, file_id), 400, "input_file_id")
+    assert error["code"] == "empty_file" and "no request lines" in error["message"] and "models" not in error["message"]
+    assert queued(client) == [] and runs.drainers == 0
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/v1/files/{file}"),
+        ("GET", "/v1/files/{file}/content"),
+        ("DELETE", "/v1/files/{file}"),
+        ("GET", "/v1/batches/{batch}"),
+        ("POST", "/v1/batches/{batch}/cancel"),
+    ],
+)
+def test_a_malformed_id_is_a_400_and_a_well_formed_unknown_id_a_404(api, method, path):
+    client, alice, *_ = api
+    param = "batch_id" if "batches" in path else "file_id"
+    for file, batch in (("file-abc", "batch-abc"), ("nope", "nope"), ("file_" + "0" * 23, "batch_" + "A" * 24)):
+        error = assert_error(client.request(method, path.format(file=file, batch=batch), headers=alice), 400, param)
+        assert "pattern" in error["message"]
+    unknown = path.format(file="file_" + "0" * 24, batch="batch_" + "0" * 24)
+    assert assert_error(client.request(method, unknown, headers=alice), 404, param)["code"] == "not_found"
+
+
+def test_a_batch_on_a_malformed_input_file_id_is_a_400_and_on_an_unknown_one_a_404(api):
+    client, alice, *_ = api
+    assert_error(create(client, alice, "file-abc"), 400, "input_file_id")
+    assert_error(create(client, alice, "file_" + "0" * 24), 404, "file_id")
 
 
 def test_batches_list_newest_first_with_cursor_pagination(api):

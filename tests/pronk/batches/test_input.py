@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from pronk.batches.input import BatchInputError, InputLimits, validate_input
+from pronk.batches.input import BatchInputError, InputLimits, is_blank, validate_input
 from pronk.batches.prompt_length import PromptLength
 from pronk.jobs.files import get_job
 from pronk.protocol.error_codes import ErrorCode
@@ -49,8 +49,13 @@ def test_max_completion_tokens_wins_over_default(job):
 
 @pytest.mark.parametrize("data", [b"", b"\n\n  \n"])
 def test_empty_file_fails_the_batch(job, data):
+    assert is_blank([data[:1], data[1:]])
     with pytest.raises(BatchInputError):
         validate_input(data, job)
+
+
+def test_a_file_with_one_request_line_in_any_piece_is_not_blank():
+    assert not is_blank([b"\n \n", b"  ", b"{}", b"\n"]) and not is_blank([b"\r\n x"])
 
 
 def chat_line(custom_id: str, content: str = "hi", **body) -> dict:

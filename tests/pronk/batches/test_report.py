@@ -94,6 +94,7 @@ def figures_of_a_checked_agent_batch() -> RunFigures:
         lines=5,
         completed=5,
         failed=0,
+        cancelled=0,
         input_tokens=870,
         cached_tokens=224,
         output_tokens=53,

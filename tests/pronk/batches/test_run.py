@@ -130,7 +130,8 @@ def test_a_batch_whose_run_is_gone_ends_failed_with_its_finished_lines(tmp_path)
     ended = end_batch(batch.id, "failed", "the flow run crashed 3 times", settings, uri)
     assert ended is not None and ended.status == "failed" and ended.failed_at
     assert ended.errors.data[0].code == "batch_run_failed" and "crashed" in ended.errors.data[0].message
-    assert (ended.request_counts.completed, ended.request_counts.failed) == (1, 3)
+    counts = ended.request_counts
+    assert (counts.completed, counts.failed, counts.cancelled) == (1, 3, 0)  # a failed run's unstarted lines failed
     assert [json.loads(x)["custom_id"] for x in read_lines(ended.output_uri)] == ["r1"]
     errors = [json.loads(x)["error"] for x in read_lines(ended.error_uri)]
     assert [(e["line"], e["code"]) for e in errors] == [

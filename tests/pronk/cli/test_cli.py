@@ -57,7 +57,24 @@ def test_a_refusal_ends_the_command_with_its_message_and_no_traceback(tmp_path):
     for args in (("leap", "status", "--job", "nope"), ("job", "show", "--job", "nope")):
         done = pronk(local_env(tmp_path), *args)
         assert done.returncode == 1
-        assert done.stderr.startswith("pronk: no job 'nope'; known: ") and "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.startswith("pronk: no job 'nope' (a job id or name); known: "), done.stderr
+        assert "job-c0ffee01 (tiny-cpu)" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_batch_run_on_an_empty_file_a_directory_or_no_file_says_which_and_writes_nothing(tmp_path):
+    env = local_env(tmp_path)
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text("\n  \n")
+    out = tmp_path / "out"
+    for given, says in (
+        (blank, "has no request lines (it is empty or blank): nothing was run or written"),
+        (tmp_path, "is a directory"),
+        (tmp_path / "missing.jsonl", "does not exist"),
+    ):
+        done = pronk(env, "batch", "run", str(given), "--out", str(out))
+        assert done.returncode == 1 and done.stdout == "", done.stdout
+        assert done.stderr.startswith("pronk: input ") and says in done.stderr, done.stderr
+    assert not out.exists() and not (tmp_path / "store").exists()
 
 
 def test_a_flow_run_logs_a_refusal_without_its_traceback_and_any_other_error_with_it():

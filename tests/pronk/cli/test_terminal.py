@@ -48,3 +48,35 @@ def test_a_refusal_or_a_server_that_does_not_answer_is_one_line_and_anything_els
             raise AttributeError("a bug in the handler")  # noqa: B904 - the point: not caused by the error
     assert expected_failure(bug.value) is None
     assert expected_failure(KeyError("a bug")) is None
+
+
+def test_improve_progress_reads_the_round_begun_since_the_command_started_and_then_its_own_canary(tmp_path):
+    import time
+
+    from pronk.batches.schemas import LinesChecked
+    from pronk.cli.terminal import improve_reading
+    from pronk.leap.records import CanaryRecord, LeapRecord, LeapStore
+    from pronk.learn.rounds import ImproveRound, RoundStore
+    from pronk.settings import Settings
+
+    settings = Settings(data_dir=tmp_path, storage_uri=str(tmp_path / "store"))
+    rounds, leaps = RoundStore(settings), LeapStore(settings)
+    job = "job-5a011201"
+    earlier = ImproveRound(job_id=job, round=1, model="m", parent_version="m/1", started_at=time.time() - 60)
+    rounds.save(earlier)
+    read = improve_reading(job, time.time() - 1, settings)
+    assert read() is None  # no round of this command yet: an earlier run's round is not shown
+
+    record = ImproveRound(job_id=job, round=1, model="m", parent_version="m/2")
+    record.progress.rollouts = LinesChecked(total=96, done=40)
+    rounds.save(record)
+    assert read() == ("round 1: rollouts checked", 40, 96)
+
+    record.status, record.version = "leaping", "m/3"
+    rounds.save(record)
+    canary = CanaryRecord(worker_id="w0", labelled_set="s", lines=32, baseline_workers=["w1"])
+    canary.checked = LinesChecked(total=64, done=12)
+    leaps.save(LeapRecord(job_id=job, model="m", to_version="m/2", canary=canary))  # another Leap's canary
+    assert read() == ("round 1: leaping", 0, None)
+    leaps.save(LeapRecord(job_id=job, model="m", to_version="m/3", canary=canary))
+    assert read() == ("round 1: canary lines checked", 12, 64)

@@ -170,7 +170,7 @@ def test_rolling_restart_with_a_batch_running(stack, tmp_path):
     assert set(restarted) == {f"{JOB}-w0", f"{JOB}-w1"}
     assert all(restarted[name] != before[name] and not alive(before[name]) for name in restarted)
     assert result["status"] == "completed", result
-    assert result["request_counts"] == {"total": 16, "completed": 16, "failed": 0}
+    assert result["request_counts"] == {"total": 16, "completed": 16, "failed": 0, "cancelled": 0}
     steps = scan_steps([result["steps_uri"]], stack).collect()
     assert steps.height >= 16 * 10 and steps["error"].null_count() == steps.height  # no step failed, none retried
     state = read_state(stack)

@@ -80,10 +80,11 @@ def test_duplicate_job_ids_are_rejected(tmp_path):
         load_jobs(catalog(tmp_path))
 
 
-def test_unknown_job_lists_known_ones(tmp_path):
+def test_unknown_job_lists_known_ones_by_id_and_name_which_it_both_accepts(tmp_path):
     write(tmp_path, "a", GOOD)
-    with pytest.raises(KeyError, match="job-0123abcd"):
+    with pytest.raises(KeyError, match=r"no job 'nope' \(a job id or name\); known: job-0123abcd \(a\)$"):
         get_job("nope", catalog(tmp_path))
+    assert get_job("a", catalog(tmp_path)).job_id == get_job("job-0123abcd", catalog(tmp_path)).job_id
 
 
 def test_a_broken_neighbour_does_not_stop_a_job_but_the_catalog_names_it(tmp_path, caplog):

@@ -8,7 +8,7 @@ import pytest
 
 from engine.client import WorkerClient
 from pronk.batches.labelled import labelled_lines
-from pronk.batches.schemas import CheckCounts
+from pronk.batches.schemas import CheckCounts, LinesChecked
 from pronk.jobs.files import get_job
 from pronk.leap import canary
 from pronk.leap.records import LeapRecord, LeapStore, WorkerLeap
@@ -77,10 +77,12 @@ class Fleet:
         worker.version, worker.paused_at, worker.resumed_at = version, 1.0, 1.5
 
     def measure_on(self, run: LeapRun):
-        async def measure(lines, worker_ids: list[str]) -> CheckCounts:
+        async def measure(lines, worker_ids: list[str], progress: LinesChecked) -> CheckCounts:
             (version,) = {run.record.workers[w].version for w in worker_ids}
             self.calls.append(("measure", tuple(worker_ids), version))
+            progress.total += len(lines)
             await asyncio.sleep(0)
+            progress.done += len(lines)
             passed = self.rates[version]
             return CheckCounts(passed=passed, failed=20 - passed)
 
@@ -182,9 +184,9 @@ def test_a_canary_that_outlasts_its_bound_goes_back_and_the_leap_is_refused_sayi
     fleet = Fleet({OLD: 16, NEW: 16})
     measure = fleet.measure_on(run)
 
-    async def slow_measure(lines, worker_ids):
+    async def slow_measure(lines, worker_ids, progress):
         await asyncio.sleep(5)
-        return await measure(lines, worker_ids)
+        return await measure(lines, worker_ids, progress)
 
     with pytest.raises(LeapRefused, match=r"did not finish within leap_canary_timeout_s \(0.2s\) on w0"):
         asyncio.run(trial(run, job, fleet, slow_measure, 0.2))
@@ -248,3 +250,23 @@ def test_an_unreadable_labelled_set_refuses_the_leap_before_any_worker_is_touche
     with pytest.raises(LeapRefused, match=r"cannot read the labelled set .*--no-canary"):
         canary.labelled_set(job, record, True, settings)
     assert LeapStore(settings).latest("job-c0ffee01").status == "refused"
+
+
+def test_the_canary_record_shows_the_lines_checked_on_both_versions_while_they_run(settings, tmp_path):
+    job = job_with_set(tmp_path)
+    run = leap_run(settings, ["w0", "w1"])
+    fleet = Fleet({OLD: 16, NEW: 16})
+    seen: list[LinesChecked] = []
+
+    async def slow_measure(lines, worker_ids, progress):
+        progress.total += len(lines)
+        await asyncio.sleep(1.5)  # the record is saved about once a second meanwhile
+        seen.append(LeapStore(settings).latest("job-c0ffee01").canary.checked)
+        progress.done += len(lines)
+        return CheckCounts(passed=16, failed=4)
+
+    lines = len(labelled_lines(job, get_settings()))
+    asyncio.run(trial(run, job, fleet, slow_measure))
+    assert LinesChecked(total=2 * lines, done=0) in seen  # both versions' lines asked, none checked yet
+    assert run.record.canary.checked == LinesChecked(total=2 * lines, done=2 * lines)
+    assert LeapStore(settings).latest("job-c0ffee01").canary.checked == run.record.canary.checked

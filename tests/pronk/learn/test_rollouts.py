@@ -15,6 +15,7 @@ from pronk.agents.step_records import StepRecorder
 from pronk.agents.transcripts import Transcript, TranscriptRecorder
 from pronk.batches.input import validate_input
 from pronk.batches.labelled import CheckedLine
+from pronk.batches.schemas import LinesChecked
 from pronk.jobs.files import get_job
 from pronk.learn.hints import HINT_PREFIX, hinted_request
 from pronk.learn.rollouts import Sample, rollout, sample_requests
@@ -80,8 +81,10 @@ def test_sample_requests_share_the_prompt_and_differ_by_id_and_seed():
 def test_a_rollout_checks_every_sample_and_carries_its_transcript_and_records(tmp_path):
     router = AnsweringRouter({"arith-1": ["4", "5", "It is 4."], "lookup-1": ["no", "no", "no"]})
     harness = Harness(router, get_job("tiny-cpu", get_settings()), StepRecorder(), tmp_path, TranscriptRecorder())  # type: ignore[arg-type]
-    samples = asyncio.run(rollout(lines("arith-1", "lookup-1"), harness, 3, 0.8, 0))
+    progress = LinesChecked(total=2, done=2)  # two samples an earlier call of the round checked
+    samples = asyncio.run(rollout(lines("arith-1", "lookup-1"), harness, 3, 0.8, 0, progress=progress))
 
+    assert progress == LinesChecked(total=8, done=8)
     assert [(s.task_id, s.index, s.passed) for s in samples] == [
         ("arith-1", 0, True),
         ("arith-1", 1, False),

@@ -171,8 +171,18 @@ def test_an_example_over_the_token_budget_is_left_out_and_none_left_is_refused(t
 
 def test_train_runs_in_a_niced_child_with_its_threads_and_leaves_the_caller_as_it_was(tiny, tmp_path):
     niceness, threads = os.nice(0), torch.get_num_threads()
-    budget = TrainingBudget.of(ImproveConfig(max_steps=1, threads=1, nice=5, learning_rate=1e-3))
-    result = train(tiny, examples(1), tmp_path / "ckpt", budget)
-    assert (result.steps, result.threads) == (1, 1)
+    budget = TrainingBudget.of(ImproveConfig(max_steps=2, threads=1, nice=5, learning_rate=1e-3))
+    reported: list[tuple[int, float]] = []
+    result = train(tiny, examples(1), tmp_path / "ckpt", budget, lambda step, loss: reported.append((step, loss)))
+    assert (result.steps, result.threads) == (2, 1)
+    assert reported == list(enumerate(result.losses, start=1))  # every step, as the child made it, in order
     assert result.nice == min(niceness + 5, 19)
     assert (os.nice(0), torch.get_num_threads()) == (niceness, threads)
+
+
+def test_a_training_process_that_fails_raises_here_and_reports_no_step(tiny, tmp_path):
+    reported: list[tuple[int, float]] = []
+    with pytest.raises(ValueError, match="no example to train on"):
+        budget = TrainingBudget(max_steps=1, max_tokens=16)
+        train(tiny, examples(), tmp_path / "ckpt", budget, lambda step, loss: reported.append((step, loss)))
+    assert reported == []

@@ -67,7 +67,7 @@ def test_a_sigkilled_worker_leaves_no_children_and_is_restarted_while_a_batch_co
     batch = asyncio.run(
         run_batch(input_uri=str(batch_file(tmp_path / "in.jsonl", 8)), job_id=JOB, output_dir=str(tmp_path))
     )
-    assert batch["request_counts"] == {"total": 8, "completed": 8, "failed": 0}
+    assert batch["request_counts"] == {"total": 8, "completed": 8, "failed": 0, "cancelled": 0}
 
     def restarted() -> bool:
         entry = next((e for e in registry.live(JOB) if e.worker_id == WORKER), None)
