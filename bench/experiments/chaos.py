@@ -47,7 +47,7 @@ import openai
 
 from bench.experiments import scratch_stack
 from bench.experiments.api_burst import flow_run_pids
-from bench.harness.report import record_section
+from bench.harness.results_md import record_section
 
 BENCH_DIR = Path(__file__).resolve().parent.parent
 FAULTS = ("drainer-kill", "stack-restart", "postgres-restart", "prefect-restart", "api-kill")
