@@ -5,6 +5,11 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pronk.jobs.schema import JobConfig
+    from pronk.settings import Settings
 
 
 def scratch_stack(name: str, **env: str) -> Path:
@@ -19,3 +24,20 @@ def scratch_stack(name: str, **env: str) -> Path:
     ports = {f"PRONK_{part}_PORT": str(free_port()) for part in ("PREFECT", "MLFLOW", "API")}
     os.environ.update({"PRONK_DATA_DIR": str(work / "data"), **ports, **env})
     return work
+
+
+def scratch_stack_for(name: str, job: str, **env: str) -> tuple[Path, Settings, JobConfig]:
+    """`scratch_stack` whose default job is `job` (a name or id), with Prefect's settings pointing at its server:
+    the folder, the settings and the job, for an experiment that then calls `pronk.stack.embedded.up`."""
+    from pronk.jobs.files import get_job
+    from pronk.settings import get_settings
+    from pronk.stack.prefect_env import configure_prefect
+
+    work = scratch_stack(name, **env)
+    get_settings.cache_clear()
+    resolved = get_job(job, get_settings())
+    os.environ["PRONK_DEFAULT_JOB"] = resolved.job_id
+    get_settings.cache_clear()
+    settings = get_settings()
+    configure_prefect(settings)
+    return work, settings, resolved

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.experiments import scratch_stack
+from bench.experiments import scratch_stack_for
 from bench.harness.figures import percentile
 from bench.harness.results_md import record_section
 
@@ -242,20 +242,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--record", action="store_true", help="Write the section into bench/RESULTS.md.")
     args = parser.parse_args(argv)
 
-    work = scratch_stack("burst", PRONK_API_AUTH="true", PRONK_PREFECT_DATABASE=args.prefect_database)
+    work, settings, job = scratch_stack_for(
+        "burst", args.job, PRONK_API_AUTH="true", PRONK_PREFECT_DATABASE=args.prefect_database
+    )
     from pronk.api.keys import ApiKeyStore
-    from pronk.jobs.files import get_job
-    from pronk.settings import get_settings
     from pronk.stack import embedded as stack
     from pronk.stack.embedded import prefect_database
-    from pronk.stack.prefect_env import configure_prefect
 
-    settings = get_settings()
-    job = get_job(args.job, settings)
-    os.environ["PRONK_DEFAULT_JOB"] = job.job_id
-    get_settings.cache_clear()
-    settings = get_settings()
-    configure_prefect(settings)
     try:
         stack.up(settings, mlflow_ui=False)
         keys = [ApiKeyStore(settings).create(owner=f"owner-{i}")[0] for i in range(args.owners)]

@@ -45,7 +45,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from bench.experiments import scratch_stack
+from bench.experiments import scratch_stack_for
 from bench.experiments.api_burst import flow_run_pids
 from bench.harness.results_md import record_section
 
@@ -277,19 +277,10 @@ def main(argv: list[str] | None = None) -> None:
     if unknown := sorted(set(faults) - set(FAULTS)):
         parser.error(f"unknown faults {unknown}; known: {', '.join(FAULTS)}")
 
-    work = scratch_stack("chaos", PRONK_API_AUTH="true", PRONK_RECONCILE_INTERVAL_S="5")
+    work, settings, job = scratch_stack_for("chaos", args.job, PRONK_API_AUTH="true", PRONK_RECONCILE_INTERVAL_S="5")
     from pronk.api.keys import ApiKeyStore
-    from pronk.jobs.files import get_job
-    from pronk.settings import get_settings
     from pronk.stack import embedded as stack
-    from pronk.stack.prefect_env import configure_prefect
 
-    settings = get_settings()
-    job = get_job(args.job, settings)
-    os.environ["PRONK_DEFAULT_JOB"] = job.job_id
-    get_settings.cache_clear()
-    settings = get_settings()
-    configure_prefect(settings)
     outcomes = []
     try:
         stack.up(settings, mlflow_ui=False)

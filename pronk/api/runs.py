@@ -8,6 +8,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from pronk.batches.schemas import Batch
+from pronk.control.flow_runs import runs_of
 from pronk.stack.deployments import DeploymentStarter
 
 if TYPE_CHECKING:
@@ -44,27 +45,9 @@ class BatchFlowRuns:
     """What the Prefect server knows of the API's flow runs: which ended badly, which died without ending, the
     batch queue's drainers, and how many runs a batch has had."""
 
-    async def ended(self, limit: int = 200) -> list[FlowRun]:
+    async def ended(self) -> list[FlowRun]:
         """The latest run-batch flow runs that crashed, failed or were cancelled."""
-        from prefect import get_client
-        from prefect.client.schemas.filters import (
-            FlowFilter,
-            FlowFilterName,
-            FlowRunFilter,
-            FlowRunFilterState,
-            FlowRunFilterStateType,
-        )
-        from prefect.client.schemas.objects import StateType
-        from prefect.client.schemas.sorting import FlowRunSort
-
-        states = [StateType.CRASHED, StateType.FAILED, StateType.CANCELLED]
-        async with get_client() as client:
-            return await client.read_flow_runs(
-                flow_filter=FlowFilter(name=FlowFilterName(any_=[FLOW])),
-                flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=states))),
-                sort=FlowRunSort.EXPECTED_START_TIME_DESC,
-                limit=limit,
-            )
+        return await runs_of([FLOW], ["CRASHED", "FAILED", "CANCELLED"])
 
     async def end_dead(self, judge_remote: bool) -> list[DeadRun]:
         """Mark `Crashed` the runs of pronk's flows whose process is gone (`pronk.control.dead_runs`)."""
@@ -74,25 +57,8 @@ class BatchFlowRuns:
 
     async def drainers(self) -> list[FlowRun]:
         """The batch queue's drainers that have not ended: the one running, and those waiting for its slot."""
-        from prefect import get_client
-        from prefect.client.schemas.filters import (
-            FlowFilter,
-            FlowFilterName,
-            FlowRunFilter,
-            FlowRunFilterState,
-            FlowRunFilterStateType,
-        )
-        from prefect.client.schemas.objects import StateType
-        from prefect.client.schemas.sorting import FlowRunSort
-
-        unended = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.CANCELLING, StateType.PAUSED]
-        async with get_client() as client:
-            return await client.read_flow_runs(
-                flow_filter=FlowFilter(name=FlowFilterName(any_=[DRAINER_FLOW])),
-                flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=unended))),
-                sort=FlowRunSort.EXPECTED_START_TIME_ASC,
-                limit=20,
-            )
+        unended = ["SCHEDULED", "PENDING", "RUNNING", "CANCELLING", "PAUSED"]
+        return await runs_of([DRAINER_FLOW], unended, newest_first=False, limit=20)
 
     async def count(self, batch_id: str) -> int:
         """How many flow runs the batch has had (each is named by the batch's id, a resumed one `<id>-run-<n>`)."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from pronk.control.flow_runs import mark_ended
+from pronk.control.flow_runs import mark_ended, runs_of
 from pronk.host_process import HostProcess
 
 if TYPE_CHECKING:
@@ -107,26 +107,6 @@ def verdict(
     return f"no heartbeat for {quiet:.0f}s ({where})"
 
 
-async def _unended_runs() -> list[FlowRun]:
-    from prefect import get_client
-    from prefect.client.schemas.filters import (
-        FlowFilter,
-        FlowFilterName,
-        FlowRunFilter,
-        FlowRunFilterState,
-        FlowRunFilterStateType,
-    )
-    from prefect.client.schemas.objects import StateType
-
-    unended = [StateType.PENDING, StateType.RUNNING, StateType.CANCELLING]
-    async with get_client() as client:
-        return await client.read_flow_runs(
-            flow_filter=FlowFilter(name=FlowFilterName(any_=list(PRONK_FLOWS))),
-            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=unended))),
-            limit=200,
-        )
-
-
 async def _last_heartbeats(run_ids: list[str], since: datetime) -> dict[str, datetime]:
     """Each run's newest heartbeat since `since` (runs without one are left out)."""
     from prefect import get_client
@@ -160,7 +140,7 @@ def dead_after_s() -> float:
 async def find_dead(judge_remote: bool) -> list[DeadRun]:
     """The unended runs of pronk's flows whose process is gone (raises when Prefect does not answer)."""
     now, quiet_s = datetime.now(UTC), dead_after_s()
-    runs = await _unended_runs()
+    runs = await runs_of(PRONK_FLOWS, ["PENDING", "RUNNING", "CANCELLING"])
     beats = await _last_heartbeats([str(r.id) for r in runs], now - timedelta(seconds=quiet_s)) if runs else {}
     dead = []
     for run in runs:

@@ -1,4 +1,4 @@
-"""A flow run's state, read and ended: for runs whose process died without a hook (SIGKILL, OOM, a lost machine).
+"""Flow runs read, and ended: for runs whose process died without a hook (SIGKILL, OOM, a lost machine).
 
 Such a flow run stays RUNNING in Prefect for good when no Prefect worker watched its process (`pronk enrich run`
 runs the flow in its own process). The next run of the same work reads its state and marks it `Crashed`. Both calls
@@ -8,9 +8,39 @@ are bounded and best effort (`best_effort`): a Prefect server that is away costs
 from __future__ import annotations
 
 import uuid
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 from pronk.control.calls import best_effort
+
+if TYPE_CHECKING:
+    from prefect.client.schemas.objects import FlowRun
+
+
+async def runs_of(
+    flows: Sequence[str], states: Sequence[str], newest_first: bool = True, limit: int = 200
+) -> list[FlowRun]:
+    """The flow runs of the named flows in the given state types (`RUNNING`, `CRASHED`, …), by expected start."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import (
+        FlowFilter,
+        FlowFilterName,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    types = FlowRunFilterStateType(any_=[StateType(state) for state in states])
+    sort = FlowRunSort.EXPECTED_START_TIME_DESC if newest_first else FlowRunSort.EXPECTED_START_TIME_ASC
+    async with get_client() as client:
+        return await client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=list(flows))),
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=types)),
+            sort=sort,
+            limit=limit,
+        )
 
 
 async def _state_type(flow_run_id: str) -> str | None:
