@@ -9,9 +9,10 @@ step's batch, waited out at `speed_factor`, then one token for each request that
 Everything else is vLLM's and pronk's own: continuous batching, chunked prefill, prefix caching, preemption,
 `engine.kv_retention`'s pins, the output processor, `AsyncLLM`.
 
-Outputs run to each request's `max_tokens`: the token written is the lowest id none of the request's stop token ids
-(end of sequence included) names. A step with a JSON schema gets the lowest token its grammar allows instead, so the
-grammar holds; the text means nothing either way.
+Outputs run to each request's `max_tokens`: the token written is the lowest id that decodes to text (a special token
+would cost the front end's incremental detokenizer a re-decode of the whole output every step) and that none of the
+request's stop token ids (end of sequence included) names. A step with a JSON schema gets the lowest token its grammar
+allows instead, so the grammar holds; the text means nothing either way.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 
 SIM_KEY = "pronk_sim"
 """Where `SimSettings` ride in vLLM's `additional_config` (the engine core process gets no other input)."""
+PLAIN_IDS = 8
 
 
 @dataclass(slots=True)
@@ -83,6 +85,8 @@ class SimRunner:
     vllm_config: Any
     settings: SimSettings
     timing: TimingModel
+    plain_ids: list[int] = field(default_factory=lambda: list(range(PLAIN_IDS)))
+    """The lowest token ids that decode to text, the filler's candidates."""
     requests: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Each scheduled request's prompt length and the token it writes."""
     scheduled: list[tuple[str, bool]] = field(default_factory=list)
@@ -126,7 +130,7 @@ class SimRunner:
         counts = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
             prompt = len(new.prompt_token_ids or ())
-            self.requests[new.req_id] = (prompt, _filler(new.sampling_params))
+            self.requests[new.req_id] = (prompt, self._filler(new.sampling_params))
             step.add_prefill(counts[new.req_id], new.num_computed_tokens)
             self.scheduled.append((new.req_id, new.num_computed_tokens + counts[new.req_id] >= prompt))
         cached = scheduler_output.scheduled_cached_reqs
@@ -166,6 +170,11 @@ class SimRunner:
             req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)}, sampled_token_ids=sampled
         )
 
+    def _filler(self, params: Any) -> int:
+        """The token a request with sampling `params` writes: the first plain id that stops nothing."""
+        stops = params.all_stop_token_ids if params is not None else set()
+        return next((i for i in self.plain_ids if i not in stops), self.plain_ids[-1])
+
     def take_draft_token_ids(self) -> None:
         return None
 
@@ -182,10 +191,13 @@ class SimRunner:
     def shutdown(self) -> None: ...
 
 
-def _filler(params: Any) -> int:
-    """The lowest token id that stops nothing for a request with sampling `params`."""
-    stops = set(params.all_stop_token_ids) if params is not None else set()
-    return min(set(range(len(stops) + 1)) - stops)
+def _plain_ids(model_config: Any) -> list[int]:
+    """The `PLAIN_IDS` lowest token ids of the model's tokenizer that decode to visible text."""
+    from vllm.tokenizers import cached_tokenizer_from_config
+
+    tokenizer = cached_tokenizer_from_config(model_config)
+    plain = (i for i in range(len(tokenizer)) if tokenizer.decode([i], skip_special_tokens=True).strip())
+    return [next(plain) for _ in range(PLAIN_IDS)]
 
 
 def _grammar_choices(grammar_output: GrammarOutput | None) -> dict[str, int]:
@@ -214,6 +226,8 @@ class SimExecutor(Executor):
         extra: dict[str, Any] = config.additional_config  # type: ignore[assignment]
         settings = SimSettings(**extra[SIM_KEY])
         self.runner = SimRunner(config, settings, load_timing(settings.timing))
+        if not config.model_config.skip_tokenizer_init:
+            self.runner.plain_ids = _plain_ids(config.model_config)
         log.info("simulated engine: timing %s at speed factor %s", settings.timing, settings.speed_factor)
 
     def collective_rpc(
