@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 SIM_KEY = "pronk_sim"
 """Where `SimSettings` ride in vLLM's `additional_config` (the engine core process gets no other input)."""
 PLAIN_IDS = 8
+"""Candidates kept for the filler token: enough that a request's stop ids cannot name them all."""
 
 
 @dataclass(slots=True)

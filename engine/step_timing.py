@@ -112,19 +112,16 @@ class TimingTable:
         )
 
 
-CPU_FEATURES = ("step", "prefill_tokens", "decode_requests", "new_pairs", "context_reads")
-"""What a CPU forward pass costs for: a fixed cost a step, each prefill token's and each decoding sequence's pass
-through the weights, and attention's pairs, computed among new tokens and read from the cache apart (on these cores a
-cold 8k prompt's pairs cost less each than a warm step's reads over the same prefix)."""
-
-
 def _features(step: StepShape) -> list[float]:
+    """What a CPU forward pass costs for: a fixed cost a step, each prefill token's and each decoding sequence's pass
+    through the weights, and attention's pairs, computed among new tokens and read from the cache apart (on these
+    cores a cold 8k prompt's pairs cost less each than a warm step's reads over the same prefix)."""
     return [1.0, step.prefill_tokens, step.decode_requests, step.new_pairs, step.context_reads]
 
 
 @dataclass(slots=True)
 class CpuFit:
-    """A linear model over `CPU_FEATURES`, fitted by least squares on relative error to measured steps."""
+    """A linear model over `_features`, fitted by least squares on relative error to measured steps."""
 
     coefficients: list[float]
 
