@@ -20,7 +20,7 @@ from pronk.settings import PROJECT_ROOT
 
 ARCHITECTURE = PROJECT_ROOT / "data" / "sim" / "models" / "qwen3-8b"
 TIMING = PROJECT_ROOT / "data" / "sim" / "timing" / "h100-vllm-qwen3-8b.json"
-BLOCK, BUDGET, MAX_SEQS = 16, 2048, 4
+BLOCK, BUDGET, MAX_SEQS, BLOCKS = 16, 2048, 4, 1024
 SPEED = 0.5
 """Simulated seconds per wall second: the test's own front end and the engine core share two busy cores."""
 
@@ -135,7 +135,7 @@ def backend(loop, tmp_path_factory):
         "scheduler_cls": "engine.kv_retention.PinningScheduler",
         "additional_config": pin_settings(0.5),
         "block_size": BLOCK,
-        "num_gpu_blocks_override": 4096,
+        "num_gpu_blocks_override": BLOCKS,
         "max_num_batched_tokens": BUDGET,
         "max_num_seqs": MAX_SEQS,
         "max_model_len": 8192,
@@ -203,10 +203,24 @@ def test_a_json_constrained_step_keeps_to_its_grammar(backend, loop) -> None:
     assert result.text.startswith("{")
 
 
+def test_requests_preempted_for_kv_room_still_finish_at_full_length(backend, loop) -> None:
+    """Four requests of 4,200 tokens each outgrow the 16,384-token cache near their end: vLLM preempts and
+    recomputes, and the simulated engine follows its scheduler through it."""
+    preempted = backend.snapshot.preemptions
+    steps = [step(f"kv{i}", list(range(80_000 + 4000 * i, 83_900 + 4000 * i)), 300) for i in range(MAX_SEQS)]
+
+    async def all_steps():
+        return await asyncio.gather(*(backend.generate(s) for s in steps))
+
+    results = loop.run_until_complete(all_steps())
+    assert [r.completion_tokens for r in results] == [300] * MAX_SEQS
+    assert backend.snapshot.preemptions > preempted
+
+
 def test_stats_report_the_simulated_kv_cache(backend) -> None:
     stats = backend.stats()
     assert stats.model_version.startswith("sim/")
-    assert stats.kv_capacity_tokens == 4096 * BLOCK
+    assert stats.kv_capacity_tokens == BLOCKS * BLOCK
 
 
 def test_gpu_memory_sizes_the_kv_cache_as_vllm_does() -> None:
