@@ -177,7 +177,9 @@ class VllmBackend:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = AsyncEngineArgs(model=self.model_path, disable_log_stats=False, **self.engine_kwargs)
+        # A simulated engine's kwargs name their own `model` (an architecture config; `model_path` is then where the
+        # tokenizer and the weight versions live: engine.sim_executor.SimSettings.engine_kwargs).
+        args = AsyncEngineArgs(**{"model": self.model_path, "disable_log_stats": False, **self.engine_kwargs})
         if args.kv_transfer_config is not None:
             tier_bytes = int(args.kv_transfer_config.kv_connector_extra_config.get("cpu_bytes_to_use", 0))
             self.snapshot.host_tier = HostTierStats(capacity_bytes=tier_bytes)

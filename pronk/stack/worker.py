@@ -8,6 +8,7 @@ worker token and the TLS certificate included) is resolved here and passed in.
 from __future__ import annotations
 
 import argparse
+import json
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from engine.worker import (
     run_model_in_engine_process,
     serve,
 )
+from pronk.agents.tools import project_path
 from pronk.jobs.files import get_job
 from pronk.jobs.schema import JobConfig
 from pronk.models.checkpoints import CheckpointMismatch, check_compatible, read_spec
@@ -58,6 +60,21 @@ def host_tier(job: JobConfig) -> dict[str, Any]:
     return {"kv_transfer_config": KVTransferConfig(**config)}
 
 
+def simulated(job: JobConfig, engine_kwargs: dict[str, Any], tokenizer: str) -> dict[str, Any]:
+    """`engine_kwargs` made those of a simulated engine (engine.sim_executor) of the job's `sim` GPU; the job's model
+    gives its tokenizer."""
+    from engine.sim_executor import SimSettings
+
+    sim = job.sim
+    timing = project_path(sim.timing)
+    timed_on = json.loads(timing.read_text()).get("system")
+    if timed_on != sim.gpu:
+        raise SystemExit(f"engine worker not started: sim.timing {sim.timing} is timed on {timed_on}, not {sim.gpu}")
+    settings = SimSettings(str(timing), sim.speed_factor, sim.memory_bytes)
+    blocks = {} if sim.num_gpu_blocks is None else {"num_gpu_blocks_override": sim.num_gpu_blocks}
+    return settings.engine_kwargs({**engine_kwargs, **blocks}, str(project_path(sim.architecture)), tokenizer)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--job", required=True, help="job id or name")
@@ -86,19 +103,22 @@ def main(argv: list[str] | None = None) -> None:
         pin_to_cores(cores_for(args.index, job.cpu_cores_per_worker))
         run_model_in_engine_process()
     model = resolve_model(job.model, settings)
+    engine_kwargs = {
+        "served_model_name": job.served_model_name,
+        "scheduler_cls": scheduler_class(job.device),
+        "structured_outputs_config": compact_json_outputs(),
+        "additional_config": pin_settings(job.scheduling.kv_pin_max_fraction),
+        **job.vllm_kwargs(),
+        **host_tier(job),
+    }
+    if job.engine.backend == "sim":
+        engine_kwargs = simulated(job, engine_kwargs, str(model.path))
     backend = VllmBackend(
         model_path=str(model.path),
         model_version=model.version,
         worker_id=worker_name(job.job_id, args.index),
         job_id=job.job_id,
-        engine_kwargs={
-            "served_model_name": job.served_model_name,
-            "scheduler_cls": scheduler_class(job.device),
-            "structured_outputs_config": compact_json_outputs(),
-            "additional_config": pin_settings(job.scheduling.kv_pin_max_fraction),
-            **job.vllm_kwargs(),
-            **host_tier(job),
-        },
+        engine_kwargs=engine_kwargs,
         kv_budget_headroom=job.scheduling.kv_budget_headroom,
         kv_budget_growth_steps=job.scheduling.kv_budget_growth_steps,
     )

@@ -5,7 +5,7 @@ import yaml
 
 from pronk.jobs.files import get_job, load_job_file, load_jobs
 from pronk.jobs.schema import JobFileError
-from pronk.settings import Settings, get_settings
+from pronk.settings import PROJECT_ROOT, Settings, get_settings
 
 GOOD = """
 job_id: job-0123abcd
@@ -183,3 +183,25 @@ def test_a_model_goes_to_its_one_job_else_the_live_one_else_the_default_else_a_c
         job_for_model(model, jobs, both, "tiny-cpu")
     with pytest.raises(AmbiguousModel, match="no job serves model 'gpt-x'"):
         job_for_model("gpt-x", jobs, nobody.__contains__, "tiny-cpu")
+
+
+def test_the_simulated_h100_job_asks_for_a_sim_engine_sized_by_the_gpu():
+    job = get_job("sim-h100-qwen3-8b", get_settings(), versions=False)
+    assert (job.engine.backend, job.sim.gpu, job.engine.kv_cache_memory_bytes) == ("sim", "h100_sxm", None)
+    assert job.sim.memory_bytes == int(79.6 * (1 << 30))
+    assert "backend" not in job.vllm_kwargs()
+    assert (PROJECT_ROOT / job.sim.architecture / "config.json").exists()
+    assert (PROJECT_ROOT / job.sim.timing).exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("engine: {backend: sim}\nsim: {gpu: cpu, timing: data/sim/timing/cpu-tiny.json}\n", "num_gpu_blocks"),
+        ("engine: {backend: sim}\nscheduling: {kv_host_tier_bytes: 1048576}\n", "host tier"),
+    ],
+)
+def test_a_simulated_engine_it_cannot_be_is_refused(tmp_path, text, message):
+    path = write(tmp_path, "sim", GOOD.replace("engine:\n  kv_cache_memory_bytes: 33554432\n", "") + text)
+    with pytest.raises(JobFileError, match=message):
+        load_job_file(path)
