@@ -143,12 +143,13 @@ def peers_text(meta: dict) -> list[str]:
         return []
     return [
         "The peers: the same stock servers (started with `--enable-scale-out`, and each with its own name as its "
-        "responses' `system_fingerprint`, so every step's server is known) behind vllm-router 0.1.17, the vLLM "
-        "project's router (`bench/harness/peer.py`, the `bench` extra), one setup per policy: `cache_aware` (its "
+        "responses' `system_fingerprint`, so every step's server is known) behind vllm-router, the vLLM project's "
+        "router (`bench/harness/peer.py`, pinned by the `bench` extra), one setup per policy: `cache_aware` (its "
         "default, its balance threshold set to this fleet's traces in flight) and `sticky_least_loaded` with "
         "`X-Session-ID` set to each trace's id; both retry a step 3 tries in all and keep the circuit breaker's "
-        "defaults. `/ best peer` divides by the peer whose median the goal's figure is highest for, in the same "
-        "round; a goal over it asks no more than 0.95 of what the compute-only limit makes over it. Started as:",
+        "defaults. `/ best peer` divides, round by round, by the peer with the higher median (steady traces/s; "
+        "checked successes per dollar on agent-real); a goal over it asks no more than 0.95 of what the "
+        "compute-only limit makes over it. Started as:",
         "",
         *(f"- {name}: `{command}`" for name, command in commands.items()),
         "",
