@@ -47,10 +47,12 @@ down:
 bench-smoke: install
 	$(BIN)/python -m pytest -m bench_smoke
 
-# pronk vs N stock vLLM servers, the Herd's ablations and the two offline limits on both replay profiles (3 rounds each,
-# traces >= 3x the concurrency), plus the single-step file, then the labelled set's checked agent tasks on SmolLM2
-# (agent-real); records bench/RESULTS.md and bench/results/results.json. agent-long runs twice: as is, and with a
-# KV host tier on both sides beside stock vLLM without one (the agent-long-tiered record).
+# pronk vs N stock vLLM servers behind round-robin and behind vllm-router (the peers: cache_aware and
+# sticky_least_loaded, from the bench extra that `install` puts in .venv), the Herd's ablations and the two offline
+# limits on both replay profiles (3 rounds each, traces >= 3x the concurrency), plus the single-step file, then the
+# labelled set's checked agent tasks on SmolLM2 (agent-real); records bench/RESULTS.md and bench/results/results.json.
+# agent-long runs twice: as is, and with a KV host tier on every side beside stock vLLM without one (the
+# agent-long-tiered record).
 bench: install bench-smoke
 	$(BIN)/python -m bench --record --job agent-long --profile agent-long --rounds 3 --single-step-requests 0
 	$(BIN)/python -m bench --record --job agent-long-tiered --profile agent-long --rounds 3 --single-step-requests 0

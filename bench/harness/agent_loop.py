@@ -7,6 +7,8 @@ the model with exact lengths, append its output, wait out the tool gap, fan out)
 - `OpenAIServers`: what a user has today — N stock vLLM OpenAI servers behind a plain
   round-robin balancer, sent prompt token ids on `/v1/completions` (`ignore_eos`, `max_tokens`), or a step's
   chat messages on `/v1/chat/completions` with its JSON schema as `response_format` (the agent harness's steps).
+- `RouterClient`: the same requests to a vllm-router in front of those servers (`bench.harness.peer`), which picks
+  the server.
 - `engine.router.Router`: pronk's workers with the job's routing policy and gap-KV pin, no Prefect.
 """
 
@@ -67,11 +69,21 @@ class OpenAIServers:
             }
         return "/v1/chat/completions", body
 
-    async def generate(self, request: StepRequest) -> StepResult:
+    def destination(self, request: StepRequest) -> tuple[str, dict[str, str], str]:
+        """Where a step goes: (the URL, the headers it carries, the name of the server that will answer it): here the
+        next server in turn, named by its index."""
         index = next(self._next)
+        return self.urls[index], {}, f"vllm-server-{index}"
+
+    def answered_by(self, data: dict, server: str) -> str:
+        """The server that answered a step, from the response `data` and its `destination`'s name."""
+        return server
+
+    async def generate(self, request: StepRequest) -> StepResult:
+        url, headers, server = self.destination(request)
         path, body = self.request_body(request)
         started = time.monotonic()
-        response = await self._http.post(f"{self.urls[index]}{path}", json=body)
+        response = await self._http.post(f"{url}{path}", json=body, headers=headers)
         response.raise_for_status()
         data = response.json()
         usage, choice = data["usage"], data["choices"][0]
@@ -85,13 +97,37 @@ class OpenAIServers:
             completion_tokens=usage["completion_tokens"],
             finish_reason=choice.get("finish_reason") or "stop",
             model_version=self.model,
-            worker_id=f"vllm-server-{index}",
+            worker_id=self.answered_by(data, server),
             queue_time_s=0.0,
             engine_time_s=time.monotonic() - started,
         )
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+
+SESSION_HEADER = "X-Session-ID"
+"""The header vllm-router's sticky policies pin a session by."""
+
+
+class RouterClient(OpenAIServers):
+    """A vllm-router in front of stock vLLM servers: every step goes to its one URL, which picks the server. With
+    `session_header`, a step carries its trace's id as `X-Session-ID` (a fan-out child its root trace's, whose prefix
+    it shares: the family pronk's router keeps together too). The server that answered is its response's
+    `system_fingerprint`, which each server behind a router is started to set to its own name
+    (`bench.harness.baseline.VllmServers`)."""
+
+    def __init__(self, url: str, model: str, session_header: bool):
+        super().__init__([url], model)
+        self.session_header = session_header
+
+    def destination(self, request: StepRequest) -> tuple[str, dict[str, str], str]:
+        session = request.affinity_key or request.trace_id
+        headers = {SESSION_HEADER: session} if self.session_header and session else {}
+        return self.urls[0], headers, "vllm-router"
+
+    def answered_by(self, data: dict, server: str) -> str:
+        return data.get("system_fingerprint") or server
 
 
 @dataclass(slots=True)

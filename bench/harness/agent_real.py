@@ -1,23 +1,26 @@
 """`python -m bench --profile agent-real`: the job's labelled agent tasks as long-context traces on a real model,
-checked, pronk against stock vLLM round-robin, beside the offline limit.
+checked, pronk against stock vLLM round-robin and against vllm-router, beside the offline limits.
 
 Each round draws its traces from the job's labelled set (`workload.labelled_traces`, seed + round: every trace a
-document of its own in front of its task) and runs them on both setups, in an order rotated each round. Both run
-the very same loop: pronk's agent `Harness` over the lines (real python, sql and search tools), the job's
+document of its own in front of its task) and runs them on every serving setup, in an order rotated each round. All
+run the very same loop: pronk's agent `Harness` over the lines (real python, sql and search tools), the job's
 `max_concurrency` lines at a time, every answer checked by `run_check` (`pronk.batches.labelled.check_lines`). Only
 what answers a step differs: pronk's workers through `job_router`, or N stock vLLM OpenAI servers behind round-robin
-(`OpenAIServers`, sent chat completions with each step's JSON schema as `response_format`). Then the two offline
-limits (`bench.harness.fleet.LIMITS`: the same KV capacity as pronk, and compute only) replay the shapes pronk's own
-step records give (`pronk.herd.shapes.shapes_from_steps`) with no tool gaps. Every round is kept; the goals are
-those of issues 26 and 41 (`figures.checked_goals`).
+(`OpenAIServers`, sent chat completions with each step's JSON schema as `response_format`), or the same servers
+behind vllm-router with each of its policies (the peers, `bench.harness.peer`). Then the two offline limits
+(`bench.harness.fleet.LIMITS`: the same KV capacity as pronk, and compute only) replay the shapes pronk's own step
+records give (`pronk.herd.shapes.shapes_from_steps`) with no tool gaps. Every round is kept; the goals are those of
+issues 26 and 63 (`goals.checked_goals`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import cast
 
@@ -28,14 +31,18 @@ from bench.harness.config import BenchConfig
 from bench.harness.figures import (
     BASELINE,
     HARNESS,
+    PEERS,
     CheckedRound,
     CheckedRun,
     Comparison,
-    checked_goals,
+    EngineLoad,
+    checked_best_peer,
     checked_table,
     median_run,
 )
 from bench.harness.fleet import LIMITS, job_model_dir, kv_tokens_per_worker, limit_run, pronk_fleet
+from bench.harness.goals import checked_goals
+from bench.harness.peer import VllmRouter
 from bench.harness.report import (
     CHECKED_COLUMNS,
     checked_section,
@@ -97,38 +104,60 @@ class RealBench:
     def model_dir(self) -> Path:
         return job_model_dir(self.job, self.settings)
 
-    async def checked(self, name: str, lines: list[ValidRequest], router: Router, scratch: Path) -> CheckedRun:
-        """`lines` through pronk's harness over `router`, every answer checked; the router is closed after."""
+    async def checked(
+        self,
+        name: str,
+        lines: list[ValidRequest],
+        router: Router,
+        scratch: Path,
+        loads: Callable[[], Awaitable[list[EngineLoad]]],
+    ) -> CheckedRun:
+        """`lines` through pronk's harness over `router`, every answer checked, the engines' load sampled through it
+        (`loads`); the router is closed after."""
         harness = Harness(router, self.job, StepRecorder(), scratch)
         started = time.monotonic()
         try:
-            checked = await check_lines(lines, harness)
+            checked, samples = await pronk_runs.sampling(check_lines(lines, harness), loads)
         finally:
             await router.aclose()
         job = self.job
-        return CheckedRun.of(name, checked, started, time.monotonic() - started, job.workers, job.price_per_worker_hour)
+        run = CheckedRun.of(name, checked, started, time.monotonic() - started, job.workers, job.price_per_worker_hour)
+        run.run.note_load(samples, job.cpu_cores_per_worker)
+        return run
 
-    def round(self, seed: int, servers: VllmServers, turn: int) -> CheckedRound:
-        """Both setups on one round's traces, in an order rotated by `turn`, then the limits on pronk's shapes."""
+    def round(
+        self, seed: int, servers: VllmServers, turn: int, routers: dict[str, VllmRouter] | None = None
+    ) -> CheckedRound:
+        """Every serving setup on one round's traces, in an order rotated by `turn`, then the limits on pronk's
+        shapes; `routers` are the peers: vllm-routers in front of `servers`, by setup name."""
         traces = labelled_traces(self.lines, self.profile, seed, self.config.traces)
         job, settings, scratch = self.job, self.settings, self.work / f"scratch-{seed}"
 
-        def baseline() -> CheckedRun:
-            before = asyncio.run(pronk_runs.server_counters(servers.urls))
-            # the harness only calls generate and finish, which the stock servers speak like a router
-            backend = cast(Router, OpenAIServers(servers.urls, job.served_model_name))
-            run = asyncio.run(self.checked(BASELINE, relabelled(traces, "base"), backend, scratch))
-            asyncio.run(pronk_runs.server_counters(servers.urls)).note_run(run.run, before)
-            return run
+        def on_servers(name: str, label: str, client: Callable[[], OpenAIServers]) -> Callable[[], CheckedRun]:
+            def one() -> CheckedRun:
+                before = asyncio.run(pronk_runs.server_counters(servers.urls))
+                # the harness only calls generate and finish, which the stock servers speak like a router
+                backend = cast(Router, client())
+                loads = functools.partial(pronk_runs.server_loads, servers.urls, servers.pids)
+                run = asyncio.run(self.checked(name, relabelled(traces, label), backend, scratch, loads))
+                asyncio.run(pronk_runs.server_counters(servers.urls)).note_run(run.run, before)
+                return run
+
+            return one
 
         def pronk() -> CheckedRun:
             before = asyncio.run(pronk_runs.worker_counters(job, settings))
             router = job_router(job, settings)  # as the batch flow builds it
-            run = asyncio.run(self.checked(HARNESS, relabelled(traces, "pronk"), router, scratch))
+            loads = functools.partial(pronk_runs.worker_loads, job, settings)
+            run = asyncio.run(self.checked(HARNESS, relabelled(traces, "pronk"), router, scratch, loads))
             asyncio.run(pronk_runs.worker_counters(job, settings)).note_run(run.run, before)
             return run
 
-        setups = [(BASELINE, baseline), (HARNESS, pronk)]
+        round_robin = functools.partial(OpenAIServers, servers.urls, job.served_model_name)
+        setups = [(BASELINE, on_servers(BASELINE, "base", round_robin))]
+        for i, (name, router) in enumerate((routers or {}).items()):
+            setups.append((name, on_servers(name, f"peer{i}", functools.partial(router.client, job.served_model_name))))
+        setups.append((HARNESS, pronk))
         turn %= len(setups)
         runs: dict[str, CheckedRun] = {}
         for name, run in setups[turn:] + setups[:turn]:
@@ -142,19 +171,27 @@ class RealBench:
                 log.info("round %d: %s", seed - self.config.seed, name)
                 plan = plan_of(job, self.model_dir, shapes)
                 limits[name] = limit_run(plan, job, self.model_dir, shapes, self.work / f"limits-{seed}")
-        return CheckedRound(runs[BASELINE], runs[HARNESS], limits)
+        peers = {name: runs[name] for name in routers or {}}
+        return CheckedRound(runs[BASELINE], runs[HARNESS], limits, peers)
 
     def run(self, on_round=None) -> dict:
         """Every round; `on_round` gets the outcome so far after each round but the last."""
         cfg = self.config
         rounds: list[CheckedRound] = []
-        with VllmServers(self.job, self.model_dir, self.work / "logs", self.job.workers) as servers:
+        with contextlib.ExitStack() as stack:
+            logs = self.work / "logs"
+            servers = stack.enter_context(
+                VllmServers(self.job, self.model_dir, logs, self.job.workers, behind_router=True)
+            )
+            concurrency = self.job.scheduling.max_concurrency
+            routers = {name: stack.enter_context(VllmRouter(name, servers.urls, concurrency, logs)) for name in PEERS}
+            commands = {name: router.command_line for name, router in routers.items()}
             for turn in range(cfg.rounds):
-                rounds.append(self.round(cfg.seed + turn, servers, turn))
+                rounds.append(self.round(cfg.seed + turn, servers, turn, routers))
                 if on_round is not None and len(rounds) < cfg.rounds:
-                    on_round(outcome(rounds, servers.startup_s))
+                    on_round(outcome(rounds, servers.startup_s, commands))
             startup_s = servers.startup_s
-        return outcome(rounds, startup_s)
+        return outcome(rounds, startup_s, commands)
 
     def kv(self) -> dict:
         """KV capacity per process against the working set the traces really made (pronk's records)."""
@@ -185,20 +222,22 @@ COMPARED = (
 )
 
 
-def outcome(rounds: list[CheckedRound], startup_s: float) -> dict:
-    """The figures of the rounds run so far."""
+def outcome(rounds: list[CheckedRound], startup_s: float, peer_commands: dict[str, str]) -> dict:
+    """The figures of the rounds run so far; `peer_commands`, how each peer's vllm-router was started."""
     setups = checked_table(rounds)
     comparisons = [
         Comparison(f"agent-real: {name}", unit, setups[HARNESS][key]["median"], setups[BASELINE][key]["median"], better)
         for name, unit, key, better in COMPARED
     ]
+    plotted = [HARNESS, BASELINE, *filter(None, [checked_best_peer(rounds)])]
     return {
         "comparisons": comparisons,
-        "runs": [median_run([getattr(r, side).run for r in rounds]) for side in ("pronk", "baseline")],
+        "runs": [median_run([r.served()[name].run for r in rounds]) for name in plotted],
         "rounds": rounds,
         "setups": setups,
         "goals": checked_goals(rounds),
         "startup_s": startup_s,
+        "peer_commands": peer_commands,
     }
 
 
@@ -216,15 +255,11 @@ def run_real_bench(config: BenchConfig, settings: Settings, echo=print) -> dict:
             "traces_per_round": rounds[0].pronk.run.traces,
             "document_tokens": list(bench.profile.document_tokens),
             "vllm_server_startup_s": round(done["startup_s"], 1),
+            "peer_commands": done["peer_commands"],
             "kv": bench.kv(),
             "bench_wall_s": round(time.monotonic() - started, 1),
             "rounds_completed": len(rounds),
-            "errors": {
-                name: run.errors[:5]
-                for r in rounds
-                for name, run in ((BASELINE, r.baseline.run), (HARNESS, r.pronk.run), *r.limits.items())
-                if run.errors
-            },
+            "errors": {name: run.errors[:5] for r in rounds for name, run in r.trace_runs().items() if run.errors},
         }
         if config.record:
             for path in record(config, done, info, section=checked_section):

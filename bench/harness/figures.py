@@ -1,4 +1,5 @@
-"""The benchmark's figures: per-run measurements, and the pronk / baseline comparisons made of them."""
+"""The benchmark's figures: per-run measurements, the setup tables made of them over rounds, and the pronk / baseline
+comparisons; the goals set on them are `bench.harness.goals`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import NamedTuple
 from bench.harness.agent_loop import ReplayResult
 from pronk.agents.outcomes import Completion, LineFailure
 from pronk.agents.step_records import StepRecord, ToolCallCounts
-from pronk.batches.labelled import CheckedLine, compare_success, tally
+from pronk.batches.labelled import CheckedLine, tally
 from pronk.batches.schemas import CheckCounts
 
 BASELINE = "stock vLLM: round-robin"
@@ -28,6 +29,11 @@ COMPUTE_LIMIT = "compute-only limit (vLLM offline, every prefix cached, full bat
 LIMITS = {LIMIT: "over_limit", COMPUTE_LIMIT: "over_compute_limit"}
 """Each limit, and the key of a setup's ratio to it in the records."""
 FULL = "pronk: + priority"  # the bare loop with every mechanism on (bench.harness.pronk_runs.ABLATIONS)
+CACHE_AWARE = "vllm-router: cache_aware"
+STICKY = "vllm-router: sticky_least_loaded, X-Session-ID"
+PEERS = (CACHE_AWARE, STICKY)
+"""The peers: the vLLM project's router in front of the same stock servers, with each of two policies
+(`bench.harness.peer`); the goals over a peer are set against the better of them (`best_peer`)."""
 
 
 def worker_moves(steps: list[tuple[str, int, str, int]]) -> tuple[float, int]:
@@ -463,159 +469,68 @@ def limit_defects(setups: dict[str, dict[str, dict]]) -> list[dict]:
     ]
 
 
+def best_peer(values: dict[str, list[float]]) -> str | None:
+    """Of `values` (each setup's figure, round by round), the peer setup whose median is highest; None where no peer
+    ran. A goal over a peer is set against this one, its ratio taken round by round in the same record."""
+    medians = {name: median_of([v for v in values[name] if not math.isnan(v)]) for name in PEERS if name in values}
+    ranked = [name for name, median in medians.items() if not math.isnan(median)]
+    return max(ranked, key=medians.__getitem__) if ranked else None
+
+
+def rounds_best_peer(rounds: list[dict[str, AgentRun]]) -> str | None:
+    """The best peer of replayed rounds: by steady traces/s, the figure the goals over it compare."""
+    return best_peer({name: [r[name].steady_traces_per_s for r in rounds] for name in rounds[0]})
+
+
 def rounds_table(rounds: list[dict[str, AgentRun]], ideals: list[float]) -> dict[str, dict[str, dict]]:
-    """setup -> figure -> spread over rounds, plus each setup's steady traces/s over the baseline's steady
-    traces/s, and its traces per wall second over each limit's, in the same round. A limit starts every trace at
-    once and runs them back to back with no gaps, so its whole wall time is work: its rate is traces / wall."""
+    """setup -> figure -> spread over rounds, plus each setup's steady traces/s over the baseline's and over the best
+    peer's (`rounds_best_peer`) steady traces/s, and its traces per wall second over each limit's, in the same round.
+    A limit starts every trace at once and runs them back to back with no gaps, so its whole wall time is work: its
+    rate is traces / wall."""
     table: dict[str, dict[str, dict]] = {}
+    peer = rounds_best_peer(rounds)
     for name in rounds[0]:
         per_round = [run_figures(r[name], ideal) for r, ideal in zip(rounds, ideals, strict=True)]
         table[name] = {key: spread([f[key] for f in per_round]) for key in per_round[0]}
         if BASELINE in rounds[0] and name != BASELINE:
             table[name]["over_baseline"] = spread(
-                [_ratio(r[name].steady_traces_per_s, r[BASELINE].steady_traces_per_s) for r in rounds]
+                [ratio(r[name].steady_traces_per_s, r[BASELINE].steady_traces_per_s) for r in rounds]
             )
         if UNTIERED in rounds[0] and name != UNTIERED:
             table[name]["over_untiered"] = spread(
-                [_ratio(r[name].steady_traces_per_s, r[UNTIERED].steady_traces_per_s) for r in rounds]
+                [ratio(r[name].steady_traces_per_s, r[UNTIERED].steady_traces_per_s) for r in rounds]
             )
         if name in LIMITS:
             continue
+        if peer is not None and name not in PEERS:
+            table[name]["over_best_peer"] = spread(
+                [ratio(r[name].steady_traces_per_s, r[peer].steady_traces_per_s) for r in rounds]
+            )
         for limit, key in LIMITS.items():
             if limit in rounds[0]:
                 table[name][key] = limit_spread([over_limit(r[name], r[limit]) for r in rounds])
         if LIMIT in rounds[0]:
             table[name]["recomputed_over_limit"] = spread(
-                [_ratio(r[name].recomputed_prompt_tokens, r[LIMIT].recomputed_prompt_tokens) for r in rounds]
+                [ratio(r[name].recomputed_prompt_tokens, r[LIMIT].recomputed_prompt_tokens) for r in rounds]
             )
     return table
 
 
-def _ratio(a: float, b: float) -> float:
+def ratio(a: float, b: float) -> float:
+    """`a` over `b`; NaN where either is NaN or `b` is 0."""
     return a / b if b and not math.isnan(a) and not math.isnan(b) else math.nan
 
 
 def over_limit(run: AgentRun, limit: AgentRun) -> float:
     """`run`'s traces per wall second over an offline limit's, on the same shapes. Whole wall on both sides: a
     steady rate against a whole-wall one favours a run whose traces finish in a bunch (docs/benchmarks.md)."""
-    return _ratio(run.traces_per_s, limit.traces_per_s)
-
-
-IDEAL = "the workload's cached-token ratio with no eviction"
-ENGINE_CORES = "the engines' pinned cores (1.0: each engine computed all the time)"
-
-
-@dataclass(frozen=True, slots=True)
-class Goal:
-    """One goal of the issues: a figure of pronk's, the records it applies to (`record_key`), its key in pronk's
-    setup table, what it is measured against (a limit or a stock setup by its setup name, or what an absolute figure
-    is a share of), and the goal (None: reported, no goal), a floor unless `ceiling`."""
-
-    figure: str
-    records: tuple[str, ...]
-    key: str
-    against: str
-    goal: float | None
-    ceiling: bool = False
-
-
-REPLAYED = ("agent-long", "agent-long-tiered", "cpu")
-GOALS = (
-    Goal("agent-long traces/s, pronk / stock vLLM round-robin", ("agent-long",), "over_baseline", BASELINE, 3.0),
-    Goal("traces/s, pronk / capacity-matched limit", ("agent-long", "cpu"), "over_limit", LIMIT, 0.80),
-    Goal("cached-token ratio / ideal", ("agent-long", "cpu"), "cached_ratio_of_ideal", IDEAL, 0.90),
-    Goal("today's CPU profile traces/s, pronk / baseline", ("cpu",), "over_baseline", BASELINE, 1.4),
-    # issues 27 and 41: a job with a KV host tier, against stock vLLM without one and with the same tier, against
-    # the limit with the same tier, and with its engines busy through the tool gaps
-    Goal(
-        "traces/s, pronk with the tier / stock round-robin, no tier",
-        ("agent-long-tiered",),
-        "over_untiered",
-        UNTIERED,
-        4.5,
-    ),
-    Goal(
-        "traces/s, pronk with the tier / stock round-robin, same tier",
-        ("agent-long-tiered",),
-        "over_baseline",
-        BASELINE,
-        2.0,
-    ),
-    Goal("traces/s, pronk / capacity-matched limit", ("agent-long-tiered",), "over_limit", LIMIT, 0.90),
-    Goal(
-        "recomputed prompt tokens, pronk / the capacity-matched limit's",
-        ("agent-long-tiered",),
-        "recomputed_over_limit",
-        LIMIT,
-        1.10,
-        ceiling=True,
-    ),
-    Goal("engine busy share", ("agent-long-tiered",), "busy_share", ENGINE_CORES, 0.90),
-    Goal("traces/s, pronk / compute-only limit", REPLAYED, "over_compute_limit", COMPUTE_LIMIT, None),
-    # issues 26 and 41: real agent traces, checked (`checked_goals`)
-    Goal(
-        "checked successes per dollar, pronk / stock vLLM round-robin",
-        ("agent-real",),
-        "over_baseline",
-        BASELINE,
-        2.5,
-    ),
-    Goal("traces/s, pronk / capacity-matched limit", ("agent-real",), "over_limit", LIMIT, 0.90),
-    Goal("traces/s, pronk / compute-only limit", ("agent-real",), "over_compute_limit", COMPUTE_LIMIT, None),
-)
-"""Every goal row of every record; each names what it is measured against."""
-
-
-def goal_row(goal: Goal, setup: str, values: dict, reachable: dict | None = None) -> dict:
-    """One goal's row in a record: `values` (the figure's spread over rounds), whether the median meets the goal
-    (None for a figure only reported), `defect` when pronk exceeds a limit beyond noise (never met then), and
-    `reachable`, for a goal against a stock setup, the most any setup could show against it (`most_reachable`)."""
-    median, defect = values["median"], bool(values.get("defect"))
-    if goal.goal is None:
-        met = False if defect else None
-    else:
-        met = not defect and median is not None and (median <= goal.goal if goal.ceiling else median >= goal.goal)
-    return {
-        "figure": goal.figure,
-        "setup": setup,
-        "against": goal.against,
-        "goal": goal.goal,
-        "ceiling": goal.ceiling,
-        **values,
-        "met": met,
-        "defect": defect,
-        "reachable": reachable,
-    }
-
-
-def most_reachable(rounds: list[dict[str, AgentRun]], against: str) -> dict | None:
-    """The compute-only limit's traces per wall second over the `against` setup's, round by round: what a goal
-    against that setup could reach at most, since no setup beats the compute-only limit. A goal above it cannot be
-    met on this machine and workload, whatever pronk schedules. None where the record has no compute-only limit, or
-    `against` is a limit or no setup of the record."""
-    if COMPUTE_LIMIT not in rounds[0] or against in LIMITS or against not in rounds[0]:
-        return None
-    return spread([_ratio(r[COMPUTE_LIMIT].traces_per_s, r[against].traces_per_s) for r in rounds])
+    return ratio(run.traces_per_s, limit.traces_per_s)
 
 
 def record_key(profile: str, tiered: bool) -> str:
     """The name a record goes by in RESULTS.md, results.json and GOALS: a job with a KV host tier keeps its own
     record beside the profile's."""
     return f"{profile}-tiered" if tiered else profile
-
-
-def goals(rounds: list[dict[str, AgentRun]], ideals: list[float], record: str) -> list[dict]:
-    """The issues' goals for this record (`record_key`), measured on pronk's batch flow (the product) and on the
-    bare loop with every mechanism on; each with every round's value and whether the median meets the goal
-    (`goal_row`)."""
-    table = rounds_table(rounds, ideals)
-    return [
-        goal_row(goal, setup, values, most_reachable(rounds, goal.against))
-        for goal in GOALS
-        if record in goal.records
-        for setup in (BATCH, FULL)
-        if (values := table.get(setup, {}).get(goal.key)) is not None
-    ]
 
 
 @dataclass(slots=True)
@@ -692,9 +607,12 @@ class CheckedRun:
             "prompt_tokens": float(self.run.prompt_tokens),
             "cached_tokens": float(self.run.cached_tokens),
             "cached_ratio": self.run.cached_ratio,
+            "recomputed_prompt_tokens": float(self.run.recomputed_prompt_tokens),
+            "moved_steps": self.run.moved_steps,
+            "busy_share": _or_nan(self.run.busy_share),
             "traces_per_s_steady": self.run.steady_traces_per_s,
             "traces_per_s_wall": self.run.traces_per_s,
-            "preemptions": math.nan if self.run.preemptions is None else float(self.run.preemptions),
+            "preemptions": _or_nan(self.run.preemptions),
             "p90_trace_s": percentile(self.run.trace_seconds, 90),
             "errors": float(len(self.run.errors)),
         }
@@ -709,77 +627,55 @@ def limit_figures(limit: AgentRun) -> dict[str, float]:
         "prompt_tokens": float(limit.prompt_tokens),
         "cached_tokens": float(limit.cached_tokens),
         "cached_ratio": limit.cached_ratio,
+        "recomputed_prompt_tokens": float(limit.recomputed_prompt_tokens),
     }
 
 
 @dataclass(slots=True)
 class CheckedRound:
-    """One agent-real round: the stock baseline and pronk on the same traces, and the offline limits on the shapes
-    pronk's run produced, by name (none without `--limit`)."""
+    """One agent-real round: the stock baseline, the peers (by name) and pronk on the same traces, and the offline
+    limits on the shapes pronk's run produced, by name (none without `--limit`)."""
 
     baseline: CheckedRun
     pronk: CheckedRun
     limits: dict[str, AgentRun] = field(default_factory=dict)
+    peers: dict[str, CheckedRun] = field(default_factory=dict)
+
+    def served(self) -> dict[str, CheckedRun]:
+        """The setups that served the traces, checked, by name."""
+        return {BASELINE: self.baseline, **self.peers, HARNESS: self.pronk}
 
     def runs(self) -> dict[str, CheckedRun | AgentRun]:
-        return {BASELINE: self.baseline, HARNESS: self.pronk, **self.limits}
+        return {**self.served(), **self.limits}
 
     def trace_runs(self) -> dict[str, AgentRun]:
         """Every setup's trace figures, checks left out, by name."""
         return {name: run.run if isinstance(run, CheckedRun) else run for name, run in self.runs().items()}
 
 
+def checked_best_peer(rounds: list[CheckedRound]) -> str | None:
+    """The best peer of agent-real rounds: by checked successes per dollar, the figure the goal over it compares."""
+    return best_peer({name: [r.peers[name].successes_per_dollar for r in rounds] for name in rounds[0].peers})
+
+
 def checked_table(rounds: list[CheckedRound]) -> dict[str, dict[str, dict]]:
-    """setup -> figure -> spread over rounds, with, in the same round, pronk's checked successes per dollar over the
-    baseline's and its traces per wall second over each limit's."""
+    """setup -> figure -> spread over rounds, with, in the same round, each serving setup's checked successes per
+    dollar over the baseline's, pronk's over the best peer's (`checked_best_peer`), and pronk's traces per wall second
+    over each limit's."""
     table: dict[str, dict[str, dict]] = {}
     for name in rounds[0].runs():
         runs = [r.runs()[name] for r in rounds]
         per_round = [run.figures() if isinstance(run, CheckedRun) else limit_figures(run) for run in runs]
         table[name] = {key: spread([f[key] for f in per_round]) for key in per_round[0]}
-    table[HARNESS]["over_baseline"] = spread(
-        [_ratio(r.pronk.successes_per_dollar, r.baseline.successes_per_dollar) for r in rounds]
-    )
+    for name in (*rounds[0].peers, HARNESS):
+        table[name]["over_baseline"] = spread(
+            [ratio(r.served()[name].successes_per_dollar, r.baseline.successes_per_dollar) for r in rounds]
+        )
+    if (peer := checked_best_peer(rounds)) is not None:
+        table[HARNESS]["over_best_peer"] = spread(
+            [ratio(r.pronk.successes_per_dollar, r.peers[peer].successes_per_dollar) for r in rounds]
+        )
     for limit, key in LIMITS.items():
         if limit in rounds[0].limits:
             table[HARNESS][key] = limit_spread([over_limit(r.pronk.run, r.limits[limit]) for r in rounds])
     return table
-
-
-def pooled_checks(runs: list[CheckedRun]) -> CheckCounts:
-    return CheckCounts(
-        passed=sum(r.checks.passed for r in runs),
-        failed=sum(r.checks.failed for r in runs),
-        unchecked=sum(r.checks.unchecked for r in runs),
-    )
-
-
-def checked_goals(rounds: list[CheckedRound]) -> list[dict]:
-    """The agent-real goals (`GOALS`): pronk's per-dollar ratio and its ratios to the limits (the median over rounds
-    against the goal), and whether its success rate, pooled over every round, is lower than the baseline's beyond
-    noise (`compare_success`: that row is met when it is not).
-
-    The per-dollar row's `reachable` is the compute-only limit's traces per wall second over stock's
-    (`most_reachable`): the price is the fleet's wall time, so with the same lines passed on both sides, that is
-    the most pronk's checked successes per dollar could make over stock's."""
-    table = checked_table(rounds)
-    trace_rounds = [r.trace_runs() for r in rounds]
-    out = [
-        goal_row(goal, HARNESS, values, most_reachable(trace_rounds, goal.against))
-        for goal in GOALS
-        if "agent-real" in goal.records and (values := table[HARNESS].get(goal.key)) is not None
-    ]
-    verdict = compare_success(pooled_checks([r.baseline for r in rounds]), pooled_checks([r.pronk for r in rounds]))
-    rates = [_ratio(r.pronk.figures()["success_rate"], r.baseline.figures()["success_rate"]) for r in rounds]
-    out.append(
-        {
-            "figure": "success rate, pronk / stock vLLM round-robin (pooled over rounds)",
-            "setup": HARNESS,
-            "against": BASELINE,
-            "goal": "not lower beyond noise",
-            **spread(rates),
-            "met": not verdict.worse,
-            "reason": verdict.reason,
-        }
-    )
-    return out

@@ -98,6 +98,7 @@ def _spread(values: dict | None) -> str:
 SETUP_COLUMNS = (
     ("traces/s steady", "traces_per_s_steady"),
     ("/ stock RR", "over_baseline"),
+    ("/ best peer", "over_best_peer"),
     ("/ capacity limit", "over_limit"),
     ("/ compute limit", "over_compute_limit"),
     ("traces/s all / wall", "traces_per_s_wall"),
@@ -134,9 +135,31 @@ LIMITS_TEXT = (
 """How the records describe the two limits (`figures.LIMITS`)."""
 
 
+def peers_text(meta: dict) -> list[str]:
+    """How the records describe the peers, with each one's command line as the run started it (`meta`'s
+    `peer_commands`; none in a record from before the peers)."""
+    commands = meta.get("peer_commands") or {}
+    if not commands:
+        return []
+    return [
+        "The peers: the same stock servers (started with `--enable-scale-out`, and each with its own name as its "
+        "responses' `system_fingerprint`, so every step's server is known) behind vllm-router, the vLLM project's "
+        "router (`bench/harness/peer.py`, pinned by the `bench` extra), one setup per policy: `cache_aware` (its "
+        "default, its balance threshold set to this fleet's traces in flight) and `sticky_least_loaded` with "
+        "`X-Session-ID` set to each trace's id; both retry a step 3 tries in all and keep the circuit breaker's "
+        "defaults. `/ best peer` divides, round by round, by the peer with the higher median (steady traces/s; "
+        "checked successes per dollar on agent-real); a goal over it asks no more than 0.95 of what the "
+        "compute-only limit makes over it. Started as:",
+        "",
+        *(f"- {name}: `{command}`" for name, command in commands.items()),
+        "",
+    ]
+
+
 CHECKED_COLUMNS = (
     ("checked successes/$", "successes_per_dollar"),
     ("/ stock RR", "over_baseline"),
+    ("/ best peer", "over_best_peer"),
     ("checked successes/s", "successes_per_s"),
     ("success rate", "success_rate"),
     ("passed", "passed"),
@@ -149,6 +172,9 @@ CHECKED_COLUMNS = (
     ("wall s", "wall_s"),
     ("prompt tokens", "prompt_tokens"),
     ("cached ratio", "cached_ratio"),
+    ("recomputed prompt tokens", "recomputed_prompt_tokens"),
+    ("steps moved", "moved_steps"),
+    ("engine busy share", "busy_share"),
     ("preemptions", "preemptions"),
 )
 """The agent-real profile's columns (`bench.harness.figures.checked_table`)."""
@@ -183,7 +209,8 @@ def _target(goal: dict) -> str:
         return "reported"
     if isinstance(goal["goal"], str):
         return goal["goal"]
-    return f"{'≤' if goal.get('ceiling') else '≥'} {goal['goal']}"
+    capped = f" ({goal['capped']})" if goal.get("capped") else ""
+    return f"{'≤' if goal.get('ceiling') else '≥'} {goal['goal']}{capped}"
 
 
 def _met(goal: dict) -> str:
@@ -193,8 +220,9 @@ def _met(goal: dict) -> str:
 
 
 def goals_table(goals: list[dict]) -> str:
-    """One row per goal: the figure, the setup, what it is measured against, the target, every round, and for a
-    goal against a stock setup the most any setup could reach (the compute-only limit over that setup)."""
+    """One row per goal: the figure, the setup, what it is measured against, the target (and why a goal over the best
+    peer was cut to what the compute-only limit allows), every round, and for a goal against a serving setup the most
+    any setup could reach (the compute-only limit over that setup)."""
     header = ["goal", "setup", "against", "target", "median (min–max)", "rounds", "met", "most reachable"]
     rows = [header, ["---"] * len(header)]
     for g in goals:
@@ -284,24 +312,26 @@ def checked_section(
         f"round(s){partial}, drawn from the job's labelled set "
         f"(`{meta['labelled_set']}`, seed {meta['seed']} + round), each trace's system message led by a document of "
         f"{meta['document_tokens'][0]:,}–{meta['document_tokens'][1]:,} tokens of its own (the corpus and the "
-        "tables in an order of the trace's), the task and its check unchanged. Both setups run pronk's agent "
+        "tables in an order of the trace's), the task and its check unchanged. Every serving setup runs pronk's agent "
         "harness (the line's tools, real python, sql and search calls, each step's output held to the tool-call "
-        "JSON schema) and check every answer; only what answers a step differs: pronk's workers through the job's "
+        "JSON schema) and checks every answer; only what answers a step differs: pronk's workers through the job's "
         "router, or N stock `python -m vllm.entrypoints.openai.api_server` (vLLM's fcfs, the same structured-outputs "
-        f"config) behind round-robin, sent chat completions (they took {meta['vllm_server_startup_s']} s to start, "
-        "not counted). The order of the two is rotated each round. The two offline limits "
+        f"config) behind round-robin or behind vllm-router, sent chat completions (they took "
+        f"{meta['vllm_server_startup_s']} s to start, not counted). The order of the setups is rotated each round. "
+        "The two offline limits "
         "(`bench/harness/offline_limit.py`) replay the shapes pronk's step records give (each step's prompt and "
         "output lengths, `pronk.herd.shapes`) with no tool gaps: " + LIMITS_TEXT + " Checked successes per dollar: "
         f"passed lines over ${meta['price_per_worker_hour']} a worker-hour × workers × wall time. "
         "Cells: median over rounds (min–max).",
         "",
+        *peers_text(meta),
     ]
     if setups:
         lines += [setups_table(setups, CHECKED_COLUMNS), ""]
         if defects := defect_lines(setups):
             lines += [defects, ""]
     if goals:
-        lines += ["Goals (issues 26 and 41):", "", goals_table(goals), ""]
+        lines += ["Goals (issues 26 and 63):", "", goals_table(goals), ""]
         lines += [f"Success rate: {g['reason']}." for g in goals if g.get("reason")] + [""]
     lines += [
         "Medians over rounds (pronk = the harness over pronk's router, baseline = stock round-robin):",
@@ -341,7 +371,8 @@ def markdown_section(
         f"(seed {meta['seed']} + round, the order of setups rotated by one each round), {meta['steps_per_round']} "
         f"steps in round 0, {meta['steps_cut_by_context_cap']} steps cut by the context cap. Setups: the stock "
         "baseline (N `python -m vllm.entrypoints.openai.api_server`, vLLM's fcfs, behind round-robin; they took "
-        f"{meta['vllm_server_startup_s']} s to start, not counted); pronk's workers through the same bare asyncio "
+        f"{meta['vllm_server_startup_s']} s to start, not counted); the peers, the same servers behind vllm-router "
+        "(below); pronk's workers through the same bare asyncio "
         "replay loop over pronk's router, the Herd's mechanisms switched on one by one (affinity only: pins off, "
         "admission none, one priority for all; + pins: the job's pin TTL; + admission: `kv_budget`; + priority: "
         "each step carries its trace's start); pronk's batch flow (Prefect) with the job as configured; the "
@@ -357,6 +388,7 @@ def markdown_section(
         "of the setup's run. Recomputed on moved steps: the prompt tokens recomputed by steps that ran on another "
         "engine than their trace's previous step. Cells: median over rounds (min–max).",
         "",
+        *peers_text(meta),
     ]
     if tier:
         lines += [
@@ -375,7 +407,7 @@ def markdown_section(
         if defects := defect_lines(setups):
             lines += [defects, ""]
     if goals:
-        lines += [f"Goals (issues {'27 and 41' if tier else '11 and 41'}):", "", goals_table(goals), ""]
+        lines += [f"Goals (issues {'27 and 63' if tier else '11 and 63'}):", "", goals_table(goals), ""]
     lines += [
         "The classic comparison (pronk = batch flow, bare loop = every mechanism on, baseline = stock round-robin; "
         "medians over rounds):",

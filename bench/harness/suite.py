@@ -1,7 +1,8 @@
 """`python -m bench`: run the baseline and pronk side by side on one workload, then print and record the table.
 
 One round draws a workload (seed + round) and replays it on every setup, in an order rotated by one
-each round: N stock vLLM servers behind round-robin (the baseline); pronk's workers through the same bare
+each round: N stock vLLM servers behind round-robin (the baseline); the same servers behind vllm-router, once with
+each of its policies (the peers, `bench.harness.peer`); pronk's workers through the same bare
 asyncio loop over pronk's router with the Herd's mechanisms switched on one by one (`ABLATIONS`:
 affinity only, + pins, + admission, + priority), so those setups differ only in the mechanism; pronk's
 batch flow with the job as configured (the product, orchestration included); and the two offline limits
@@ -30,14 +31,15 @@ from bench.harness.figures import (
     BASELINE,
     BATCH,
     FULL,
+    PEERS,
     UNTIERED,
     AgentRun,
     EngineLoad,
     SingleStepRun,
     agent_comparisons,
-    goals,
     median_run,
     record_key,
+    rounds_best_peer,
     rounds_table,
     single_step_comparisons,
 )
@@ -50,6 +52,8 @@ from bench.harness.fleet import (
     limit_run,
     pronk_fleet,
 )
+from bench.harness.goals import goals
+from bench.harness.peer import VllmRouter
 from bench.harness.pronk_runs import ABLATIONS
 from bench.harness.report import record, run_meta
 from bench.harness.workload import LABELLED_PROFILES, Workload, cache_bounds, generate, write_single_step_file
@@ -81,29 +85,42 @@ class Bench:
         )  # what pronk's batch keeps in flight; every setup gets the same
         self.work = config.work_dir
         self.work.mkdir(parents=True, exist_ok=True)
+        self.peer_commands: dict[str, str] = {}
+        """Each peer's vllm-router command line, by setup name, for the record."""
 
     @functools.cached_property
     def model_dir(self) -> Path:
         return job_model_dir(self.job, self.settings)
 
     def agent_round(
-        self, workload: Workload, servers: VllmServers, turn: int, untiered: VllmServers | None = None
+        self,
+        workload: Workload,
+        servers: VllmServers,
+        turn: int,
+        untiered: VllmServers | None = None,
+        routers: dict[str, VllmRouter] | None = None,
     ) -> dict[str, AgentRun]:
         """Every setup on one workload, in an order rotated by `turn` so no setup always goes first; `untiered` are
-        stock servers of a tiered job without its tier, one more baseline."""
+        stock servers of a tiered job without its tier, one more baseline; `routers`, the peers: vllm-routers in
+        front of `servers`, by setup name."""
         job, n, settings = self.job, self.job.workers, self.settings
         tiered = bool(job.scheduling.kv_host_tier_bytes)
 
-        def stock(name: str, stock_servers: VllmServers, label: str, with_tier: bool) -> Callable[[], AgentRun]:
+        def stock(
+            name: str,
+            stock_servers: VllmServers,
+            label: str,
+            with_tier: bool,
+            client: Callable[[], OpenAIServers] | None = None,
+        ) -> Callable[[], AgentRun]:
+            """A setup of stock servers: behind round-robin, or behind what `client` makes (a vllm-router)."""
+
             def one() -> AgentRun:
                 before = asyncio.run(pronk_runs.server_counters(stock_servers.urls, with_tier))
+                backend = client() if client else OpenAIServers(stock_servers.urls, job.served_model_name)
                 result, samples = asyncio.run(
                     pronk_runs.sampling(
-                        replay(
-                            relabel(workload.shapes, label),
-                            OpenAIServers(stock_servers.urls, job.served_model_name),
-                            self.concurrency,
-                        ),
+                        replay(relabel(workload.shapes, label), backend, self.concurrency),
                         lambda: pronk_runs.server_loads(stock_servers.urls, stock_servers.pids),
                     )
                 )
@@ -162,6 +179,9 @@ class Bench:
         setups: list[tuple[str, Callable[[], AgentRun]]] = [(BASELINE, stock(BASELINE, servers, "base", tiered))]
         if untiered is not None:
             setups.append((UNTIERED, stock(UNTIERED, untiered, "untiered", False)))
+        for i, (name, router) in enumerate((routers or {}).items()):
+            client = functools.partial(router.client, job.served_model_name)
+            setups.append((name, stock(name, servers, f"peer{i}", tiered, client)))
         setups += [(a.name, ablation(a, f"abl{i}")) for i, a in enumerate(ABLATIONS)]
         setups += [(BATCH, batch)]
         if self.config.limit:
@@ -206,7 +226,12 @@ class Bench:
         workloads = [generate(cfg.profile, cfg.seed + r, cfg.traces) for r in range(cfg.rounds)]
         rounds: list[dict[str, AgentRun]] = []
         with contextlib.ExitStack() as stack:
-            servers = stack.enter_context(VllmServers(self.job, model_dir, self.work / "logs", self.job.workers))
+            logs = self.work / "logs"
+            servers = stack.enter_context(VllmServers(self.job, model_dir, logs, self.job.workers, behind_router=True))
+            routers = {
+                name: stack.enter_context(VllmRouter(name, servers.urls, self.concurrency, logs)) for name in PEERS
+            }
+            self.peer_commands = {name: router.command_line for name, router in routers.items()}
             without_tier = None
             if self.job.scheduling.kv_host_tier_bytes:  # stock vLLM without the tier too, in the same rounds
                 without_tier = stack.enter_context(
@@ -216,7 +241,7 @@ class Bench:
                 relabel(generate(cfg.profile, cfg.seed - 1, 2).shapes, "warm"), self.job, settings, self.work / "warm"
             )
             for turn, workload in enumerate(workloads):
-                rounds.append(self.agent_round(workload, servers, turn, without_tier))
+                rounds.append(self.agent_round(workload, servers, turn, without_tier, routers))
                 if on_round is not None and len(rounds) < len(workloads):
                     on_round(self.outcome(rounds, workloads[: len(rounds)], servers.startup_s))
             startup_s = servers.startup_s
@@ -231,9 +256,10 @@ class Bench:
         """The figures of the rounds run so far."""
         ideals = [cache_bounds(w, self.job.engine.block_size or CPU_BLOCK_SIZE)[1] for w in workloads]
         pronk, bare, baseline = (median_run([r[name] for r in rounds]) for name in (BATCH, FULL, BASELINE))
+        peer = rounds_best_peer(rounds)
         return {
             "comparisons": agent_comparisons(pronk, bare, baseline, self.job.price_per_worker_hour),
-            "runs": [pronk, bare, baseline],
+            "runs": [pronk, bare, baseline, *([median_run([r[peer] for r in rounds])] if peer else [])],
             "rounds": rounds,
             "setups": rounds_table(rounds, ideals),
             "goals": goals(
@@ -242,6 +268,7 @@ class Bench:
             "single": [],
             "workloads": workloads,
             "startup_s": startup_s,
+            "peer_commands": self.peer_commands,
         }
 
 
@@ -254,6 +281,7 @@ def meta(config: BenchConfig, job: JobConfig, outcome: dict) -> dict:
         "steps_cut_by_context_cap": workload.steps_cut_by_cap,
         "single_step_requests": config.single_step_requests,
         "vllm_server_startup_s": round(outcome["startup_s"], 1),
+        "peer_commands": outcome["peer_commands"],
         "errors": {name: run.errors[:5] for r in outcome["rounds"] for name, run in r.items() if run.errors},
     }
 

@@ -26,7 +26,6 @@ from bench.harness.figures import (
     AgentRun,
     Comparison,
     EngineLoad,
-    goals,
     percentile,
     record_key,
     rounds_table,
@@ -35,6 +34,7 @@ from bench.harness.figures import (
     steady_window,
     worker_moves,
 )
+from bench.harness.goals import goals
 from bench.harness.pronk_runs import (
     EngineCounters,
     OneOrder,
@@ -402,7 +402,8 @@ def test_a_tiered_record_has_its_own_key_the_untiered_baseline_and_the_tier_goal
     recomputed = rows[("recomputed prompt tokens, pronk / the capacity-matched limit's", BATCH)]
     assert recomputed["ceiling"] and recomputed["met"] and "≤ 1.1" in goals_table([recomputed])
     assert recomputed["against"] == LIMIT
-    assert not rows[("traces/s, pronk with the tier / stock round-robin, same tier", BATCH)]["met"]  # 1.5x < 2.0x
+    same_tier = rows[("traces/s, pronk with the tier / stock round-robin, same tier", BATCH)]
+    assert same_tier["goal"] is None and same_tier["median"] == 1.5  # issue 41's 2.0x, retired: reported
     assert "tokens loaded from the tier" in setups_table(table)
     assert "tier" not in setups_table({BASELINE: table[UNTIERED]})
 
