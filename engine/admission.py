@@ -174,15 +174,15 @@ class KvBudget:
         waiter.future.cancel()
         self._serve()
 
-    def step_done(self, trace_id: str, tokens: int, expected_gap_s: float = 0.0) -> None:
+    def step_done(self, trace_id: str, tokens: int, kv_pin_ttl_s: float = 0.0) -> None:
         """A step of the trace finished: its resident context is now `tokens` (prompt + output) and, with no
-        other step in flight, it is in a tool gap (pausable) expected to last `expected_gap_s`."""
+        other step in flight, it is in a tool gap (pausable) expected to last the step's `kv_pin_ttl_s`."""
         entry = self.resident.get(trace_id)
         if entry is None:
             return
         entry.running = max(0, entry.running - 1)
         entry.touched_at = time.monotonic()
-        entry.gap_until = entry.touched_at + expected_gap_s
+        entry.gap_until = entry.touched_at + kv_pin_ttl_s
         self.used += tokens - entry.tokens
         entry.tokens = tokens
         self._serve()

@@ -106,10 +106,10 @@ class PinTable:
         held = len(self.pins[trace_id].blocks) if trace_id in self.pins else 0
         return self.pinned_blocks - held + count <= self.budget_blocks
 
-    def add(self, trace_id: str, blocks: list[Any], ttl_s: float, now: float) -> None:
+    def add(self, trace_id: str, blocks: list[Any], kv_pin_ttl_s: float, now: float) -> None:
         """Pin `blocks` (already referenced by the caller's `touch`); check `fits` first."""
         self.release(trace_id, "next_step")
-        self.pins[trace_id] = Pin(blocks, now + ttl_s)
+        self.pins[trace_id] = Pin(blocks, now + kv_pin_ttl_s)
         self.pinned_blocks += len(blocks)
 
     def expire(self, now: float) -> None:
@@ -173,13 +173,13 @@ def _retention_mixin(base: type) -> type:
             return delay_free, params
 
         def _free_request(self, request, delay_free_blocks: bool = False):
-            trace_id, ttl_s = _hints(request)
-            pin = self.connector is None and ttl_s > 0 and not delay_free_blocks
+            trace_id, kv_pin_ttl_s = _hints(request)
+            pin = self.connector is None and kv_pin_ttl_s > 0 and not delay_free_blocks
             if trace_id and pin and request.status in pinnable:
-                self._pin(trace_id, request, ttl_s)
+                self._pin(trace_id, request, kv_pin_ttl_s)
             return super()._free_request(request, delay_free_blocks)
 
-        def _pin(self, trace_id: str, request, ttl_s: float) -> None:
+        def _pin(self, trace_id: str, request, kv_pin_ttl_s: float) -> None:
             groups = self.kv_cache_manager.get_blocks(request.request_id).blocks
             blocks = [b for group in groups for b in group if b.block_hash is not None and not b.is_null]
             if not blocks:
@@ -188,7 +188,7 @@ def _retention_mixin(base: type) -> type:
                 self.pin_table.release(trace_id, "refused")
                 return
             self.kv_cache_manager.block_pool.touch(blocks)
-            self.pin_table.add(trace_id, blocks, ttl_s, time.monotonic())
+            self.pin_table.add(trace_id, blocks, kv_pin_ttl_s, time.monotonic())
 
         def finish_requests(self, request_ids, finished_status):
             if request_ids is not None:

@@ -74,11 +74,11 @@ class TraceAwareCachePolicy(LRUCachePolicy):
         req_context: ReqContext,
     ) -> None:
         super().on_request_finished(key_groups, insertion_only_keys, reused_keys, req_context)
-        trace_id, gap = read_hints(req_context.kv_transfer_params or {})
+        trace_id, kv_pin_ttl_s = read_hints(req_context.kv_transfer_params or {})
         if trace_id is None or trace_id in self.finished:
             return
         now = time.monotonic()
-        self.next_use[trace_id] = (now + gap, now + 2 * gap)
+        self.next_use[trace_id] = (now + kv_pin_ttl_s, now + 2 * kv_pin_ttl_s)
         keys = self.keys_of.setdefault(trace_id, set())
         for group in key_groups:
             for key in group:

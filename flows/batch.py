@@ -30,9 +30,9 @@ from pronk.control.dead_runs import record_process
 from pronk.control.trace_sample import publish_traces
 from pronk.errors import PronkError
 from pronk.herd.profile import in_flight_start
-from pronk.jobs.files import get_job
-from pronk.jobs.schema import MAX_TRACE_SAMPLE
-from pronk.settings import get_settings
+from pronk.jobs.catalog import resolve_job
+from pronk.jobs.schema import MAX_TRACE_SAMPLE, JobConfig
+from pronk.settings import Settings, get_settings
 from pronk.stack.prefect_env import show_pronk_logs
 from tasks.chunks import run_chunk
 from tasks.files import read_input_file, validate_lines
@@ -46,8 +46,9 @@ def _end_batch(flow_run, status: Literal["failed", "cancelled"], message: str) -
     parameters = flow_run.parameters
     if batch_id := parameters.get("batch_id"):
         settings = get_settings()
-        limits = input_limits(get_job(parameters["job_id"], settings), settings)
-        end_batch(batch_id, status, message, settings, parameters.get("input_uri"), limits=limits)
+        job = resolve_job(parameters["job_id"], settings)
+        limits = input_limits(job, settings)
+        end_batch(batch_id, job, status, message, settings, parameters.get("input_uri"), limits=limits)
 
 
 def _end_on_failure(flow, flow_run, state) -> None:
@@ -100,10 +101,29 @@ async def run_batch(
     runs per step and tool call, and logged to MLflow, by a process of their own once this run has ended.
     """
     show_pronk_logs()
-    logger = get_run_logger()
     settings = get_settings()
+    job = await asyncio.to_thread(resolve_job, job_id, settings)
+    return await run_job_batch(
+        job, input_uri, settings, output_dir, batch_id, completion_window, metadata, chunk_size, trace_sample
+    )
+
+
+async def run_job_batch(
+    job: JobConfig,
+    input_uri: str,
+    settings: Settings,
+    output_dir: str | None = None,
+    batch_id: str | None = None,
+    completion_window: Literal["24h", "unlimited"] = "24h",
+    metadata: dict[str, str] | None = None,
+    chunk_size: int = 64,
+    trace_sample: int | None = None,
+) -> dict:
+    """`run_batch`'s body, for a job resolved by the caller: the batch flow's, or the enrich flow's, which runs its
+    rows as a batch inside its own flow run (the same validation, chunk tasks, durable parts, progress artifact and
+    files as any batch, without a subflow's start-up)."""
+    logger = get_run_logger()
     store = BatchStore(settings)
-    job = get_job(job_id, settings)
     flow_run_id = str(runtime.flow_run.id) if runtime.flow_run.id else None
     if batch_id is None and flow_run_id is not None:
         batch_id = batch_id_of_flow_run(flow_run_id)

@@ -19,7 +19,7 @@ from prefect.artifacts import acreate_table_artifact
 from flows.leap import leap
 from pronk.batches.progress import saved_every
 from pronk.control.dead_runs import record_process
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.jobs.schema import ImproveConfig, JobConfig
 from pronk.leap.records import LeapRecord, LeapStore
 from pronk.leap.sequence import LeapFailed, LeapRefused
@@ -128,11 +128,11 @@ async def improve(
     `improve.rounds`), each leaping to its new version through the canary; stops at the first that does not leap.
     `seed` replaces the job's `improve.seed` (which training lines a round draws, and its samples' seeds);
     `training_set` and `held_out` replace its `improve.training_set` and `quality.labelled_set` (an enrichment's
-    sets, made by `python -m pronk.learn.enrichment_tasks`)."""
+    sets, made by `pronk improve enrichment-sets`)."""
     show_pronk_logs()
     logger = get_run_logger()
     settings = get_settings()
-    job = (await asyncio.to_thread(get_job, job_id, settings)).with_labelled_set(held_out)
+    job = (await asyncio.to_thread(resolve_job, job_id, settings)).with_labelled_set(held_out)
     overrides = {"seed": seed, "training_set": training_set}
     config = job.improve.model_copy(update={k: v for k, v in overrides.items() if v is not None})
     done: list[ImproveRound] = []

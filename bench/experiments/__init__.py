@@ -29,13 +29,13 @@ def scratch_stack(name: str, **env: str) -> Path:
 def scratch_stack_for(name: str, job: str, **env: str) -> tuple[Path, Settings, JobConfig]:
     """`scratch_stack` whose default job is `job` (a name or id), with Prefect's settings pointing at its server:
     the folder, the settings and the job, for an experiment that then calls `pronk.stack.embedded.up`."""
-    from pronk.jobs.files import get_job
+    from pronk.jobs.catalog import resolve_job
     from pronk.settings import get_settings
     from pronk.stack.prefect_env import configure_prefect
 
     work = scratch_stack(name, **env)
     get_settings.cache_clear()
-    resolved = get_job(job, get_settings())
+    resolved = resolve_job(job, get_settings())
     os.environ["PRONK_DEFAULT_JOB"] = resolved.job_id
     get_settings.cache_clear()
     settings = get_settings()

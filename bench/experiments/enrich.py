@@ -66,10 +66,10 @@ async def plain_batch(spec_path: Path, folder: Path, tag: str, settings) -> floa
     from pronk.enrich.lines import input_file
     from pronk.enrich.spec import load_spec
     from pronk.enrich.table import read_rows
-    from pronk.jobs.files import get_job
+    from pronk.jobs.catalog import resolve_job
 
     spec = load_spec(spec_path)
-    job = get_job(spec.job, settings)
+    job = resolve_job(spec.job, settings)
     rows = read_rows(spec, settings).to_dicts()
     lines = folder / f"lines-{tag}.jsonl"
     lines.write_bytes(input_file(spec, job, [(f"row-{i}", row) for i, row in enumerate(rows)]))

@@ -290,11 +290,11 @@ def main(argv: list[str] | None = None) -> None:
     settings = get_settings()
     configure_prefect(settings)  # before anything imports prefect, which reads its settings once, on import
     from flows.leap import leap
-    from pronk.jobs.files import get_job
+    from pronk.jobs.catalog import resolve_job
     from pronk.learn.rounds import served_version
     from pronk.stack import embedded as stack
 
-    job = get_job(args.job, settings)
+    job = resolve_job(args.job, settings)
     labelled = PROJECT_ROOT / str(job.quality.labelled_set)
     usd_per_s = job.workers * job.worker_hour_price / 3600
     seeds: list[dict] = []

@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
 
     settings = get_settings()
     configure_prefect(settings)
-    from pronk.jobs.files import get_job
+    from pronk.jobs.catalog import resolve_job
     from pronk.models.registry import resolve_model
     from pronk.stack import embedded as stack
     from pronk.stack.processes import stop
@@ -288,13 +288,13 @@ def main(argv: list[str] | None = None) -> None:
     state: dict[str, int] = {}
     try:
         state.update(stack.up(settings, "bench-tiny", mlflow_ui=False, deploy=False, api=False, supervise=False))
-        tiny = get_job("bench-tiny", get_settings())
+        tiny = resolve_job("bench-tiny", get_settings())
         dip = throughput_dip(tiny.job_id, settings, versions["tiny"], args.requests, args.rounds)
         rows["tiny"] = switch_times(tiny.job_id, versions["tiny"], args.rounds)
         redeploy = redeploy_seconds(tiny, settings, state)
         for name in [n for n in state if n.startswith(tiny.job_id)]:
             stop(state.pop(name))
-        large = get_job("bench-large", get_settings())
+        large = resolve_job("bench-large", get_settings())
         stack.start_job(large, settings, state)
         rows["large"] = switch_times(large.job_id, versions["large"], args.rounds)
     finally:

@@ -51,7 +51,7 @@ from bench.harness.fleet import CPU_BLOCK_SIZE, capacity_limit, limit_run, pronk
 from bench.harness.suite import relabel
 from bench.harness.workload import cache_bounds, generate
 from engine.protocol import WorkerStats
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.jobs.schema import JobConfig
 from pronk.settings import Settings, get_settings
 from pronk.stack.prefect_env import configure_prefect
@@ -215,7 +215,7 @@ def main() -> None:
 
     settings = Settings()
     configure_prefect(settings)  # the batch flow reports to the stack's Prefect server, as in `make bench`
-    job = get_job(args.job, get_settings())
+    job = resolve_job(args.job, get_settings())
     with pronk_fleet(settings, job):
         if args.setup == BATCH:  # as `make bench` does before its rounds
             warm = relabel(generate(args.profile, -1, 2).shapes, f"warm-{time.time():.0f}")

@@ -53,7 +53,7 @@ from pronk.agents.step_records import StepRecord, StepRecorder, record_order, st
 from pronk.batches.labelled import check_lines, labelled_lines
 from pronk.herd.profile import scan_steps
 from pronk.herd.shapes import shapes_from_steps
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.jobs.schema import JobConfig
 from pronk.protocol.lines import ValidRequest
 from pronk.protocol.shapes import TraceShape
@@ -85,7 +85,7 @@ class RealBench:
     def __init__(self, config: BenchConfig, settings: Settings):
         self.config = config
         self.settings = settings
-        self.job: JobConfig = get_job(config.job, get_settings())
+        self.job: JobConfig = resolve_job(config.job, get_settings())
         self.profile: LabelledProfile = LABELLED_PROFILES[config.profile]
         self.lines = labelled_lines(self.job, settings)
         self.work = config.work_dir

@@ -168,12 +168,12 @@ class Harness:
         return await run_request(self.router, request, body, self.job, self.recorder)
 
     async def run_replay(self, request: ValidRequest, body: ReplayBody) -> RequestOutcome:
-        ttl = self.job.scheduling.kv_pin_ttl_s if body.kv_pin_ttl_s is None else body.kv_pin_ttl_s
+        kv_pin_ttl_s = self.job.scheduling.kv_pin_ttl_s if body.kv_pin_ttl_s is None else body.kv_pin_ttl_s
         try:
             trace = await run_shape(
                 self.router,
                 body.shape,
-                kv_pin_ttl_s=ttl,
+                kv_pin_ttl_s=kv_pin_ttl_s,
                 recorder=self.recorder,
                 custom_id=request.custom_id,
                 trace_id=request.custom_id,

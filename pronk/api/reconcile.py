@@ -33,6 +33,7 @@ from pronk.batches.run import end_batch
 from pronk.batches.schemas import TERMINAL_STATUSES, BatchErrorData, BatchErrors
 from pronk.batches.store import BatchStore
 from pronk.control.dead_runs import dead_after_s
+from pronk.jobs.catalog import resolve_job
 from pronk.protocol.error_codes import ErrorCode
 from pronk.settings import Settings
 
@@ -143,8 +144,9 @@ class Reconciler:
         if state == "CRASHED":
             why += f" ({fruitless} runs ended without finishing a line; at most {self.settings.max_batch_runs})"
         input_uri = flow_run.parameters.get("input_uri")
+        job = await run_in_threadpool(resolve_job, batch.job_id, self.settings)
         await run_in_threadpool(
-            end_batch, batch_id, status, why, self.settings, input_uri if isinstance(input_uri, str) else None
+            end_batch, batch_id, job, status, why, self.settings, input_uri if isinstance(input_uri, str) else None
         )
         return True
 

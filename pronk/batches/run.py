@@ -29,7 +29,6 @@ from pronk.batches.results import FinishedLine, ResultParts, RunRecord, jsonl, n
 from pronk.batches.schemas import TERMINAL_STATUSES, Batch, BatchErrorData, BatchErrors, BatchUsage, CheckCounts
 from pronk.batches.store import BatchStore
 from pronk.batches.traces import trace_row
-from pronk.jobs.files import get_job
 from pronk.jobs.schema import JobConfig
 from pronk.protocol.checks import CheckResult
 from pronk.protocol.error_codes import ErrorCode
@@ -379,6 +378,7 @@ def input_uri_of(batch: Batch, files: FileStore) -> str:
 
 def end_batch(
     batch_id: str,
+    job: JobConfig,
     status: Literal["failed", "cancelled"],
     message: str,
     settings: Settings,
@@ -386,6 +386,7 @@ def end_batch(
     limits: InputLimits | None = None,
 ) -> Batch | None:
     """End a batch whose run is gone: its persisted lines in the output/error files, the rest as error lines.
+    `job` is the batch's job, resolved by the caller.
 
     Called by the flow's failure and cancellation hooks (with the run's own `limits`) and by the
     API's reconcile loop, which validates without the job's tokenizer: there, a line whose prompt
@@ -400,7 +401,6 @@ def end_batch(
     if batch.status in TERMINAL_STATUSES:
         return batch
     files = FileStore(settings)
-    job = get_job(batch.job_id, settings)
     try:
         data = storage.read_bytes(input_uri or input_uri_of(batch, files), settings)
         validated = validate_input(data, job, limits or InputLimits(max_line_bytes=settings.max_line_bytes))

@@ -13,6 +13,7 @@ import typer
 
 from pronk.cli.enrich import register as register_enrich_commands
 from pronk.cli.herd import register as register_herd_commands
+from pronk.cli.improve import register as register_improve_commands
 from pronk.cli.leap import register as register_leap_commands
 from pronk.cli.terminal import batch_progress, expected_failure, fail
 from pronk.settings import Settings, get_settings
@@ -42,6 +43,7 @@ JobOption = Annotated[str | None, typer.Option("--job", help="Job id or name (de
 register_leap_commands(app, model_app)
 register_enrich_commands(app)
 register_herd_commands(app)
+register_improve_commands(app)
 
 
 @stack_app.command("up")
@@ -94,7 +96,7 @@ def stack_down() -> None:
 @stack_app.command("status")
 def stack_status() -> None:
     """Show the stack's processes, what the supervisor makes of each worker, and the live workers of each job."""
-    from pronk.jobs.files import load_jobs
+    from pronk.jobs.catalog import load_jobs
     from pronk.stack import embedded as stack
     from pronk.stack.processes import alive
     from pronk.stack.supervisor import read_report
@@ -214,7 +216,7 @@ def worker_start(
 @job_app.command("list")
 def job_list() -> None:
     """List the jobs in the catalog."""
-    from pronk.jobs.files import load_jobs
+    from pronk.jobs.catalog import load_jobs
 
     for job in load_jobs(get_settings()).values():
         typer.echo(f"{job.job_id}  {job.name:16} {job.served_model_name:16} {job.model}  workers={job.workers}")
@@ -225,11 +227,11 @@ def job_show(job: JobOption = None) -> None:
     """Print a job whole, as it runs: its base merged in, its current configuration version applied, defaults filled."""
     import yaml
 
-    from pronk.jobs.files import get_job
+    from pronk.jobs.catalog import resolve_job
 
     try:
         settings = get_settings()
-        config = get_job(job or settings.default_job, settings)
+        config = resolve_job(job or settings.default_job, settings)
     except (KeyError, ValueError) as exc:
         fail(str(exc))
     typer.echo(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True), sort_keys=False), nl=False)
@@ -245,7 +247,7 @@ def job_migrate(
     """
     import yaml
 
-    from pronk.jobs.files import load_job_file
+    from pronk.jobs.catalog import load_job_file
     from pronk.jobs.sections import flat_keys, migrate_flat
 
     for path in files:
@@ -281,11 +283,11 @@ def batch_run(
 
     settings = get_settings()
     configure_prefect(settings)
-    from pronk.jobs.files import get_job
+    from pronk.jobs.catalog import resolve_job
     from pronk.protocol.ids import new_id
 
     try:
-        job_config = get_job(job or settings.default_job, settings)
+        job_config = resolve_job(job or settings.default_job, settings)
     except (KeyError, ValueError) as exc:
         fail(str(exc))
     input_uri = _input_with_lines(input)

@@ -53,7 +53,6 @@ from pronk.batches.traces import TABLE_ROWS, SampledTrace, sample_of, scratch_di
 from pronk.control.artifacts import publish_trace_table
 from pronk.control.calls import PREFECT_CALL_TIMEOUT_S, best_effort
 from pronk.control.trace_dags import MAX_TASK_RUNS, RECORD_WAIT_S, TASK_RUNS_PER_S, draw_trace_dags, log_line
-from pronk.jobs.files import get_job
 from pronk.settings import PROJECT_ROOT, Settings, get_settings
 from pronk.stack.trace_sample_lock import DRAWER_MODULE, record_holder, take_lock
 from pronk.tracking import experiment_name
@@ -80,6 +79,7 @@ class SampleOrder(BaseModel):
     batch_id: str
     flow_run_id: str
     job_id: str
+    mlflow_traces: bool = Field(default=True, description="The job's `observability.mlflow_traces`.")
     traces: list[SampledTrace]
     rows: list[dict[str, Any]] = Field(description="The per-trace table: its first rows, then every sampled line.")
     placed_at: float = Field(default_factory=time.time, description="When the flow run had written the results.")
@@ -138,7 +138,12 @@ async def publish_traces(run: BatchRun, settings: Settings, sample_size: int) ->
     rows = table_rows(run.finished, sample)
     if sample and batch.flow_run_id:
         order = SampleOrder(
-            batch_id=batch.id, flow_run_id=batch.flow_run_id, job_id=run.job.job_id, traces=sample, rows=rows
+            batch_id=batch.id,
+            flow_run_id=batch.flow_run_id,
+            job_id=run.job.job_id,
+            mlflow_traces=run.job.observability.mlflow_traces,
+            traces=sample,
+            rows=rows,
         )
         try:
             await asyncio.to_thread(place_order, order, settings)
@@ -195,8 +200,7 @@ async def log_sample_to_mlflow(order: SampleOrder, settings: Settings) -> dict[s
 
     MLflow trouble is logged, never a reason to skip the rest of the drawing.
     """
-    job = get_job(order.job_id, settings)
-    if not order.traces or not job.observability.mlflow_traces:
+    if not order.traces or not order.mlflow_traces:
         return {}
     records = [StepRecord(**row) for t in order.traces for row in t.steps]
     try:
@@ -205,9 +209,9 @@ async def log_sample_to_mlflow(order: SampleOrder, settings: Settings) -> dict[s
                 log_mlflow_traces,
                 records,
                 settings.tracking_uri,
-                experiment_name(job.job_id),
+                experiment_name(order.job_id),
                 settings.artifact_root,
-                {"pronk.batch_id": order.batch_id, "pronk.job_id": job.job_id},
+                {"pronk.batch_id": order.batch_id, "pronk.job_id": order.job_id},
             ),
             MLFLOW_BUDGET_S,
         )

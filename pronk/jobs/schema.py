@@ -4,7 +4,7 @@ A job file has a few top-level keys (identity, model, fleet, price, request caps
 (vLLM's arguments), `scheduling` (how steps reach and share the workers), `harness` (the agent loop's limits),
 `tools` (each tool's settings), `observability` (what a run shows) `quality` (the labelled set that guards
 changes), `improve` (how `pronk improve` makes the next model version) and `sim` (the simulated GPU an
-`engine.backend: sim` job's workers stand for). Reading the files is `pronk.jobs.files`.
+`engine.backend: sim` job's workers stand for). Reading the files is `pronk.jobs.catalog`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from engine.routing import RoutingPolicyName
 from pronk.errors import PronkError
 
 
@@ -99,8 +100,10 @@ class SchedulingConfig(BaseModel):
         le=4096,
         description="With `concurrency: adaptive`, the most lines in flight whatever the measurements say.",
     )
-    routing: str = Field(
-        default="trace_affinity", description="Routing policy for this job's steps (engine.routing.POLICIES)."
+    routing: RoutingPolicyName = Field(
+        default="trace_affinity",
+        description="How the router picks a worker for each step: `trace_affinity` (a trace's steps go to the worker "
+        "holding its prefix), `least_loaded` or `round_robin` (engine.routing).",
     )
     admission: Literal["none", "kv_budget"] = Field(
         default="none",

@@ -1,6 +1,6 @@
 """An enrichment's labelled sets for the improve loop: its held-out rows, and generated rows to learn from.
 
-    python -m pronk.learn.enrichment_tasks [--spec companies] [--rows 96] [--seed 0]
+    pronk improve enrichment-sets [--spec companies] [--rows 96] [--seed 0]
 
 writes, for the spec (default `deployments/enrichments/companies.yaml`):
 
@@ -18,7 +18,6 @@ the passes trained on, and a Leap only when the canary holds on the labelled row
 
 from __future__ import annotations
 
-import argparse
 import random
 from pathlib import Path
 from typing import Any
@@ -27,11 +26,10 @@ import polars as pl
 
 from pronk.enrich.lines import input_file
 from pronk.enrich.run import lines_file
-from pronk.enrich.spec import EnrichSpec, load_spec
+from pronk.enrich.spec import EnrichSpec
 from pronk.enrich.table import plan, read_labels, scan
-from pronk.jobs.files import get_job
 from pronk.jobs.schema import JobConfig
-from pronk.settings import PROJECT_ROOT, Settings, get_settings
+from pronk.settings import PROJECT_ROOT, Settings
 
 LABELLED = PROJECT_ROOT / "data" / "labelled"
 
@@ -123,20 +121,11 @@ def held_out_file(spec: EnrichSpec, job: JobConfig, table: pl.DataFrame, setting
     return lines_file(spec, job, plan(spec, labelled, None, labels=labels))
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--spec", default="companies", help="An enrichment spec with a labelled sample (`labels:`).")
-    parser.add_argument("--rows", type=int, default=96, help="Made-up rows of the training set.")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=LABELLED)
-    args = parser.parse_args(argv)
-    settings = get_settings()
-    spec = load_spec(args.spec)
-    job = get_job(spec.job, settings)
+def write_sets(spec: EnrichSpec, job: JobConfig, rows: int, seed: int, out: Path, settings: Settings) -> list[Path]:
+    """Write the spec's training set (`rows` made-up rows from `seed`) and held-out set under `out`; their paths.
+    `job`: the spec's job, resolved by the caller."""
     table = scan(spec, settings).collect()
-    (args.out / f"{spec.name}-train.jsonl").write_bytes(training_file(spec, job, table, args.rows, args.seed))
-    (args.out / f"{spec.name}-held-out.jsonl").write_bytes(held_out_file(spec, job, table, settings))
-
-
-if __name__ == "__main__":
-    main()
+    training, held_out = out / f"{spec.name}-train.jsonl", out / f"{spec.name}-held-out.jsonl"
+    training.write_bytes(training_file(spec, job, table, rows, seed))
+    held_out.write_bytes(held_out_file(spec, job, table, settings))
+    return [training, held_out]

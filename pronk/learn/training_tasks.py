@@ -1,6 +1,6 @@
 """The agent training set: generated tasks of the held-out set's families, whose checks are computed or looked up.
 
-`python -m pronk.learn.training_tasks` writes `data/labelled/agent-train.jsonl` from a seed, deterministically.
+`pronk improve training-set` writes `data/labelled/agent-train.jsonl` from a seed, deterministically.
 Each line is a copy of the held-out set's (`data/labelled/agent.jsonl`) first line of its family (the part of its
 custom id before the first `-`: arith, lookup, search) with only the custom id, the user's question and the check
 changed, so system prompts, tools, tool_choice, harness options and sampling are the held-out lines' own.
@@ -24,7 +24,6 @@ final answer says. Batches ignore it; the improve loop shows it as a hint to a t
 
 from __future__ import annotations
 
-import argparse
 import ast
 import asyncio
 import copy
@@ -44,6 +43,7 @@ from pydantic import TypeAdapter
 from pronk.agents.checks import run_check
 from pronk.agents.tools import job_tools
 from pronk.agents.tools.base import Tool, ToolContext
+from pronk.jobs.schema import JobConfig
 from pronk.protocol.checks import Check
 from pronk.settings import PROJECT_ROOT
 
@@ -345,20 +345,9 @@ def _canonical_answer(check: dict[str, Any]) -> str:
     return re.sub(r"\\b|\\", "", check["pattern"].split("|")[0]).replace("[- ]", " ")
 
 
-def main(argv: list[str] | None = None) -> None:
-    from pronk.jobs.files import get_job
-    from pronk.settings import get_settings
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--job", default="smollm2-cpu", help="The job whose sql and search tools look answers up.")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=TRAINING_SET)
-    args = parser.parse_args(argv)
+def write_training_set(job: JobConfig, seed: int, out: Path) -> int:
+    """Write the training set generated with `job`'s own tools from `seed` to `out`; how many lines it has."""
     held_out = [json.loads(raw) for raw in HELD_OUT.read_text().splitlines() if raw.strip()]
-    lines = training_lines(job_tools(get_job(args.job, get_settings())), held_out, args.seed)
-    args.out.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    print(f"wrote {len(lines)} lines to {args.out}")
-
-
-if __name__ == "__main__":
-    main()
+    lines = training_lines(job_tools(job), held_out, seed)
+    out.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return len(lines)

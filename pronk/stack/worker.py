@@ -27,7 +27,7 @@ from engine.worker import (
     serve,
 )
 from pronk.agents.tools import project_path
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.jobs.schema import JobConfig
 from pronk.models.checkpoints import CheckpointMismatch, check_compatible, read_spec
 from pronk.models.registry import resolve_model
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
 
     settings = get_settings()
     token = worker_token(settings)
-    job = get_job(args.job, settings)
+    job = resolve_job(args.job, settings)
     sock = bind_socket(args.host, args.port)
     # A taken port, a bad --host/--advertise or an unreadable certificate fails here, before vLLM loads.
     cert, key = settings.worker_tls_cert, settings.worker_tls_key

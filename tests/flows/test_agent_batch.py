@@ -104,11 +104,11 @@ def test_a_raising_tool_a_runaway_python_call_and_a_stuck_tool_are_contained(sta
     from pronk.agents.step_records import StepRecorder
     from pronk.batches.input import validate_input
     from pronk.batches.outputs import output_line
-    from pronk.jobs.files import get_job
+    from pronk.jobs.catalog import resolve_job
     from pronk.jobs.versions import with_changes
 
     job = with_changes(
-        get_job(JOB, get_settings()),
+        resolve_job(JOB, get_settings()),
         {
             "tools": {
                 "enabled": [

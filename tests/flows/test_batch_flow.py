@@ -18,7 +18,7 @@ import pytest
 
 from engine.auth import auth_headers
 from pronk.batches.store import BatchStore
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.settings import get_settings
 from pronk.stack.state import worker_name
 from pronk.worker_token import worker_token
@@ -72,7 +72,7 @@ def test_batch_record_follows_the_status_lifecycle_and_accounts_usage_and_cost(s
     assert usage["output_tokens"] == sum(o["response"]["body"]["usage"]["completion_tokens"] for o in outputs)
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
     assert stored["worker_seconds"] > 0
-    price = get_job(JOB, get_settings()).price_per_worker_hour
+    price = resolve_job(JOB, get_settings()).price_per_worker_hour
     assert stored["processing_cost"] == pytest.approx(stored["worker_seconds"] / 3600 * price)
     assert stored["tasks_per_dollar"] == pytest.approx(32 / stored["processing_cost"])
 
@@ -134,7 +134,7 @@ def test_a_killed_worker_has_its_steps_resent_and_a_sigtermed_one_withdraws(stac
     from pronk.stack.fleet import start_workers, wait_for_workers
     from pronk.stack.processes import alive
 
-    job = get_job(JOB, get_settings())
+    job = resolve_job(JOB, get_settings())
     extra = start_workers(job, stack, indices=range(2, 4))
     wait_for_workers(job, stack, extra)
     lines = [

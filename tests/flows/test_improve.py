@@ -18,7 +18,7 @@ from mlflow import MlflowClient
 import flows.improve
 import flows.leap
 from pronk import storage
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.jobs.schema import ImproveConfig
 from pronk.learn.rounds import RoundStore
 from pronk.models.registry import alias_version
@@ -53,7 +53,7 @@ def training_set(path, lines: int = 4):
 def test_a_round_trains_registers_and_leaps_through_the_canary(stack, tmp_path, monkeypatch):
     v1 = alias_version(MODEL, "live", stack)
     restore_v1(stack, v1)
-    base = get_job(JOB, stack)
+    base = resolve_job(JOB, stack)
     job = base.model_copy(
         update={
             "quality": base.quality.model_copy(
@@ -69,8 +69,8 @@ def test_a_round_trains_registers_and_leaps_through_the_canary(stack, tmp_path, 
             ),
         }
     )
-    monkeypatch.setattr(flows.improve, "get_job", lambda job_id, settings: job)
-    monkeypatch.setattr(flows.leap, "get_job", lambda job_id, settings: job)
+    monkeypatch.setattr(flows.improve, "resolve_job", lambda job_id, settings: job)
+    monkeypatch.setattr(flows.leap, "resolve_job", lambda job_id, settings: job)
     try:
         [record] = asyncio.run(flows.improve.improve(job_id=JOB, rounds=1))
         assert record["parent_version"] == f"{MODEL}/{v1}"

@@ -27,7 +27,7 @@ from engine.client import WorkerClient
 from engine.protocol import SamplingSpec, StepRequest, WorkerStats
 from engine.registry import Registry, WorkerEntry
 from engine.worker import free_port
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.leap.records import LeapStore
 from pronk.models.registry import (
     alias_version,
@@ -177,7 +177,7 @@ def test_leap_during_a_running_batch_switches_every_step_cleanly(stack, on_v1, t
         leap_record = await leap(job_id=JOB, version=v2)
         assert not batch.done(), "the batch ended before the Leap did"
         # A worker started after the Leap must load v2; it loads while the batch's held slots run out.
-        fresh.update(start_workers(get_job(JOB, get_settings()), stack, indices=range(2, 3)))
+        fresh.update(start_workers(resolve_job(JOB, get_settings()), stack, indices=range(2, 3)))
         return await batch, leap_record
 
     try:
@@ -201,7 +201,7 @@ def test_leap_during_a_running_batch_switches_every_step_cleanly(stack, on_v1, t
 
         after = {w.worker_id: probe(w.url) for w in fleet(stack)}
         assert all(tokens != before for tokens in after.values()), "the new weights produce the old outputs"
-        wait_for_workers(get_job(JOB, get_settings()), stack, fresh)
+        wait_for_workers(resolve_job(JOB, get_settings()), stack, fresh)
         (entry,) = [w for w in registry(stack).live(JOB) if w.worker_id == f"{JOB}-w2"]
         assert entry.stats.model_version == f"{MODEL}/{v2}"
         assert all(tokens == probe(entry.url) for tokens in after.values())
@@ -229,7 +229,7 @@ def test_a_wrong_shape_checkpoint_is_refused_and_the_fleet_keeps_serving_v1(stac
     with pytest.raises(
         CheckpointMismatch, match=r"'model.layers.1.mlp.up_proj.weight' shape is \[600, 256\], expected \[688, 256\]"
     ):
-        upload_checkpoint(str(wrong), MODEL, job_model=get_job(JOB, get_settings()).model, settings=stack)
+        upload_checkpoint(str(wrong), MODEL, job_model=resolve_job(JOB, get_settings()).model, settings=stack)
     assert latest_version(MODEL, stack) == newest, "a refused checkpoint was registered"
 
     w0 = fleet(stack)[0]
@@ -405,9 +405,9 @@ def test_the_canary_refuses_a_worse_version_and_lets_an_equal_one_through(stack,
     from flows.leap import LeapRefused
 
     v1, _ = on_v1
-    job = get_job(JOB, get_settings())
+    job = resolve_job(JOB, get_settings())
     quality = job.quality.model_copy(update={"labelled_set": str(answers_anything(tmp_path / "labelled.jsonl"))})
-    monkeypatch.setattr(flows.leap, "get_job", lambda job_id, settings: job.model_copy(update={"quality": quality}))
+    monkeypatch.setattr(flows.leap, "resolve_job", lambda job_id, settings: job.model_copy(update={"quality": quality}))
     worse = register_model_dir(speechless_checkpoint(stack, v1, tmp_path / "worse"), MODEL, settings=stack)
     same = register_model_dir(resolve_model(f"models:/{MODEL}/{v1}", stack).path, MODEL, settings=stack)
     try:

@@ -17,7 +17,7 @@ from pronk.api.run_starts import RunStarts
 from pronk.batches.files import FileRecord, FileStore
 from pronk.batches.schemas import TERMINAL_STATUSES, Batch, BatchObject
 from pronk.batches.store import BatchStore
-from pronk.jobs.files import AmbiguousModel, job_for_model, load_jobs
+from pronk.jobs.catalog import AmbiguousModel, job_for_model, load_jobs
 from pronk.jobs.schema import JobConfig
 from pronk.protocol.bodies import SERVED_URLS
 from pronk.protocol.ids import id_pattern
@@ -76,7 +76,7 @@ class BatchList(BaseModel):
 
 
 def choose_job(job_id: str | None, file: FileRecord, jobs: dict[str, JobConfig], settings: Settings) -> JobConfig:
-    """The job named by `job_id`, else the job serving the file's model (`pronk.jobs.files.job_for_model`: of
+    """The job named by `job_id`, else the job serving the file's model (`pronk.jobs.catalog.job_for_model`: of
     several, the one with live workers, else the default job); anything unclear is a 400. Reads the worker
     registry when several jobs serve the model: call it from the threadpool."""
     if job_id is not None:

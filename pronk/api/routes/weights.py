@@ -19,7 +19,7 @@ from pronk.api.deps import AdminDep, RunsDep, SettingsDep
 from pronk.api.errors import ApiError
 from pronk.api.runs import start_leap
 from pronk.api.weight_sources import allowed_source
-from pronk.jobs.files import load_jobs
+from pronk.jobs.catalog import load_jobs
 from pronk.jobs.schema import JobConfig
 from pronk.leap.records import LeapRecord, LeapStore
 from pronk.leap.schemas import JobWeights, LeapList, LeapStarted, WeightsStatus, WorkerWeights

@@ -13,7 +13,7 @@ from pronk.agents.tool_calls import parse_call as _parse
 from pronk.agents.tool_calls import step_schema
 from pronk.agents.tools import job_tools
 from pronk.batches.input import validate_input
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.protocol.error_codes import ErrorCode
 from pronk.settings import PROJECT_ROOT, get_settings
 from tests.conftest import DATA
@@ -21,7 +21,7 @@ from tests.conftest import DATA
 
 @pytest.fixture
 def job():
-    return get_job("tiny-cpu", get_settings())
+    return resolve_job("tiny-cpu", get_settings())
 
 
 def line(custom_id: str, **body) -> str:
@@ -47,7 +47,7 @@ def tool(name: str, parameters=None) -> dict:
     ids=lambda value: value.name if isinstance(value, Path) else value,
 )
 def test_shipped_batches_validate_for_their_job(path, job_name):
-    validated = validate_input(path.read_bytes(), get_job(job_name, get_settings()))
+    validated = validate_input(path.read_bytes(), resolve_job(job_name, get_settings()))
     assert validated.errors == [] and len(validated.requests) == validated.total
 
 

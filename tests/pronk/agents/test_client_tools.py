@@ -17,7 +17,7 @@ from pronk.agents.harness import Harness
 from pronk.agents.step_records import StepRecorder
 from pronk.batches.input import validate_input
 from pronk.batches.outputs import output_line
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.protocol.error_codes import ErrorCode
 from pronk.settings import get_settings
 from tests.fakes import answered
@@ -69,7 +69,7 @@ class ScriptedRouter:
 
 
 def run(body: dict, *outputs: str, tmp_path):
-    job = get_job("tiny-cpu", get_settings())
+    job = resolve_job("tiny-cpu", get_settings())
     raw = {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "pronk-tiny", **body}}
     validated = validate_input(json.dumps(raw).encode(), job)
     assert validated.errors == [], validated.errors
@@ -254,7 +254,7 @@ def test_the_lines_of_vllms_run_batch_tests_end_as_openai_ends_them_each_valid_f
         line("request-4", url="/bad_url", max_completion_tokens=16),
         line("request-5", stream="True", max_completion_tokens=16),
     ]
-    job = get_job("tiny-cpu", get_settings())
+    job = resolve_job("tiny-cpu", get_settings())
     validated = validate_input("\n".join(lines).encode(), job)
     router = ScriptedRouter("Hello!", "Hello!")
     harness = Harness(router, job, StepRecorder(), tmp_path)  # type: ignore[arg-type]

@@ -104,7 +104,7 @@ def test_a_replay_that_ran_across_a_leap_reports_the_version_of_its_last_step(tm
     from pronk.agents.harness import Harness
     from pronk.agents.step_records import StepRecorder
     from pronk.batches.input import validate_input
-    from pronk.jobs.files import get_job
+    from pronk.jobs.catalog import resolve_job
     from pronk.settings import get_settings
 
     router = EchoRouter()
@@ -115,7 +115,7 @@ def test_a_replay_that_ran_across_a_leap_reports_the_version_of_its_last_step(tm
         return result.model_copy(update={"model_version": f"m/{len(router.requests)}", "worker_id": "w1"})
 
     router.generate = leaping  # type: ignore[method-assign]
-    job = get_job("tiny-cpu", get_settings())
+    job = resolve_job("tiny-cpu", get_settings())
     shape = {"trace_id": "t", "system_prompt_tokens": 4, "steps": [{"new_prompt_tokens": 2, "output_tokens": 2}] * 2}
     line = {
         "custom_id": "r",

@@ -13,7 +13,7 @@ from pronk.agents.harness import Harness
 from pronk.agents.step_records import StepRecorder, ToolCallCounts, summarise
 from pronk.agents.tool_calls import parse_call, tool_call_validity
 from pronk.batches.input import validate_input
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.settings import get_settings
 from tests.fakes import answered
 
@@ -60,7 +60,7 @@ class ScriptedRouter:
 
 
 def test_the_harness_records_each_attempt_and_the_trace_sums_them(tmp_path):
-    job = get_job("tiny-cpu", get_settings())
+    job = resolve_job("tiny-cpu", get_settings())
     tools = [{"type": "function", "function": {"name": "sql", "parameters": SQL}}]
     raw = {
         "custom_id": "a",
@@ -97,7 +97,7 @@ def test_the_harness_records_each_attempt_and_the_trace_sums_them(tmp_path):
 
 @pytest.mark.parametrize(("choice", "last_may_call"), [("auto", False), ("required", True)])
 def test_the_last_step_must_answer_unless_every_step_must_call_a_tool(tmp_path, choice, last_may_call):
-    job = get_job("tiny-cpu", get_settings())
+    job = resolve_job("tiny-cpu", get_settings())
     tools = [{"type": "function", "function": {"name": "sql", "parameters": SQL}}]
     body = {"model": "pronk-tiny", "messages": [{"role": "user", "content": "go"}], "tools": tools}
     raw = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": body}

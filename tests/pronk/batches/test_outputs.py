@@ -17,7 +17,7 @@ from pronk.agents.step_records import StepRecorder
 from pronk.batches.input import validate_input
 from pronk.batches.outputs import output_line
 from pronk.batches.traces import trace_row
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.settings import get_settings
 
 TOP = ["id", "object", "created", "model", "system_fingerprint", "choices", "usage", "pronk"]
@@ -88,7 +88,7 @@ def line(custom_id: str, url: str = "/v1/chat/completions", **body) -> str:
 
 
 def run_lines(tmp_path: Path):
-    job = get_job("tiny-cpu", get_settings())
+    job = resolve_job("tiny-cpu", get_settings())
     messages = [{"role": "user", "content": "go"}]
     validated = validate_input(
         "\n".join(

@@ -12,7 +12,7 @@ from engine.protocol import StepRequest, StepResult
 from pronk.agents.harness import Harness, tool_turn
 from pronk.agents.step_records import StepRecorder
 from pronk.agents.transcripts import TranscriptRecorder
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.learn.branches import branch, branch_point, branch_requests
 from pronk.learn.rollouts import Sample, rollout
 from pronk.learn.selection import SelectionCounts, select
@@ -45,7 +45,7 @@ class CallingRouter:
 @pytest.fixture
 def harness(tmp_path):
     def make(router: CallingRouter) -> Harness:
-        return Harness(router, get_job("tiny-cpu", get_settings()), StepRecorder(), tmp_path, TranscriptRecorder())  # type: ignore[arg-type]
+        return Harness(router, resolve_job("tiny-cpu", get_settings()), StepRecorder(), tmp_path, TranscriptRecorder())  # type: ignore[arg-type]
 
     return make
 

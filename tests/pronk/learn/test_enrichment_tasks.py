@@ -10,7 +10,7 @@ import polars as pl
 from pronk.batches.input import validate_input
 from pronk.enrich.spec import load_spec
 from pronk.enrich.table import read_labels, scan
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.learn.enrichment_tasks import LABELLED, SECTOR_OF, held_out_file, training_file
 from pronk.settings import get_settings
 
@@ -18,7 +18,7 @@ from pronk.settings import get_settings
 def test_the_shipped_sets_are_the_generators_valid_lines_with_checks_and_no_table_company_in_training():
     settings = get_settings()
     spec = load_spec("companies")
-    job = get_job(spec.job, settings)
+    job = resolve_job(spec.job, settings)
     table = scan(spec, settings).collect()
     training = training_file(spec, job, table, 96, 0)
     held_out = held_out_file(spec, job, table, settings)

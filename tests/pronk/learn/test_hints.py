@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from pronk.batches.input import validate_input
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.learn.hints import HINT_PREFIX, hinted_request, reference_hints, without_hint
 from pronk.learn.training_tasks import HELD_OUT, TRAINING_SET
 from pronk.settings import get_settings
@@ -23,7 +23,7 @@ def test_every_training_line_has_a_hint_and_no_held_out_line_does():
 
 
 def test_a_hint_goes_after_the_last_question_and_comes_out_of_the_transcript():
-    job = get_job("smollm2-cpu", get_settings())
+    job = resolve_job("smollm2-cpu", get_settings())
     [line] = validate_input(TRAINING_SET.read_text().splitlines()[80].encode(), job).requests
     hint = reference_hints(str(TRAINING_SET), get_settings())[line.custom_id]
     hinted = hinted_request(line, hint)

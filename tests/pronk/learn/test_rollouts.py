@@ -16,7 +16,7 @@ from pronk.agents.transcripts import Transcript, TranscriptRecorder
 from pronk.batches.input import validate_input
 from pronk.batches.labelled import CheckedLine
 from pronk.batches.schemas import LinesChecked
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.learn.hints import HINT_PREFIX, hinted_request
 from pronk.learn.rollouts import Sample, rollout, sample_requests
 from pronk.learn.selection import SelectionCounts, select
@@ -60,7 +60,9 @@ def lines(*ids: str):
         }
         for custom_id in ids
     ]
-    return validate_input("\n".join(json.dumps(r) for r in raw).encode(), get_job("tiny-cpu", get_settings())).requests
+    return validate_input(
+        "\n".join(json.dumps(r) for r in raw).encode(), resolve_job("tiny-cpu", get_settings())
+    ).requests
 
 
 def test_sample_requests_share_the_prompt_and_differ_by_id_and_seed():
@@ -80,7 +82,7 @@ def test_sample_requests_share_the_prompt_and_differ_by_id_and_seed():
 
 def test_a_rollout_checks_every_sample_and_carries_its_transcript_and_records(tmp_path):
     router = AnsweringRouter({"arith-1": ["4", "5", "It is 4."], "lookup-1": ["no", "no", "no"]})
-    harness = Harness(router, get_job("tiny-cpu", get_settings()), StepRecorder(), tmp_path, TranscriptRecorder())  # type: ignore[arg-type]
+    harness = Harness(router, resolve_job("tiny-cpu", get_settings()), StepRecorder(), tmp_path, TranscriptRecorder())  # type: ignore[arg-type]
     progress = LinesChecked(total=2, done=2)  # two samples an earlier call of the round checked
     samples = asyncio.run(rollout(lines("arith-1", "lookup-1"), harness, 3, 0.8, 0, progress=progress))
 
@@ -103,7 +105,7 @@ def test_a_rollout_checks_every_sample_and_carries_its_transcript_and_records(tm
 
 
 def test_a_rollout_needs_a_harness_that_keeps_transcripts(tmp_path):
-    harness = Harness(AnsweringRouter({}), get_job("tiny-cpu", get_settings()), StepRecorder(), tmp_path)  # type: ignore[arg-type]
+    harness = Harness(AnsweringRouter({}), resolve_job("tiny-cpu", get_settings()), StepRecorder(), tmp_path)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="TranscriptRecorder"):
         asyncio.run(rollout(lines("arith-1"), harness, 2, 0.8, 0))
 
@@ -159,7 +161,7 @@ def test_selection_keeps_distinct_answered_passes_capped_per_task_and_counts_by_
 
 def test_hinted_samples_run_after_the_plain_ones_with_the_hint_in_the_question(tmp_path):
     router = AnsweringRouter({"lookup-1": ["no", "no", "4", "no"]})
-    harness = Harness(router, get_job("tiny-cpu", get_settings()), StepRecorder(), tmp_path, TranscriptRecorder())  # type: ignore[arg-type]
+    harness = Harness(router, resolve_job("tiny-cpu", get_settings()), StepRecorder(), tmp_path, TranscriptRecorder())  # type: ignore[arg-type]
     call = '{"tool":"sql","arguments":{"query":"SELECT 4"}}'
     hinted = hinted_request(lines("lookup-1")[0], call)
     samples = asyncio.run(rollout([hinted], harness, 2, 0.8, 0, first_index=2, hinted=True))

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from pronk.batches.schemas import LinesChecked
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.learn.rounds import ImproveRound, NotImprovable, RoundStore, training_lines
 from pronk.settings import Settings, get_settings
 
 
 def test_a_round_draws_its_tasks_by_seed_from_the_training_set():
     settings = get_settings()
-    job = get_job("smollm2-cpu", settings)
+    job = resolve_job("smollm2-cpu", settings)
     config = job.improve.model_copy(update={"tasks_per_round": 10})
     first = [line.custom_id for line in training_lines(job, config, settings, seed=0)]
     assert len(first) == len(set(first)) == 10
@@ -24,7 +24,7 @@ def test_a_round_draws_its_tasks_by_seed_from_the_training_set():
 
 def test_the_held_out_set_is_never_a_training_set():
     settings = get_settings()
-    job = get_job("smollm2-cpu", settings)
+    job = resolve_job("smollm2-cpu", settings)
     config = job.improve.model_copy(update={"training_set": job.quality.labelled_set})
     with pytest.raises(NotImprovable, match="held-out"):
         training_lines(job, config, settings, seed=0)

@@ -14,7 +14,7 @@ from pydantic import TypeAdapter
 from pronk.agents.checks import run_check
 from pronk.agents.tools import job_tools
 from pronk.batches.input import validate_input
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.jobs.schema import ImproveConfig
 from pronk.learn.training import TrainingBudget
 from pronk.learn.training_tasks import (
@@ -49,13 +49,13 @@ def question(line: dict) -> str:
 
 
 def test_the_committed_set_is_what_the_script_writes(held_out, training):
-    assert training_lines(job_tools(get_job("smollm2-cpu", get_settings())), held_out, seed=0) == training
+    assert training_lines(job_tools(resolve_job("smollm2-cpu", get_settings())), held_out, seed=0) == training
 
 
 def test_it_is_large_every_line_valid_for_the_job_and_checked(training):
     assert len(training) >= 180
     assert set(Counter(task_family(line["custom_id"]) for line in training)) == {"arith", "lookup", "search"}
-    validated = validate_input(TRAINING_SET.read_bytes(), get_job("smollm2-cpu", get_settings()))
+    validated = validate_input(TRAINING_SET.read_bytes(), resolve_job("smollm2-cpu", get_settings()))
     assert validated.errors == [] and len(validated.requests) == len(training)
     assert all(request.check is not None for request in validated.requests)
     assert len({line["custom_id"] for line in training}) == len(training)
@@ -106,7 +106,7 @@ def test_a_jobs_improve_section_gives_the_training_budget():
 
 
 def test_each_reference_is_a_call_of_the_lines_own_tool_that_finds_its_answer_and_an_answer_that_passes(training):
-    tools = job_tools(get_job("smollm2-cpu", get_settings()))
+    tools = job_tools(resolve_job("smollm2-cpu", get_settings()))
 
     def passes(line: dict, text: str) -> bool:
         check = TypeAdapter(Check).validate_python(line["check"])

@@ -4,13 +4,13 @@ import pytest
 
 from engine.kv_retention import pin_settings
 from engine.sim_executor import SIM_KEY
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.settings import PROJECT_ROOT, get_settings
 from pronk.stack.worker import simulated
 
 
 def sim_job(**sim):
-    job = get_job("sim-h100-qwen3-8b", get_settings(), versions=False)
+    job = resolve_job("sim-h100-qwen3-8b", get_settings(), versions=False)
     return job.model_copy(update={"sim": job.sim.model_copy(update=sim)})
 
 

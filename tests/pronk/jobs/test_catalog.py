@@ -3,8 +3,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pronk.jobs.files import get_job, load_job_file, load_jobs
+from pronk.jobs.catalog import load_job_file, load_jobs, resolve_job
 from pronk.jobs.schema import JobFileError
+from pronk.jobs.versions import with_current_version
 from pronk.settings import PROJECT_ROOT, Settings, get_settings
 
 GOOD = """
@@ -45,10 +46,10 @@ def test_a_host_tier_adds_its_memory_to_the_worker_hour_price(tmp_path):
 
 def test_shipped_jobs_of_the_demo_and_the_suite_are_valid():
     settings = get_settings()
-    assert Settings.model_fields["default_job"].default == get_job("smollm2-cpu", settings).job_id
-    demo = get_job("smollm2-cpu", settings)
+    assert Settings.model_fields["default_job"].default == resolve_job("smollm2-cpu", settings).job_id
+    demo = resolve_job("smollm2-cpu", settings)
     assert demo.model_source and demo.quality.labelled_set and demo.engine.dtype == "float32"
-    job = get_job("tiny-cpu", settings)
+    job = resolve_job("tiny-cpu", settings)
     assert job.job_id == "job-c0ffee01"
     assert job.workers == 2
     assert job.engine.kv_cache_memory_bytes
@@ -83,18 +84,18 @@ def test_duplicate_job_ids_are_rejected(tmp_path):
 def test_unknown_job_lists_known_ones_by_id_and_name_which_it_both_accepts(tmp_path):
     write(tmp_path, "a", GOOD)
     with pytest.raises(KeyError, match=r"no job 'nope' \(a job id or name\); known: job-0123abcd \(a\)$"):
-        get_job("nope", catalog(tmp_path))
-    assert get_job("a", catalog(tmp_path)).job_id == get_job("job-0123abcd", catalog(tmp_path)).job_id
+        resolve_job("nope", catalog(tmp_path))
+    assert resolve_job("a", catalog(tmp_path)).job_id == resolve_job("job-0123abcd", catalog(tmp_path)).job_id
 
 
 def test_a_broken_neighbour_does_not_stop_a_job_but_the_catalog_names_it(tmp_path, caplog):
     """A typo in one job file used to fail every batch of every job (their runs look jobs up by id)."""
     write(tmp_path, "good", GOOD)
     write(tmp_path, "typo", GOOD.replace("job-0123abcd", "job-0123abce") + "wokers: 3\n")
-    assert get_job("job-0123abcd", catalog(tmp_path)).name == "good"
+    assert resolve_job("job-0123abcd", catalog(tmp_path)).name == "good"
     assert "typo.yaml" in caplog.text
     with pytest.raises(KeyError, match=r"unreadable: .*wokers"):
-        get_job("job-0123abce", catalog(tmp_path))
+        resolve_job("job-0123abce", catalog(tmp_path))
     with pytest.raises(JobFileError, match="wokers"):
         load_jobs(catalog(tmp_path))
 
@@ -167,7 +168,7 @@ harness: {max_steps: 4, routing: least_loaded, tables_dir: data/tables, trace_sa
 
 
 def test_a_model_goes_to_its_one_job_else_the_live_one_else_the_default_else_a_clear_error():
-    from pronk.jobs.files import AmbiguousModel, job_for_model
+    from pronk.jobs.catalog import AmbiguousModel, job_for_model
 
     jobs = load_jobs(get_settings())
     model = "smollm2-135m-instruct"  # agent-real (job-10d91d95) and smollm2-cpu (job-5a011201)
@@ -186,7 +187,7 @@ def test_a_model_goes_to_its_one_job_else_the_live_one_else_the_default_else_a_c
 
 
 def test_the_simulated_h100_job_asks_for_a_sim_engine_sized_by_the_gpu():
-    job = get_job("sim-h100-qwen3-8b", get_settings(), versions=False)
+    job = resolve_job("sim-h100-qwen3-8b", get_settings(), versions=False)
     assert (job.engine.backend, job.sim.gpu, job.engine.kv_cache_memory_bytes) == ("sim", "h100_sxm", None)
     assert job.sim.memory_bytes == int(79.6 * (1 << 30))
     assert "backend" not in job.vllm_kwargs()
@@ -205,3 +206,16 @@ def test_a_simulated_engine_it_cannot_be_is_refused(tmp_path, text, message):
     path = write(tmp_path, "sim", GOOD.replace("engine:\n  kv_cache_memory_bytes: 33554432\n", "") + text)
     with pytest.raises(JobFileError, match=message):
         load_job_file(path)
+
+
+def test_an_unknown_routing_policy_is_refused_when_the_job_is_read_not_when_its_router_is_built(tmp_path):
+    path = write(tmp_path, "bad", GOOD + "scheduling: {routing: random}\n")
+    with pytest.raises(JobFileError, match=r"scheduling\.routing' value 'random'"):
+        load_job_file(path)
+
+
+def test_a_job_without_a_configuration_version_resolves_to_its_file_as_it_is(tmp_path):
+    write(tmp_path, "a", GOOD)
+    settings = catalog(tmp_path).model_copy(update={"data_dir": tmp_path / "data"})
+    job_file = resolve_job("a", settings, versions=False)
+    assert with_current_version(job_file, settings) is job_file  # nothing to apply: no second validation

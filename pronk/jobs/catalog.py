@@ -2,7 +2,12 @@
 
 `base: NAME` names another job file of the same folder: the file then states only its differences, merged over the
 base section by section and key by key (`pronk.jobs.sections.merge_sections`), the same merge a configuration version
-of the Herd applies over its job file when the job is loaded (`get_job`, `pronk.jobs.versions`).
+of the Herd applies over its job file when the job is resolved (`resolve_job`, `pronk.jobs.versions`).
+
+Only the entry points read the catalog: an API route, a command, a flow at its top, a worker as it starts. Each
+resolves its job once (base merged, defaults filled, its configuration version applied, validated) and hands the
+`JobConfig` down to the harness, the router and the domain, which never look a job up themselves (an import-linter
+contract in pyproject.toml keeps it so).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from pronk.config_files import describe, read_mapping
 from pronk.errors import PronkError
 from pronk.jobs.schema import JobConfig, JobFileError
 from pronk.jobs.sections import FLAT_KEYS, flat_keys, merge_sections
-from pronk.jobs.versions import current_changes, with_changes
+from pronk.jobs.versions import with_current_version
 from pronk.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -86,7 +91,7 @@ def load_jobs(settings: Settings, versions: bool = True) -> dict[str, JobConfig]
         raise broken[0]
     if not versions:
         return jobs
-    return {job_id: with_changes(job, current_changes(job_id, settings)) for job_id, job in jobs.items()}
+    return {job_id: with_current_version(job, settings) for job_id, job in jobs.items()}
 
 
 class UnknownJob(PronkError, KeyError):
@@ -96,11 +101,12 @@ class UnknownJob(PronkError, KeyError):
         return str(self.args[0])
 
 
-def get_job(job: str, settings: Settings, versions: bool = True) -> JobConfig:
-    """A job by id or by name, with its current configuration version unless `versions` is false.
+def resolve_job(job: str, settings: Settings, versions: bool = True) -> JobConfig:
+    """A job by id or by name, resolved: its file with its base merged and its current configuration version applied
+    (unless `versions` is false: the job file alone), validated.
 
-    Another job file that cannot be read does not stop this one (a batch must not fail for a neighbour's typo);
-    it is logged, and named when the job is not found.
+        Another job file that cannot be read does not stop this one (a batch must not fail for a neighbour's typo);
+        it is logged, and named when the job is not found.
     """
     jobs, broken = _read_catalog(settings.jobs_dir)
     found = jobs.get(job) or next((candidate for candidate in jobs.values() if candidate.name == job), None)
@@ -110,7 +116,7 @@ def get_job(job: str, settings: Settings, versions: bool = True) -> JobConfig:
         raise UnknownJob(f"no job {job!r} (a job id or name); known: {known}{unreadable}")
     for exc in broken:
         logger.warning("job file skipped: %s", exc)
-    return with_changes(found, current_changes(found.job_id, settings)) if versions else found
+    return with_current_version(found, settings) if versions else found
 
 
 class AmbiguousModel(PronkError, ValueError):
