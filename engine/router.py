@@ -21,10 +21,10 @@ from collections.abc import Collection
 
 from engine.admission import KvBudgetAdmission, NoAdmission, make_admission
 from engine.client import NotAdmitted, WorkerClient, WorkerUnavailable
-from engine.errors import EngineError
-from engine.protocol import AdmissionHints, StepRequest, StepResult
+from engine.engine_error import EngineError
 from engine.registry import Registry, RegistryUnavailable, WorkerEntry
 from engine.routing import RoutingPolicy, make_policy
+from engine.worker_protocol import AdmissionHints, StepRequest, StepResult
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import functools
 import ssl
 from pathlib import Path
 
-from engine.errors import EngineError
+from engine.engine_error import EngineError
 
 
 class TlsFileError(EngineError, ValueError):

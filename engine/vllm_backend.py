@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.admission import KvBudget
-from engine.errors import EngineError
+from engine.engine_error import EngineError
 from engine.kv_retention import HOST_TIER_TOKENS_KEY, release_request_id, unpin_request_id
-from engine.protocol import HostTierStats, SamplingSpec, StepRequest, StepResult, WorkerStats
 from engine.trace_hints import retention_hints
+from engine.worker_protocol import HostTierStats, SamplingSpec, StepRequest, StepResult, WorkerStats
 
 log = logging.getLogger(__name__)
 

@@ -24,10 +24,10 @@ from fastapi import FastAPI, HTTPException, Request
 
 from engine.admission import AdmissionTimeout, BudgetExceeded
 from engine.auth import TokenAuth, auth_headers
-from engine.protocol import ReleaseRequest, StepRequest, StepResult, WorkerStats
 from engine.registry import Registry, RegistryUnavailable, WorkerEntry
 from engine.vllm_backend import VllmBackend
 from engine.weight_swap import Stager, add_weight_routes
+from engine.worker_protocol import ReleaseRequest, StepRequest, StepResult, WorkerStats
 
 if TYPE_CHECKING:
     import uvicorn

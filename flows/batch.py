@@ -16,7 +16,8 @@ from pydantic import Field
 
 from pronk.agents.harness import Harness, job_router
 from pronk.agents.step_records import StepRecorder
-from pronk.batches.files import FileStore
+from pronk.agents.tools.scratch import scratch_dir
+from pronk.batches.file_store import FileStore
 from pronk.batches.input import BatchInputError
 from pronk.batches.progress import progress_kept
 from pronk.batches.prompt_length import input_limits
@@ -24,14 +25,13 @@ from pronk.batches.results import ResultParts
 from pronk.batches.run import BatchRun, end_batch, finish_run, open_batch, reject_input
 from pronk.batches.schemas import TERMINAL_STATUSES
 from pronk.batches.store import BatchStore
-from pronk.batches.traces import scratch_dir
 from pronk.control.artifacts import ProgressArtifact, publish_batch_report, publish_summary
 from pronk.control.dead_runs import record_process
-from pronk.control.trace_sample import publish_traces
-from pronk.errors import PronkError
+from pronk.control.trace_sample.drawer import publish_traces
 from pronk.herd.profile import in_flight_start
 from pronk.jobs.catalog import resolve_job
 from pronk.jobs.schema import MAX_TRACE_SAMPLE, JobConfig
+from pronk.pronk_error import PronkError
 from pronk.settings import Settings, get_settings
 from pronk.stack.prefect_env import show_pronk_logs
 from tasks.chunks import run_chunk

@@ -1,6 +1,6 @@
 """The improve flow: weights that get better from the job's own checked traces, pushed to the running fleet.
 
-A recipe over `pronk.learn`, one round after another, each from the version the fleet serves: roll the job's
+A recipe over `pronk.improve`, one round after another, each from the version the fleet serves: roll the job's
 training set out on its live workers (k samples a task, every sample checked), keep the passed transcripts
 (rejection sampling), fine-tune on them within the job's step, time and core budget, register the result as the
 model's next version with its lineage, and Leap to it through the canary, which measures both versions on the
@@ -19,11 +19,11 @@ from prefect.artifacts import acreate_table_artifact
 from flows.leap import leap
 from pronk.batches.progress import saved_every
 from pronk.control.dead_runs import record_process
+from pronk.improve.rounds import ImproveRound, RoundStore, log_held_out, served_version
 from pronk.jobs.catalog import resolve_job
 from pronk.jobs.schema import ImproveConfig, JobConfig
 from pronk.leap.records import LeapRecord, LeapStore
 from pronk.leap.sequence import LeapFailed, LeapRefused
-from pronk.learn.rounds import ImproveRound, RoundStore, log_held_out, served_version
 from pronk.settings import Settings, get_settings
 from pronk.stack.prefect_env import show_pronk_logs
 from tasks.improve import fine_tune, register_version, roll_out

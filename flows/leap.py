@@ -14,8 +14,8 @@ import asyncio
 from prefect import flow, get_run_logger, runtime
 from prefect.artifacts import acreate_table_artifact
 
+from pronk.agents.tools.scratch import scratch_dir
 from pronk.batches.schemas import CheckCounts, LinesChecked
-from pronk.batches.traces import scratch_dir
 from pronk.control.dead_runs import record_process
 from pronk.jobs.catalog import resolve_job
 from pronk.leap import canary as canaries

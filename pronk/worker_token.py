@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.client import WorkerClient
-from pronk.errors import PronkError
+from pronk.pronk_error import PronkError
 from pronk.settings import Settings
 
 TOKEN_FILE = "worker-token"

@@ -104,7 +104,7 @@ def versions_in_output(batch: dict) -> list[str]:
 def training_started(settings, since: float) -> bool:
     """Whether a round begun after `since` has reached its training (its record in the round store says so)."""
     from pronk import storage
-    from pronk.learn.rounds import ImproveRound, RoundStore
+    from pronk.improve.rounds import ImproveRound, RoundStore
 
     root = RoundStore(settings).root
     for name in storage.list_names(root, settings):
@@ -290,8 +290,8 @@ def main(argv: list[str] | None = None) -> None:
     settings = get_settings()
     configure_prefect(settings)  # before anything imports prefect, which reads its settings once, on import
     from flows.leap import leap
+    from pronk.improve.rounds import served_version
     from pronk.jobs.catalog import resolve_job
-    from pronk.learn.rounds import served_version
     from pronk.stack import embedded as stack
 
     job = resolve_job(args.job, settings)

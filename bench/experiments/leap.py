@@ -78,12 +78,12 @@ def register_versions(settings, hidden: int) -> dict[str, tuple[int, int]]:
     """(v1, v2) per model kind; v1 carries the alias `live`."""
     import shutil
 
-    from pronk.models.finetune import FinetuneConfig, finetune
     from pronk.models.registry import ensure_tiny_model, register_model_dir, set_alias
+    from pronk.models.tiny_finetune import finetune
     from pronk.models.versions import upload_checkpoint
 
     tiny_v1 = ensure_tiny_model(settings)
-    tiny_v2 = finetune(FinetuneConfig(source=f"models:/pronk-tiny/{tiny_v1}"), settings).version
+    tiny_v2 = finetune(settings, f"models:/pronk-tiny/{tiny_v1}").version
     build = settings.data_dir / "build"
     large_v1 = register_model_dir(make_large_model(build / "large-1", hidden, 0), "pronk-large", settings=settings)
     set_alias("pronk-large", "live", large_v1, settings)
@@ -130,8 +130,8 @@ def switch_times(job_id: str, versions: tuple[int, int], rounds: int) -> dict[st
 
 async def _stream(job_id: str, settings, requests: int, leap_version: int | None) -> dict[str, float]:
     """`requests` greedy steps of 64 tokens at concurrency 32 through the router; optionally a Leap after a quarter."""
-    from engine.protocol import SamplingSpec, StepRequest
     from engine.router import Router
+    from engine.worker_protocol import SamplingSpec, StepRequest
     from flows.leap import leap
     from pronk.worker_token import worker_client
 

@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass, field
 
 from engine.http_transport import many_requests_client
-from engine.protocol import StepRequest, StepResult
 from engine.tls import verify_context
+from engine.worker_protocol import StepRequest, StepResult
 from pronk.agents.replay import TraceRecord, run_shape
 from pronk.agents.tool_gaps import ToolGaps
 from pronk.protocol.shapes import TraceShape

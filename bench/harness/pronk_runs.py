@@ -25,8 +25,8 @@ import psutil
 
 from bench.harness.agent_loop import ReplayResult, replay
 from bench.harness.figures import FULL, AgentRun, EngineLoad, worker_moves
-from engine.protocol import StepRequest, StepResult, WorkerStats
 from engine.registry import WorkerEntry
+from engine.worker_protocol import StepRequest, StepResult, WorkerStats
 from pronk.agents.tool_gaps import ToolGaps
 from pronk.jobs.schema import JobConfig
 from pronk.protocol.bodies import REPLAY_URL
@@ -299,10 +299,10 @@ DRAWER_WAIT_S = 300.0
 
 def wait_for_trace_drawer(settings: Settings, timeout_s: float = DRAWER_WAIT_S) -> float:
     """Wait until no trace-sample drawer runs; the seconds waited. The batch flow leaves its trace sample to a process
-    of its own (`pronk.control.trace_sample`) that imports Prefect and MLflow and draws task runs once the flow run
-    has ended: off the flow's path by design, but on the cores the next setup's engines would use, so the setup
+    of its own (`pronk.control.trace_sample.drawer`) that imports Prefect and MLflow and draws task runs once the flow
+    run has ended: off the flow's path by design, but on the cores the next setup's engines would use, so the setup
     after the batch flow starts only once it is done."""
-    from pronk.stack.trace_sample_lock import running_drawer
+    from pronk.control.trace_sample.lock import running_drawer
 
     started = time.monotonic()
     while running_drawer(settings) is not None and time.monotonic() - started < timeout_s:

@@ -20,7 +20,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from engine.protocol import ChatMessage, StepRequest, StepResult
+from engine.worker_protocol import ChatMessage, StepRequest, StepResult
 from pronk.agents.tool_calls import parse_call, step_schema, system_prompt
 from pronk.protocol.bodies import ChatCompletionBody, NamedToolChoice, ToolSpec
 from pronk.protocol.ids import new_id

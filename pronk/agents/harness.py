@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.client import ContextTooLong, StepRejected
-from engine.protocol import ChatMessage, SamplingSpec, StepRequest, StepResult
 from engine.router import NoWorkerAvailable, Router
+from engine.worker_protocol import ChatMessage, SamplingSpec, StepRequest, StepResult
 from pronk import paths
 from pronk.agents.client_tools import is_client_line
 from pronk.agents.completions import engine_error_code, failed_outcome, run_request
@@ -33,8 +33,8 @@ from pronk.agents.tool_gaps import ToolGaps
 from pronk.agents.tools import SPAWN_SUBAGENTS, job_tools, run_tool
 from pronk.agents.tools.base import Tool, ToolContext
 from pronk.agents.transcripts import Transcript, TranscriptRecorder
-from pronk.errors import PronkError
 from pronk.jobs.schema import HarnessConfig, JobConfig
+from pronk.pronk_error import PronkError
 from pronk.protocol.bodies import ChatCompletionBody, NamedToolChoice, ReplayBody
 from pronk.protocol.error_codes import ErrorCode
 from pronk.protocol.ids import new_id

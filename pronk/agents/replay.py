@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.protocol import SamplingSpec, StepRequest
 from engine.router import Router
+from engine.worker_protocol import SamplingSpec, StepRequest
 from pronk.agents.step_records import StepRecord, StepRecorder, TraceSummary, summarise
 from pronk.agents.tool_gaps import ToolGaps
 from pronk.protocol.ids import new_id

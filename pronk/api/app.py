@@ -12,14 +12,14 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from pronk.api.body_limits import BodyLimits
-from pronk.api.errors import install_error_handlers
+from pronk.api.error_responses import install_error_handlers
 from pronk.api.idempotency import IdempotencyKeys
 from pronk.api.keys import ApiKeyStore
 from pronk.api.reconcile import Reconciler
 from pronk.api.routes import batches, files, weights
 from pronk.api.run_starts import RunStarts
 from pronk.api.runs import BatchFlowRuns
-from pronk.batches.files import FileStore
+from pronk.batches.file_store import FileStore
 from pronk.batches.store import BatchStore
 from pronk.settings import Settings, get_settings
 from pronk.stack.deployments import DeploymentStarter, PrefectDeployments

@@ -8,11 +8,11 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from pronk.api.errors import ApiError
+from pronk.api.error_responses import ApiError
 from pronk.api.idempotency import IdempotencyKeys
 from pronk.api.keys import ApiKeyStore
 from pronk.api.run_starts import RunStarts
-from pronk.batches.files import FileStore
+from pronk.batches.file_store import FileStore
 from pronk.batches.store import BatchStore
 from pronk.settings import Settings
 from pronk.stack.deployments import DeploymentStarter

@@ -21,7 +21,7 @@ import random
 from fastapi.concurrency import run_in_threadpool
 
 from pronk.api.runs import start_queue_drain
-from pronk.batches.files import FileStore
+from pronk.batches.file_store import FileStore
 from pronk.batches.queue import BatchQueue, batch_id_of
 from pronk.batches.schemas import Batch
 from pronk.batches.store import BatchStore

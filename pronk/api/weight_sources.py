@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pronk.api.errors import ApiError
+from pronk.api.error_responses import ApiError
 from pronk.models.registry import MODELS_SCHEME
 from pronk.settings import Settings
 

@@ -11,8 +11,8 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from pronk.agents.validation import check_tools
-from pronk.errors import PronkError
 from pronk.jobs.schema import JobConfig
+from pronk.pronk_error import PronkError
 from pronk.protocol.bodies import REPLAY_URL, SERVED_URLS, ChatCompletionBody, ReplayBody
 from pronk.protocol.checks import Check
 from pronk.protocol.error_codes import ErrorCode

@@ -21,14 +21,13 @@ from pronk.agents.harness import Harness
 from pronk.agents.outcomes import Completion, LineFailure, RequestOutcome
 from pronk.agents.step_records import StepRecord, ToolCallCounts, record_order, steps_ndjson
 from pronk.agents.tools.python_exec import PythonTool
-from pronk.batches.files import FileStore
+from pronk.batches.file_store import FileStore
 from pronk.batches.in_flight import InFlight, LineLoad
 from pronk.batches.input import BatchInputError, InputLimits, ValidatedInput, validate_input
-from pronk.batches.outputs import output_line
+from pronk.batches.outputs import output_line, trace_row
 from pronk.batches.results import FinishedLine, ResultParts, RunRecord, jsonl, new_run_tag
 from pronk.batches.schemas import TERMINAL_STATUSES, Batch, BatchErrorData, BatchErrors, BatchUsage, CheckCounts
 from pronk.batches.store import BatchStore
-from pronk.batches.traces import trace_row
 from pronk.jobs.schema import JobConfig
 from pronk.protocol.checks import CheckResult
 from pronk.protocol.error_codes import ErrorCode

@@ -81,8 +81,8 @@ def training_set_command(
 ) -> None:
     """Generate the agent training set: tasks of the held-out set's families whose checks are computed or looked up
     with the job's own tools, none of them a held-out task; the same seed writes the same file."""
+    from pronk.improve.agent_training_set import TRAINING_SET, write_training_set
     from pronk.jobs.catalog import resolve_job
-    from pronk.learn.training_tasks import TRAINING_SET, write_training_set
 
     target = out or TRAINING_SET
     lines = write_training_set(resolve_job(job, get_settings()), seed, target)
@@ -99,8 +99,8 @@ def enrichment_sets_command(
     """Write an enrichment's two sets for `pronk improve --training-set … --held-out …`: its labelled rows as the
     enrichment asks them (held out, for the canary) and made-up rows of the same template to learn from."""
     from pronk.enrich.spec import load_spec
+    from pronk.improve.enrichment_sets import LABELLED, write_sets
     from pronk.jobs.catalog import resolve_job
-    from pronk.learn.enrichment_tasks import LABELLED, write_sets
 
     settings = get_settings()
     enrichment = load_spec(spec)

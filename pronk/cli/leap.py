@@ -48,11 +48,11 @@ def finetune_tiny(
     seed: Annotated[int, typer.Option(help="Seed of data order and optimizer.")] = 0,
 ) -> None:
     """Train the tiny model a few seconds on CPU and register the result as the next version."""
-    from pronk.models.finetune import FinetuneConfig, finetune
+    from pronk.jobs.schema import ImproveConfig
+    from pronk.models.tiny_finetune import TINY_TRAINING, finetune
 
-    result = finetune(
-        FinetuneConfig(source=source, steps=steps, learning_rate=learning_rate, seed=seed), get_settings()
-    )
+    changed = {"max_steps": steps, "learning_rate": learning_rate, "seed": seed}
+    result = finetune(get_settings(), source, ImproveConfig.model_validate({**TINY_TRAINING.model_dump(), **changed}))
     typer.echo(
         f"loss {result.first_loss:.3f} → {result.last_loss:.3f} in {result.train_seconds:.1f}s; registered "
         f"{result.uri}",

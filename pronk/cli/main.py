@@ -384,7 +384,7 @@ def batch_resume(
 
     settings = get_settings()
     configure_prefect(settings)
-    from pronk.batches.files import FileStore
+    from pronk.batches.file_store import FileStore
     from pronk.batches.run import input_uri_of
     from pronk.batches.schemas import TERMINAL_STATUSES
     from pronk.batches.store import BatchStore

@@ -11,7 +11,7 @@ from typing import NoReturn
 
 import typer
 
-from pronk.errors import PronkError
+from pronk.pronk_error import PronkError
 from pronk.settings import Settings, get_settings
 
 
@@ -98,8 +98,8 @@ def batch_progress(batch_id: str | Callable[[], str], label: str) -> contextlib.
 def improve_reading(job_id: str, since: float, settings: Settings) -> Callable[[], Reading | None]:
     """How far the job's improve round begun after `since` has got, from its record: the rollouts checked, the
     training steps with their loss, then the lines its Leap's canary has checked (None: no such round yet)."""
+    from pronk.improve.rounds import RoundStore
     from pronk.leap.records import LeapStore
-    from pronk.learn.rounds import RoundStore
 
     rounds, leaps = RoundStore(settings), LeapStore(settings)
 

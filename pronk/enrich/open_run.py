@@ -28,9 +28,9 @@ from pronk.batches.results import ResultParts
 from pronk.batches.run import end_batch
 from pronk.batches.schemas import TERMINAL_STATUSES, Batch
 from pronk.batches.store import BatchStore
-from pronk.errors import PronkError
 from pronk.host_process import HostProcess
 from pronk.jobs.schema import JobConfig
+from pronk.pronk_error import PronkError
 from pronk.settings import Settings
 
 logger = logging.getLogger(__name__)

@@ -20,10 +20,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from pronk.config_files import describe, read_mapping
-from pronk.errors import PronkError
 from pronk.jobs.schema import JobConfig, JobFileError
 from pronk.jobs.sections import FLAT_KEYS, flat_keys, merge_sections
 from pronk.jobs.versions import with_current_version
+from pronk.pronk_error import PronkError
 from pronk.settings import Settings
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.routing import RoutingPolicyName
-from pronk.errors import PronkError
+from pronk.pronk_error import PronkError
 
 
 class JobFileError(PronkError, ValueError):
@@ -271,7 +271,8 @@ class ObservabilityConfig(BaseModel):
 
 
 class ImproveConfig(BaseModel):
-    """Rollouts on the training set, rejection sampling of passed traces, bounded fine-tuning, rounds of it."""
+    """Rollouts on the training set, rejection sampling of passed traces, bounded fine-tuning, rounds of it; what the
+    trainer (`pronk.models.training`) takes."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -291,13 +292,15 @@ class ImproveConfig(BaseModel):
         le=2,
         description="Sampling temperature of the rollouts (at 0.8 SmolLM2-135M passed 8% of its lookups, at 0.4 21%).",
     )
-    seed: int = Field(default=0, description="First rollout seed; sample i of a line uses seed + i.")
+    seed: int = Field(
+        default=0, description="First rollout seed; sample i of a line uses seed + i. Also the training's data order."
+    )
     answer_branches: int = Field(
         default=2,
         ge=0,
         le=16,
         description="Answers sampled again, each from a failed sample's own conversation up to its last tool result, "
-        "for every failed sample of a line with fewer than `cap_per_task` passes (`pronk.learn.branches`). 0: none.",
+        "for every failed sample of a line with fewer than `cap_per_task` passes (`pronk.improve.branches`). 0: none.",
     )
     hinted_samples: int = Field(
         default=1,
@@ -314,6 +317,9 @@ class ImproveConfig(BaseModel):
     max_seconds: float = Field(default=420.0, gt=0, description="Training seconds per round at most.")
     learning_rate: float = Field(default=5e-5, gt=0, le=1, description="AdamW learning rate.")
     batch_size: int = Field(default=4, ge=1, le=1024, description="Transcripts per optimizer step.")
+    max_tokens: int = Field(
+        default=2048, ge=16, description="A transcript longer than this many tokens is left out of training."
+    )
     threads: int = Field(default=1, ge=1, le=256, description="torch threads of the training process.")
     nice: int = Field(default=10, ge=0, le=19, description="How far the training process lowers its priority.")
 

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from engine.protocol import WorkerStats
+from engine.worker_protocol import WorkerStats
 from pronk.leap.records import LeapRecord
 
 

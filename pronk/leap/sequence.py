@@ -19,12 +19,12 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from engine.client import WorkerClient
-from pronk.errors import PronkError
 from pronk.jobs.schema import JobConfig
 from pronk.leap.records import LeapRecord, LeapStore, WorkerLeap, WorkerLeapState
 from pronk.models.checkpoints import CheckpointMismatch
 from pronk.models.registry import is_models_uri, models_uri, parse_models_uri, set_alias
 from pronk.models.versions import check_version_fits, resolve_version
+from pronk.pronk_error import PronkError
 from pronk.settings import Settings
 from pronk.worker_registry import worker_registry
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pronk.errors import PronkError
 from pronk.jobs.schema import JobConfig
 from pronk.models.checkpoints import check_compatible, checkpoint_tags, read_spec
 from pronk.models.registry import (
@@ -17,6 +16,7 @@ from pronk.models.registry import (
     register_model_dir,
     resolve_model,
 )
+from pronk.pronk_error import PronkError
 from pronk.settings import Settings
 
 

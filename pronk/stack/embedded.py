@@ -4,7 +4,7 @@ SQLite), MLflow UI on SQLite, a process work pool worker, and the default job's 
 `pronk stack up` starts it all in the background under the data dir, records the pids in
 `stack.json`, and leaves a supervisor (`pronk.stack.supervisor`) restarting workers that die;
 `pronk stack down` stops the supervisor first, then the data dir's trace-sample drawer (which records no pid in
-`stack.json`: `pronk.stack.trace_sample_lock` finds it), then every process group it recorded.
+`stack.json`: `pronk.control.trace_sample.lock` finds it), then every process group it recorded.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Literal
 
+from pronk.control.trace_sample.lock import running_drawer
 from pronk.jobs.catalog import resolve_job
 from pronk.jobs.schema import JobConfig
 from pronk.models.imports import ensure_job_model
@@ -29,7 +30,6 @@ from pronk.stack.prefect_yaml import write_prefect_yaml
 from pronk.stack.processes import alive, group_members, spawn, stop_groups, wait_healthy
 from pronk.stack.state import SUPERVISOR, read_state, state_path, worker_name, worker_of, write_state
 from pronk.stack.supervisor import report_path, start_supervisor, stop_supervisor
-from pronk.stack.trace_sample_lock import running_drawer
 from pronk.worker_token import worker_token
 
 log = logging.getLogger(__name__)

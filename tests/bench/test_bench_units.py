@@ -47,8 +47,8 @@ from bench.harness.report import goals_table, markdown_table, setups_table, writ
 from bench.harness.results_md import write_results_md
 from bench.harness.suite import relabel
 from bench.harness.workload import PROFILES, cache_bounds, generate
-from engine.protocol import ChatMessage, SamplingSpec, StepRequest
 from engine.worker import COMPACT_JSON_OUTPUTS
+from engine.worker_protocol import ChatMessage, SamplingSpec, StepRequest
 from pronk.jobs.catalog import resolve_job
 from pronk.settings import get_settings
 from tests.pronk.agents.test_replay import EchoRouter
@@ -437,7 +437,7 @@ def test_one_order_stamps_every_step_with_one_start_time():
         async def aclose(self):
             pass
 
-    from engine.protocol import SamplingSpec, StepRequest
+    from engine.worker_protocol import SamplingSpec, StepRequest
 
     wrapped = OneOrder(Router())
     request = StepRequest(

@@ -10,9 +10,9 @@ import pytest
 
 from engine.admission import AdmissionTimeout, BudgetExceeded, KvBudget, KvBudgetAdmission, make_admission
 from engine.client import NotAdmitted
-from engine.protocol import SamplingSpec, StepRequest, StepResult, WorkerStats
 from engine.registry import FileRegistry, WorkerEntry
 from engine.router import Router
+from engine.worker_protocol import SamplingSpec, StepRequest, StepResult, WorkerStats
 
 JOB = "job-0000beef"
 

@@ -13,8 +13,8 @@ import pytest
 
 from engine.kv_retention import pin_settings, scheduler_class
 from engine.kv_tier import host_tier_config
-from engine.protocol import HostTierStats, SamplingSpec, StepRequest, StepResult
 from engine.vllm_backend import VllmBackend
+from engine.worker_protocol import HostTierStats, SamplingSpec, StepRequest, StepResult
 from pronk.models.registry import ensure_tiny_model, resolve_model
 
 pytestmark = pytest.mark.e2e

@@ -6,10 +6,10 @@ import time
 import pytest
 
 from engine.client import WorkerUnavailable
-from engine.protocol import StepRequest, StepResult, WorkerStats
 from engine.registry import FileRegistry, Registry, WorkerEntry
 from engine.router import NoWorkerAvailable, Router
 from engine.routing import make_policy
+from engine.worker_protocol import StepRequest, StepResult, WorkerStats
 
 JOB = "job-0000beef"
 

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import pytest
 
 from engine.kv_retention import pin_settings
-from engine.protocol import SamplingSpec, StepRequest
 from engine.sim_executor import SimRunner, SimSettings, weight_bytes
 from engine.step_timing import StepShape, TimingModel, load_timing
 from engine.vllm_backend import VllmBackend
+from engine.worker_protocol import SamplingSpec, StepRequest
 from pronk.models.tiny_model import train_tokenizer
 from pronk.settings import PROJECT_ROOT
 

@@ -6,10 +6,10 @@ import time
 from typing import get_args
 
 from engine.kv_retention import PinTable, scheduler_class
-from engine.protocol import HostTierStats, StepRequest, WorkerStats
 from engine.registry import WorkerEntry
 from engine.routing import POLICIES, RoutingPolicyName, make_policy
 from engine.trace_hints import retention_hints
+from engine.worker_protocol import HostTierStats, StepRequest, WorkerStats
 
 
 def worker(worker_id: str, waiting: int = 0, kv: float = 0.0, host_tier: bool = False) -> WorkerEntry:

@@ -9,7 +9,7 @@ import pytest
 from fastapi import FastAPI
 
 from engine.client import WeightsRefused, WorkerClient, WorkerUnavailable
-from engine.errors import EngineError
+from engine.engine_error import EngineError
 from engine.vllm_backend import VllmBackend
 from engine.weight_swap import IncompatibleWeights, StagedWeights, add_weight_routes
 

@@ -18,9 +18,9 @@ from mlflow import MlflowClient
 import flows.improve
 import flows.leap
 from pronk import storage
+from pronk.improve.rounds import RoundStore
 from pronk.jobs.catalog import resolve_job
 from pronk.jobs.schema import ImproveConfig
-from pronk.learn.rounds import RoundStore
 from pronk.models.registry import alias_version
 from tests.flows.test_leap import JOB, MODEL, answers_anything, fleet, restore_v1
 

@@ -24,9 +24,9 @@ from safetensors.torch import load_file, save_file
 
 from engine.auth import auth_headers
 from engine.client import WorkerClient
-from engine.protocol import SamplingSpec, StepRequest, WorkerStats
 from engine.registry import Registry, WorkerEntry
 from engine.worker import free_port
+from engine.worker_protocol import SamplingSpec, StepRequest, WorkerStats
 from pronk.jobs.catalog import resolve_job
 from pronk.leap.records import LeapStore
 from pronk.models.registry import (
@@ -86,10 +86,10 @@ def restore_v1(settings, v1: int) -> None:
 @pytest.fixture(scope="module")
 def versions(stack):
     """(v1, v2): the live version and one fine-tuned from it; the fleet and `live` end on v1 whatever happens."""
-    from pronk.models.finetune import FinetuneConfig, finetune
+    from pronk.models.tiny_finetune import finetune
 
     v1 = alias_version(MODEL, "live", stack)
-    v2 = finetune(FinetuneConfig(source=f"models:/{MODEL}/{v1}"), stack).version
+    v2 = finetune(stack, f"models:/{MODEL}/{v1}").version
     try:
         yield v1, v2
     finally:

@@ -5,7 +5,7 @@ import pytest
 from prefect.states import Failed
 
 from engine.client import WeightsRefused, WorkerUnavailable
-from engine.errors import EngineError
+from engine.engine_error import EngineError
 from tasks.leap import stage_weights
 
 

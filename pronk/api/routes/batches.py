@@ -10,11 +10,11 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pronk.api.deps import BatchesDep, FilesDep, IdempotencyDep, OwnerDep, RunStartsDep, SettingsDep
-from pronk.api.errors import ApiError, not_found
+from pronk.api.error_responses import ApiError, not_found
 from pronk.api.idempotency import HEADER, Remembered, check_key, request_hash
 from pronk.api.routes.files import FILE_ID_PATTERN, owned_file
 from pronk.api.run_starts import RunStarts
-from pronk.batches.files import FileRecord, FileStore
+from pronk.batches.file_store import FileRecord, FileStore
 from pronk.batches.schemas import TERMINAL_STATUSES, Batch, BatchObject
 from pronk.batches.store import BatchStore
 from pronk.jobs.catalog import AmbiguousModel, job_for_model, load_jobs

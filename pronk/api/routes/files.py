@@ -15,8 +15,8 @@ from starlette.datastructures import UploadFile
 from pronk import storage
 from pronk.api.body_limits import MULTIPART_SLACK, BodyRefused
 from pronk.api.deps import FilesDep, OwnerDep, SettingsDep
-from pronk.api.errors import ApiError, not_found
-from pronk.batches.files import FileRecord, FileStore, UploadRejected
+from pronk.api.error_responses import ApiError, not_found
+from pronk.batches.file_store import FileRecord, FileStore, UploadRejected
 from pronk.batches.schemas import FileObject, FilePurpose
 from pronk.protocol.ids import id_pattern
 

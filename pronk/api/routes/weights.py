@@ -16,7 +16,7 @@ from fastapi import APIRouter, Body, Query
 from fastapi.concurrency import run_in_threadpool
 
 from pronk.api.deps import AdminDep, RunsDep, SettingsDep
-from pronk.api.errors import ApiError
+from pronk.api.error_responses import ApiError
 from pronk.api.runs import start_leap
 from pronk.api.weight_sources import allowed_source
 from pronk.jobs.catalog import load_jobs

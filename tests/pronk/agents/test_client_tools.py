@@ -12,7 +12,7 @@ from openai.types.chat import ChatCompletion
 from pydantic import BaseModel
 
 from engine.client import StepRejected
-from engine.protocol import StepRequest, StepResult
+from engine.worker_protocol import StepRequest, StepResult
 from pronk.agents.harness import Harness
 from pronk.agents.step_records import StepRecorder
 from pronk.batches.input import validate_input

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from engine.protocol import StepRequest, StepResult
+from engine.worker_protocol import StepRequest, StepResult
 from pronk.agents.replay import filler_tokens, run_shape
 from pronk.agents.tool_gaps import ToolGaps
 from pronk.protocol.shapes import TraceShape

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from engine.protocol import StepRequest, StepResult
+from engine.worker_protocol import StepRequest, StepResult
 from pronk.agents.harness import Harness
 from pronk.agents.step_records import StepRecorder, ToolCallCounts, summarise
 from pronk.agents.tool_calls import parse_call, tool_call_validity

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from engine.protocol import StepRequest, StepResult
+from engine.worker_protocol import StepRequest, StepResult
 from pronk.agents.harness import Harness
 from pronk.agents.step_records import StepRecorder
 from pronk.agents.transcripts import TranscriptRecorder

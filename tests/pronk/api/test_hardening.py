@@ -257,7 +257,7 @@ def test_weight_sources_are_models_s3_or_under_the_weights_root(api, path, body,
 
 
 def test_without_a_weights_root_no_server_path_is_accepted(tmp_path):
-    from pronk.api.errors import ApiError
+    from pronk.api.error_responses import ApiError
     from pronk.api.weight_sources import allowed_source
 
     settings = Settings(data_dir=tmp_path, storage_uri=str(tmp_path / "store"), weights_root=None)

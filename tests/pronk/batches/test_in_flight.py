@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from engine.protocol import WorkerStats
 from engine.registry import WorkerEntry
+from engine.worker_protocol import WorkerStats
 from pronk.agents.outcomes import RequestOutcome
 from pronk.agents.step_records import StepRecord
 from pronk.batches.in_flight import (

@@ -10,7 +10,7 @@ from pronk.agents.completions import failed_outcome
 from pronk.agents.outcomes import Completion, RequestOutcome, Usage
 from pronk.agents.step_records import StepRecord
 from pronk.batches import run as batch_run
-from pronk.batches.files import FileStore
+from pronk.batches.file_store import FileStore
 from pronk.batches.input import validate_input
 from pronk.batches.results import FinishedLine, ResultParts
 from pronk.batches.run import BatchRun, end_batch, finish_run

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typer.testing import CliRunner
 
 from pronk.cli.main import app
-from pronk.learn.enrichment_tasks import LABELLED
+from pronk.improve.enrichment_sets import LABELLED
 
 
 def test_enrichment_sets_writes_the_shipped_training_and_held_out_sets(tmp_path):
