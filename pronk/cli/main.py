@@ -128,7 +128,7 @@ def queue_lines(settings: Settings) -> list[str]:
     """The batch queue: how many batches wait and for how long, and its drainers (the one running, those waiting)."""
     import asyncio
 
-    from pronk.api.runs import BatchFlowRuns
+    from pronk.api.batches.flow_runs import BatchFlowRuns
     from pronk.batches.queue import BatchQueue, enqueued_at
     from pronk.control.calls import best_effort
     from pronk.stack.prefect_env import configure_prefect
@@ -401,7 +401,7 @@ def batch_resume(
         parameters["output_dir"] = batch.output_uri.rsplit("/", 1)[0]
     if not deployment:
         _run_locally(batch_id, batch.job_id, parameters)
-    from pronk.api.runs import resume_batch_run
+    from pronk.api.batches.flow_runs import resume_batch_run
     from pronk.stack.deployments import PrefectDeployments
 
     starter = PrefectDeployments(settings)

@@ -181,7 +181,7 @@ def start_api(settings: Settings, state: dict[str, int]) -> None:
         sys.executable,
         "-m",
         "uvicorn",
-        "pronk.api.app:create_app",
+        "pronk.api.app:from_environment",
         "--factory",
         "--host",
         "127.0.0.1",

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Literal
 
 from fastapi.concurrency import run_in_threadpool
 
-from pronk.api.runs import resume_batch_run
+from pronk.api.batches.flow_runs import resume_batch_run
 from pronk.batches.queue import batch_id_of, enqueued_at
 from pronk.batches.results import ResultParts
 from pronk.batches.run import end_batch
@@ -40,8 +40,8 @@ from pronk.settings import Settings
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
 
-    from pronk.api.run_starts import RunStarts
-    from pronk.api.runs import BatchFlowRuns
+    from pronk.api.batches.drainers import Drainers
+    from pronk.api.batches.flow_runs import BatchFlowRuns
     from pronk.stack.deployments import DeploymentStarter
 
 logger = logging.getLogger(__name__)
@@ -61,13 +61,13 @@ class Reconciler:
         runs: BatchFlowRuns,
         starter: DeploymentStarter,
         store: BatchStore,
-        run_starts: RunStarts | None = None,
+        drainers: Drainers | None = None,
     ):
         self.settings = settings
         self.runs = runs
         self.starter = starter
         self.store = store
-        self.run_starts = run_starts
+        self.drainers = drainers
         """Asked for a drainer when the batch queue is not empty (none: the queue is not looked at)."""
         self.settled: set[str] = set()
         """Flow runs already looked at by this process: each ended run is acted on once."""
@@ -95,8 +95,8 @@ class Reconciler:
                 acted.append(str(flow_run.parameters.get("batch_id")))
             self.settled.add(run_id)
         self.settled &= {str(flow_run.id) for flow_run in ended}  # only what the query can still return
-        if self.run_starts is not None and (names := await run_in_threadpool(self.run_starts.queue.names)):
-            self.run_starts.want_drainer()
+        if self.drainers is not None and (names := await run_in_threadpool(self.drainers.queue.names)):
+            self.drainers.want_drainer()
             await self._note_waiting(names)
         return acted
 

@@ -1,78 +1,27 @@
-"""Batches: create one from an uploaded file (addressed to a job), list, read and cancel the caller's batches."""
+"""What the Batches routes do: choose the job a batch goes to, record and queue it (once per idempotency key), find
+the caller's batch, page the caller's batches, and ask a run to stop.
+
+The API resolves jobs here, at its entry, from the catalog; the batch's run resolves its job again at the top of its
+own flow run, from the job id recorded here.
+"""
 
 from __future__ import annotations
 
-import logging
-from typing import Annotated, Literal
-
-from fastapi import APIRouter, Header, Path, Query
 from fastapi.concurrency import run_in_threadpool
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from pronk.api.deps import BatchesDep, FilesDep, IdempotencyDep, OwnerDep, RunStartsDep, SettingsDep
+from pronk.api.batches.drainers import Drainers
+from pronk.api.batches.wire import BatchCreate, BatchList
 from pronk.api.error_responses import ApiError, not_found
-from pronk.api.idempotency import HEADER, Remembered, check_key, request_hash
-from pronk.api.routes.files import FILE_ID_PATTERN, owned_file
-from pronk.api.run_starts import RunStarts
+from pronk.api.files.serving import owned_file
+from pronk.api.idempotency import HEADER, IdempotencyKeys, Remembered, check_key, request_hash
 from pronk.batches.file_store import FileRecord, FileStore
-from pronk.batches.schemas import TERMINAL_STATUSES, Batch, BatchObject
+from pronk.batches.schemas import TERMINAL_STATUSES, Batch
 from pronk.batches.store import BatchStore
 from pronk.jobs.catalog import AmbiguousModel, job_for_model, load_jobs
 from pronk.jobs.schema import JobConfig
 from pronk.protocol.bodies import SERVED_URLS
-from pronk.protocol.ids import id_pattern
 from pronk.settings import Settings
 from pronk.worker_registry import worker_registry
-
-router = APIRouter(prefix="/batches", tags=["batches"])
-logger = logging.getLogger(__name__)
-
-BatchId = Annotated[str, Path(pattern=id_pattern("batch"), description="The batch's id (`batch_` and 24 hex digits).")]
-
-JOB_ID_PATTERN = r"^job-[0-9a-f]{8}$"
-MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
-
-
-class BatchCreate(BaseModel):
-    """OpenAI's create-batch body plus `job_id` (the openai client sends it through `extra_body`)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    input_file_id: str = Field(pattern=FILE_ID_PATTERN, description="An uploaded file with purpose `batch`.")
-    endpoint: str = Field(description="The url every line of the file must name; pronk serves /v1/chat/completions.")
-    completion_window: Literal["24h", "unlimited"] = Field(
-        description="`24h`: lines not started within a day end as `batch_expired` and the batch `expired`."
-    )
-    metadata: dict[str, str] | None = Field(
-        default=None, description="Up to 16 pairs; keys <= 64, values <= 512 chars."
-    )
-    job_id: str | None = Field(
-        default=None,
-        pattern=JOB_ID_PATTERN,
-        description="The job to run on; default: the one job serving the lines' model.",
-    )
-
-    @field_validator("metadata")
-    @classmethod
-    def _metadata_limits(cls, value: dict[str, str] | None) -> dict[str, str] | None:
-        if value is None:
-            return None
-        if len(value) > MAX_METADATA_PAIRS:
-            raise ValueError(f"at most {MAX_METADATA_PAIRS} pairs, got {len(value)}")
-        for key, item in value.items():
-            if len(key) > MAX_METADATA_KEY:
-                raise ValueError(f"key {key[:80]!r} has {len(key)} characters; the limit is {MAX_METADATA_KEY}")
-            if len(item) > MAX_METADATA_VALUE:
-                raise ValueError(f"value of {key!r} has {len(item)} characters; the limit is {MAX_METADATA_VALUE}")
-        return value
-
-
-class BatchList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[BatchObject]
-    first_id: str | None = None
-    last_id: str | None = None
-    has_more: bool = False
 
 
 def choose_job(job_id: str | None, file: FileRecord, jobs: dict[str, JobConfig], settings: Settings) -> JobConfig:
@@ -118,22 +67,20 @@ def owned_batch(batches: BatchStore, owner: str, batch_id: str) -> Batch:
     return batch
 
 
-@router.post("")
 async def create_batch(
     body: BatchCreate,
-    owner: OwnerDep,
-    files: FilesDep,
-    batches: BatchesDep,
-    run_starts: RunStartsDep,
-    keys: IdempotencyDep,
-    settings: SettingsDep,
-    idempotency_key: Annotated[
-        str | None, Header(alias=HEADER, description="Retries with the same key get the first try's batch.")
-    ] = None,
-) -> BatchObject:
-    """Check the request and record the batch (`validating`); its run starts in the background."""
+    owner: str,
+    files: FileStore,
+    batches: BatchStore,
+    drainers: Drainers,
+    keys: IdempotencyKeys,
+    settings: Settings,
+    idempotency_key: str | None,
+) -> Batch:
+    """Check the request and record the batch (`validating`) and queue it; a retry with the same idempotency key gets
+    the first try's batch."""
     if idempotency_key is None:
-        return (await _create_batch(body, owner, files, batches, run_starts, settings)).public()
+        return await _create_batch(body, owner, files, batches, drainers, settings)
     key = check_key(idempotency_key)
     async with keys.held(owner, key):
         remembered = await run_in_threadpool(keys.find, owner, key)
@@ -145,16 +92,16 @@ async def create_batch(
                     param=HEADER,
                     code="idempotency_key_reused",
                 )
-            return (await run_in_threadpool(owned_batch, batches, owner, remembered.batch_id)).public()
-        batch = await _create_batch(body, owner, files, batches, run_starts, settings)
+            return await run_in_threadpool(owned_batch, batches, owner, remembered.batch_id)
+        batch = await _create_batch(body, owner, files, batches, drainers, settings)
         await run_in_threadpool(
             keys.remember, owner, key, Remembered(batch_id=batch.id, request_sha256=request_hash(body))
         )
-        return batch.public()
+        return batch
 
 
 async def _create_batch(
-    body: BatchCreate, owner: str, files: FileStore, batches: BatchStore, run_starts: RunStarts, settings: Settings
+    body: BatchCreate, owner: str, files: FileStore, batches: BatchStore, drainers: Drainers, settings: Settings
 ) -> Batch:
     file = await run_in_threadpool(owned_file, files, owner, body.input_file_id)
     if file.purpose != "batch":
@@ -194,18 +141,12 @@ async def _create_batch(
     )
     batch.request_counts.total = file.lines
     await run_in_threadpool(batches.create, batch)
-    await run_starts.queue_batch(batch, file.uri)
+    await drainers.queue_batch(batch, file.uri)
     return batch
 
 
-@router.get("")
-def list_batches(
-    owner: OwnerDep,
-    batches: BatchesDep,
-    after: Annotated[str | None, Query(description="Cursor: the id of the last batch of the previous page.")] = None,
-    limit: Annotated[int, Query(ge=1, le=100)] = 20,
-) -> BatchList:
-    """The caller's batches, newest first."""
+def batch_page(batches: BatchStore, owner: str, after: str | None, limit: int) -> BatchList:
+    """A page of the caller's batches, newest first."""
     stored, has_more = batches.list(owner, after, limit)
     data = [batch.public() for batch in stored]
     return BatchList(
@@ -213,13 +154,7 @@ def list_batches(
     )
 
 
-@router.get("/{batch_id}")
-def get_batch(batch_id: BatchId, owner: OwnerDep, batches: BatchesDep) -> BatchObject:
-    return owned_batch(batches, owner, batch_id).public()
-
-
-@router.post("/{batch_id}/cancel")
-def cancel_batch(batch_id: BatchId, owner: OwnerDep, batches: BatchesDep) -> BatchObject:
+def cancel(batches: BatchStore, owner: str, batch_id: str) -> Batch:
     """Ask the run to stop: the batch is `cancelling` at once and `cancelled` when the run has written what finished."""
     batch = owned_batch(batches, owner, batch_id)
     if batch.status in TERMINAL_STATUSES:
@@ -230,4 +165,4 @@ def cancel_batch(batch_id: BatchId, owner: OwnerDep, batches: BatchesDep) -> Bat
             code="batch_not_cancellable",
         )
     batches.request_cancel(batch_id)
-    return batches.load(batch_id).public()
+    return batches.load(batch_id)

@@ -1,52 +1,80 @@
-"""Weights: register a checkpoint as a model version, Leap running fleets to new weights, and watch them switch.
+"""What the weights routes do: register a checkpoint as a model version, start a Leap for each job serving a model,
+and read what the fleets serve.
 
-`POST /v1/weights/reload` takes a body mapping a served model name to a checkpoint URI
-(`{"pronk-tiny": "models:/pronk-tiny/2"}`, or a directory / `s3://` path, which is validated and
-registered first). Each job serving that name gets a Leap, run by the `leap` Prefect deployment.
-Checks live in `pronk.models.versions`, Leap's bodies in `pronk.leap.schemas`; handlers that touch MLflow,
-the store or the worker registry are plain `def`s (FastAPI runs them in its threadpool) or hand those
-calls to the threadpool.
+Checkpoint sources are `models:/`, `s3://`, or a folder under the weights root: a server path in a request body
+would let any caller register (and Leap a shared fleet to) whatever the API process can read, so local paths are
+refused unless `PRONK_WEIGHTS_ROOT` names a folder, and then only paths inside it (after resolving `..` and
+symlinks) are accepted. Checks of a version live in `pronk.models.versions`; the Leap itself is the `leap` Prefect
+deployment's. What touches MLflow, the store or the worker registry runs in FastAPI's threadpool.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from pathlib import Path
 
-from fastapi import APIRouter, Body, Query
 from fastapi.concurrency import run_in_threadpool
 
-from pronk.api.deps import AdminDep, RunsDep, SettingsDep
 from pronk.api.error_responses import ApiError
-from pronk.api.runs import start_leap
-from pronk.api.weight_sources import allowed_source
+from pronk.api.weights.wire import JobWeights, LeapList, LeapStarted, WeightsStatus, WeightsUpload, WorkerWeights
 from pronk.jobs.catalog import load_jobs
 from pronk.jobs.schema import JobConfig
 from pronk.leap.records import LeapRecord, LeapStore
-from pronk.leap.schemas import JobWeights, LeapList, LeapStarted, WeightsStatus, WorkerWeights
 from pronk.models.checkpoints import CheckpointMismatch
+from pronk.models.registry import MODELS_SCHEME
 from pronk.models.versions import (
     ModelMismatch,
     NotLeapable,
     UploadResult,
-    WeightsUpload,
     leap_model,
     leap_target,
     upload_checkpoint,
 )
 from pronk.protocol.ids import new_id
 from pronk.settings import Settings
+from pronk.stack.deployments import API_TAG, DeploymentStarter
 from pronk.worker_registry import worker_registry
 
-router = APIRouter(prefix="/weights", tags=["weights"])
+LEAP = "leap/leap"
+"""The Leap flow's deployment."""
+REMOTE_SCHEMES = (MODELS_SCHEME, "s3://")
+MAX_SOURCE = 1024
+
+
+def allowed_source(uri: str, settings: Settings, param: str) -> str:
+    """`uri` when the API may use it as a checkpoint source; otherwise a 400 that says what is accepted."""
+    if len(uri) > MAX_SOURCE or "\x00" in uri:
+        raise _refused(f"The source {uri[:80]!r}… is not a usable URI.", param)
+    if uri.startswith(REMOTE_SCHEMES):
+        return uri
+    root = settings.weights_root
+    if root is None:
+        raise _refused(
+            f"The source {uri!r} is a server path; over HTTP only models:/ and s3:// sources are accepted"
+            " (set PRONK_WEIGHTS_ROOT to allow a folder on the server).",
+            param,
+        )
+    if "://" in uri and not uri.startswith("file://"):
+        raise _refused(f"The source {uri!r} has an unsupported scheme; use models:/, s3:// or a path.", param)
+    try:
+        path = Path(uri.removeprefix("file://")).resolve()
+        inside = path.is_relative_to(root.resolve())
+    except (OSError, ValueError, RuntimeError):
+        inside = False
+    if not inside:
+        raise _refused(f"The source {uri!r} is not under the weights root of this server.", param)
+    return str(path)
+
+
+def _refused(message: str, param: str) -> ApiError:
+    return ApiError(400, message, param=param, code="source_not_allowed")
 
 
 def _mismatch(exc: CheckpointMismatch, param: str) -> ApiError:
     return ApiError(409, str(exc), param=param, code="checkpoint_mismatch")
 
 
-@router.post("/upload")
-def upload(body: WeightsUpload, owner: AdminDep, settings: SettingsDep) -> UploadResult:
-    """Validate a checkpoint against the model's current version and register it as the next version (admin keys)."""
+def upload(body: WeightsUpload, settings: Settings) -> UploadResult:
+    """Validate a checkpoint against the model's current version and register it as the next version."""
     source = allowed_source(body.source, settings, "source")
     jobs = load_jobs(settings)
     if body.job_id is not None and body.job_id not in jobs:
@@ -77,22 +105,9 @@ def _validated_target(job: JobConfig, served: str, uri: str, settings: Settings)
         ) from exc
 
 
-@router.post("/reload", status_code=202)
-async def reload(
-    owner: AdminDep,
-    settings: SettingsDep,
-    leaps: RunsDep,
-    body: Annotated[
-        dict[str, str],
-        Body(
-            description="Served model name → checkpoint URI (`models:/NAME/N`, `models:/NAME@ALIAS`, a dir or s3://)."
-        ),
-    ],
-) -> LeapList:
-    """Leap every job with live workers serving each named model to the checkpoint given for it.
-
-    All are validated before any starts.
-    """
+async def start_leaps(body: dict[str, str], settings: Settings, runs: DeploymentStarter) -> LeapList:
+    """A Leap of every job with live workers serving each named model to the checkpoint given for it, each recorded
+    `queued` and run by the `leap` deployment; all are validated before any starts."""
     if not body:
         raise ApiError(400, "Give at least one served model name and checkpoint URI.", code="invalid_value")
     jobs = await run_in_threadpool(load_jobs, settings)
@@ -114,7 +129,9 @@ async def reload(
         name = leap_model(job)
         record = LeapRecord(job_id=job.job_id, model=name, to_version=f"{name}/{version}", id=new_id("leap"))
         await run_in_threadpool(store.save, record)
-        flow_run_id = await start_leap(leaps, job.job_id, version, record.id)
+        # The flow keeps the Leap's record under its id, where it was saved `queued` here.
+        parameters = {"job_id": job.job_id, "version": version, "leap_id": record.id}
+        flow_run_id = await runs.start(LEAP, parameters, record.id, [API_TAG, job.job_id])
         started.append(
             LeapStarted(
                 leap_id=record.id,
@@ -127,14 +144,8 @@ async def reload(
     return LeapList(data=started)
 
 
-@router.get("/status")
-def status(
-    owner: AdminDep,
-    settings: SettingsDep,
-    job_id: Annotated[str | None, Query(description="Only this job.")] = None,
-) -> WeightsStatus:
-    """Each job's live workers (version, Leap state, staged version) and its latest Leap (admin keys: it names
-    every job and the workers' internal addresses, which are the operator's, not the API's users')."""
+def fleets(job_id: str | None, settings: Settings) -> WeightsStatus:
+    """Each job's live workers (version, Leap state, staged version) and its latest Leap (only `job_id`'s, if given)."""
     jobs = load_jobs(settings)
     if job_id is not None and job_id not in jobs:
         raise ApiError(404, f"No job {job_id!r}.", param="job_id", code="not_found")

@@ -17,10 +17,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from typing import Annotated
 
+from fastapi import Depends, Request
 from fastapi.concurrency import run_in_threadpool
 
-from pronk.api.runs import start_queue_drain
+from pronk.api.batches.flow_runs import start_queue_drain
 from pronk.batches.file_store import FileStore
 from pronk.batches.queue import BatchQueue, batch_id_of
 from pronk.batches.schemas import Batch
@@ -31,7 +33,9 @@ from pronk.stack.deployments import DeploymentStarter
 logger = logging.getLogger(__name__)
 
 
-class RunStarts:
+class Drainers:
+    """Queues the API's batches and keeps a drainer of the batch queue coming for them."""
+
     def __init__(self, settings: Settings, starter: DeploymentStarter, files: FileStore, batches: BatchStore) -> None:
         self.settings = settings
         self.starter = starter
@@ -112,3 +116,11 @@ class RunStarts:
         except Exception as exc:  # noqa: BLE001 - unknown: start another; the deployment runs one at a time anyway
             logger.warning("cannot read drainer %s: %s: %s", flow_run_id, type(exc).__name__, exc)
             return False
+
+
+def get_drainers(request: Request) -> Drainers:
+    return request.app.state.drainers
+
+
+DrainersDep = Annotated[Drainers, Depends(get_drainers)]
+"""The app's `Drainers`, for the batch routes."""

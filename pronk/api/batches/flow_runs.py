@@ -1,5 +1,5 @@
-"""What the API starts as Prefect deployment runs (the batch queue's drainer, a resumed run, a Leap) and finds of
-ended runs."""
+"""The API's batch runs on Prefect: starting the batch queue's drainer or another run of a batch, and what the server
+knows of ended runs (for the reconcile loop and `pronk stack status`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from pronk.batches.schemas import Batch
 from pronk.control.flow_runs import runs_of
-from pronk.stack.deployments import DeploymentStarter
+from pronk.stack.deployments import API_TAG, DeploymentStarter
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
@@ -20,25 +20,17 @@ FLOW = "run-batch"
 RUN_BATCH = "run-batch/run-batch"
 DRAINER_FLOW = "drain-batch-queue"
 DRAIN_BATCH_QUEUE = "drain-batch-queue/drain-batch-queue"
-LEAP = "leap/leap"
-TAG = "pronk-api"
 
 
 async def start_queue_drain(runs: DeploymentStarter) -> str:
     """A drainer of the batch queue, named by when it was asked for; it runs after the one running now, if any."""
     name = f"batch-queue-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
-    return await runs.start(DRAIN_BATCH_QUEUE, {}, name, [TAG])
-
-
-async def start_leap(runs: DeploymentStarter, job_id: str, version: int, leap_id: str) -> str:
-    """The flow keeps the Leap's record under `leap_id`, where the API saved it `queued`."""
-    parameters = {"job_id": job_id, "version": version, "leap_id": leap_id}
-    return await runs.start(LEAP, parameters, leap_id, [TAG, job_id])
+    return await runs.start(DRAIN_BATCH_QUEUE, {}, name, [API_TAG])
 
 
 async def resume_batch_run(runs: DeploymentStarter, batch: Batch, parameters: dict[str, Any], attempt: int) -> str:
     """Another run of the batch with its first run's parameters; it runs only what no run persisted."""
-    return await runs.start(RUN_BATCH, parameters, f"{batch.id}-run-{attempt}", [TAG, batch.job_id, "resumed"])
+    return await runs.start(RUN_BATCH, parameters, f"{batch.id}-run-{attempt}", [API_TAG, batch.job_id, "resumed"])
 
 
 class BatchFlowRuns:
