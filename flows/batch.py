@@ -1,8 +1,9 @@
 """The batch flow: one flow run per run of a batch, one task run per chunk of requests, steps straight to the router.
 
-Read, validate, run the chunks, write, report; the bookkeeping lives in `pronk.batches.run.BatchRun`.
-A run started again for the same batch (a Prefect retry, `pronk batch resume`, the API's reconcile
-loop) runs only the lines no earlier run persisted.
+The flow resolves its job, opens the batch's record (named by its flow run) and hands both to the batch's steps
+(`tasks.batch.run_opened_batch`: read, validate, run the chunks, write, report); its hooks end the batch when the
+run fails or is cancelled. A run started again for the same batch (a Prefect retry, `pronk batch resume`, the API's
+reconcile loop) runs only the lines no earlier run persisted.
 """
 
 from __future__ import annotations
@@ -11,35 +12,18 @@ import asyncio
 import uuid
 from typing import Annotated, Literal
 
-from prefect import flow, get_run_logger, runtime
+from prefect import flow, runtime
 from pydantic import Field
 
-from pronk.agents.harness import Harness, job_router
-from pronk.agents.step_records import StepRecorder
-from pronk.agents.tools.scratch import scratch_dir
-from pronk.batches.file_store import FileStore
-from pronk.batches.input import BatchInputError
-from pronk.batches.progress import progress_kept
 from pronk.batches.prompt_length import input_limits
-from pronk.batches.results import ResultParts
-from pronk.batches.run import BatchRun, end_batch, finish_run, open_batch, reject_input
-from pronk.batches.schemas import TERMINAL_STATUSES
+from pronk.batches.run import end_batch, open_batch
 from pronk.batches.store import BatchStore
-from pronk.control.artifacts import ProgressArtifact, publish_batch_report, publish_summary
 from pronk.control.dead_runs import record_process
-from pronk.control.trace_sample.drawer import publish_traces
-from pronk.herd.profile import in_flight_start
 from pronk.jobs.catalog import resolve_job
-from pronk.jobs.schema import MAX_TRACE_SAMPLE, JobConfig
-from pronk.pronk_error import PronkError
-from pronk.settings import Settings, get_settings
+from pronk.jobs.schema import MAX_TRACE_SAMPLE
+from pronk.settings import get_settings
 from pronk.stack.prefect_env import show_pronk_logs
-from tasks.chunks import run_chunk
-from tasks.files import read_input_file, validate_lines
-
-
-class BatchFailed(PronkError, RuntimeError):
-    """The batch ended `failed`; its record says why."""
+from tasks.batch import run_opened_batch
 
 
 def _end_batch(flow_run, status: Literal["failed", "cancelled"], message: str) -> None:
@@ -103,71 +87,9 @@ async def run_batch(
     show_pronk_logs()
     settings = get_settings()
     job = await asyncio.to_thread(resolve_job, job_id, settings)
-    return await run_job_batch(
-        job, input_uri, settings, output_dir, batch_id, completion_window, metadata, chunk_size, trace_sample
-    )
-
-
-async def run_job_batch(
-    job: JobConfig,
-    input_uri: str,
-    settings: Settings,
-    output_dir: str | None = None,
-    batch_id: str | None = None,
-    completion_window: Literal["24h", "unlimited"] = "24h",
-    metadata: dict[str, str] | None = None,
-    chunk_size: int = 64,
-    trace_sample: int | None = None,
-) -> dict:
-    """`run_batch`'s body, for a job resolved by the caller: the batch flow's, or the enrich flow's, which runs its
-    rows as a batch inside its own flow run (the same validation, chunk tasks, durable parts, progress artifact and
-    files as any batch, without a subflow's start-up)."""
-    logger = get_run_logger()
-    store = BatchStore(settings)
     flow_run_id = str(runtime.flow_run.id) if runtime.flow_run.id else None
     if batch_id is None and flow_run_id is not None:
         batch_id = batch_id_of_flow_run(flow_run_id)
+    store = BatchStore(settings)
     batch = open_batch(store, settings, job, input_uri, batch_id, flow_run_id, output_dir, completion_window, metadata)
-    if batch.status in TERMINAL_STATUSES:
-        logger.info("batch %s is already %s: nothing to run", batch.id, batch.status)
-        return batch.model_dump(mode="json")
-
-    try:
-        validated = validate_lines(read_input_file(input_uri, settings), job, settings)
-    except Exception as exc:  # any failure to read the input ends the batch `failed`, never stuck `validating`
-        if not isinstance(exc, BatchInputError):
-            logger.exception("batch %s: reading its input failed", batch.id)
-        reject_input(batch, store, exc)
-        raise BatchFailed(f"batch {batch.id} failed: {exc}") from exc
-    start = (
-        await asyncio.to_thread(in_flight_start, job.job_id, settings)
-        if job.scheduling.concurrency == "adaptive"
-        else None
-    )
-    run = BatchRun.resume(batch, job, validated, ResultParts(batch.id, settings), flow_run_id, start)
-    batch.mark("in_progress")
-    store.save(batch)
-    logger.info(
-        "batch %s: %d lines, %d invalid, %d finished by earlier runs, job %s",
-        batch.id,
-        validated.total,
-        len(validated.errors),
-        len(run.finished),
-        job.job_id,
-    )
-
-    router = job_router(job, settings)
-    harness = Harness(router, job, StepRecorder(), scratch_dir(settings, batch.id))
-    run.check_stop(store)
-    try:
-        async with progress_kept(run, store, ProgressArtifact(f"batch {batch.id}")):
-            await asyncio.gather(*(run_chunk(run, harness, start, stop) for start, stop in run.chunks(chunk_size)))
-    finally:
-        await router.aclose()
-    finish_run(run, store, FileStore(settings))
-
-    await publish_summary(run)
-    await publish_batch_report(run, settings)
-    await publish_traces(run, settings, job.observability.trace_sample if trace_sample is None else trace_sample)
-    logger.info("batch %s %s: %s", batch.id, batch.status, batch.request_counts.model_dump())
-    return batch.model_dump(mode="json")
+    return await run_opened_batch(batch, job, input_uri, settings, chunk_size, trace_sample)

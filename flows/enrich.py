@@ -1,10 +1,11 @@
 """The enrich flow: keep a table's output columns filled by agents, asking only about new, changed or failed rows.
 
 A recipe over `pronk.enrich.run`: check the spec and its job, plan the rows (fingerprints of each row's prompt
-inputs; rows the current version already answered are skipped), run the rest as agent lines through the batch
-flow's code (`run_job_batch`, inside this flow run: one code path with batches), read the answers back, and write the
-table as a new version with its history. While it asks rows, the run keeps an open-run marker (`pronk.enrich.open_run`):
-a run after a crash marks the dead run's flow run crashed and runs on under its batch when it asks the same lines.
+inputs; rows the current version already answered are skipped), run the rest as agent lines through the batch's
+steps (`tasks.batch.run_opened_batch`, inside this flow run: one code path with batches), read the answers back, and
+write the table as a new version with its history. While it asks rows, the run keeps an open-run marker
+(`pronk.enrich.open_run`): a run after a crash marks the dead run's flow run crashed and runs on under its batch when
+it asks the same lines.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import polars as pl
 from prefect import flow, get_run_logger, runtime
 from prefect.artifacts import acreate_markdown_artifact, acreate_table_artifact
 
-from flows.batch import run_job_batch
 from pronk import storage
-from pronk.batches.run import end_batch
+from pronk.batches.run import end_batch, open_batch
+from pronk.batches.store import BatchStore
 from pronk.control import flow_runs
 from pronk.control.calls import best_effort
 from pronk.control.dead_runs import record_process
@@ -29,6 +30,7 @@ from pronk.jobs.schema import JobConfig
 from pronk.protocol.ids import new_id
 from pronk.settings import Settings, get_settings
 from pronk.stack.prefect_env import show_pronk_logs
+from tasks.batch import run_opened_batch
 from tasks.enrich import plan_rows, read_answers
 
 PREVIEW_ROWS = 20
@@ -110,16 +112,19 @@ async def _run(
             enrichment.name, begun.results, begun.run_id, lines, lines_uri, batch_id, flow_run_id, settings
         )
         try:
-            # The batch flow's own body inside this flow run: the same validation, chunk tasks, durable parts,
+            # The batch's own steps inside this flow run: the same validation, chunk tasks, durable parts,
             # progress artifact and files as any batch, without a subflow's start-up (~1-2.5 s here).
-            batch = await run_job_batch(
+            opened = open_batch(
+                BatchStore(settings),
+                settings,
                 job,
                 lines_uri,
-                settings,
+                batch_id,
+                flow_run_id,
                 output_dir=storage.join(begun.results, "batches", begun.run_id),
-                batch_id=batch_id,
                 metadata={"enrichment": enrichment.name, "enrich_run": begun.run_id},
             )
+            batch = await run_opened_batch(opened, job, lines_uri, settings, chunk_size=64, trace_sample=None)
         except BaseException as exc:  # as run_batch's failure hook does: the batch ends with what finished
             try:
                 end_batch(batch_id, job, "failed", f"the enrich run raised: {type(exc).__name__}: {exc}", settings)

@@ -29,6 +29,7 @@ from pronk.batches.results import FinishedLine, ResultParts, RunRecord, jsonl, n
 from pronk.batches.schemas import TERMINAL_STATUSES, Batch, BatchErrorData, BatchErrors, BatchUsage, CheckCounts
 from pronk.batches.store import BatchStore
 from pronk.jobs.schema import JobConfig
+from pronk.pronk_error import PronkError
 from pronk.protocol.checks import CheckResult
 from pronk.protocol.error_codes import ErrorCode
 from pronk.protocol.ids import new_id
@@ -38,6 +39,11 @@ from pronk.settings import Settings
 logger = logging.getLogger(__name__)
 
 StopReason = Literal["cancelled", "expired", "failed"]
+
+
+class BatchFailed(PronkError, RuntimeError):
+    """The batch ended `failed` (its input could not be used); its record says why."""
+
 
 # Cancellation and expiry are cooperative: the run stops starting requests, lets those in flight
 # finish, and writes one error line per request it never started. `failed`: the run ended without

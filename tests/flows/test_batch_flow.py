@@ -81,7 +81,7 @@ def test_batch_record_follows_the_status_lifecycle_and_accounts_usage_and_cost(s
     ("content", "message"), [("", "no request lines"), (None, "cannot read input file")], ids=["empty", "missing"]
 )
 def test_empty_or_unreadable_input_fails_the_batch_with_a_message(stack, tmp_path, content, message):
-    from flows.batch import BatchFailed
+    from pronk.batches.run import BatchFailed
 
     path = tmp_path / "input.jsonl"
     if content is not None:
