@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
-    from engine.registry import WorkerEntry
-    from engine.worker_protocol import StepRequest
+    from pronk.engine.registry import WorkerEntry
+    from pronk.engine.worker_protocol import StepRequest
 
 RoutingPolicyName = Literal["least_loaded", "round_robin", "trace_affinity"]
 

@@ -1,8 +1,8 @@
 """The per-request trace hints: which trace a step belongs to and how long its prefix should wait for the next step.
 
-The harness's router puts them in a step's `SamplingParams.extra_args`, where `engine.kv_retention`'s scheduler
+The harness's router puts them in a step's `SamplingParams.extra_args`, where `pronk.engine.kv_retention`'s scheduler
 reads them to pin the trace's prefix; the same hints ride in the request's `kv_transfer_params`, the only
-per-request data the host tier's cache policy gets (`engine.kv_tier_policy`). Both read them from here, so neither
+per-request data the host tier's cache policy gets (`pronk.engine.kv_tier_policy`). Both read them from here, so neither
 imports the other for them.
 """
 

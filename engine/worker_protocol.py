@@ -1,5 +1,5 @@
 """The wire format between the router and an engine worker: one step in, one step result out; and a Leap's two
-calls to a worker, stage new weights and reload them (`engine.weight_swap` serves them)."""
+calls to a worker, stage new weights and reload them (`pronk.engine.weight_swap` serves them)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ class SamplingSpec(BaseModel):
 
 
 class AdmissionHints(BaseModel):
-    """How a step asks to be admitted (`engine.admission.KvBudget`)."""
+    """How a step asks to be admitted (`pronk.engine.admission.KvBudget`)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -1,7 +1,7 @@
 """The batch flow: one flow run per run of a batch, one task run per chunk of requests, steps straight to the router.
 
 The flow resolves its job, opens the batch's record (named by its flow run) and hands both to the batch's steps
-(`tasks.batch.run_opened_batch`: read, validate, run the chunks, write, report); its hooks end the batch when the
+(`pronk.tasks.batch.run_opened_batch`: read, validate, run the chunks, write, report); its hooks end the batch when the
 run fails or is cancelled. A run started again for the same batch (a Prefect retry, `pronk batch resume`, the API's
 reconcile loop) runs only the lines no earlier run persisted.
 """
@@ -23,7 +23,7 @@ from pronk.jobs.catalog import resolve_job
 from pronk.jobs.schema import MAX_TRACE_SAMPLE
 from pronk.settings import get_settings
 from pronk.stack.prefect_env import show_pronk_logs
-from tasks.batch import run_opened_batch
+from pronk.tasks.batch import run_opened_batch
 
 
 def _end_batch(flow_run, status: Literal["failed", "cancelled"], message: str) -> None:

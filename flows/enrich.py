@@ -2,8 +2,8 @@
 
 A recipe over `pronk.enrich.run`: check the spec and its job, plan the rows (fingerprints of each row's prompt
 inputs; rows the current version already answered are skipped), run the rest as agent lines through the batch's
-steps (`tasks.batch.run_opened_batch`, inside this flow run: one code path with batches), read the answers back, and
-write the table as a new version with its history. While it asks rows, the run keeps an open-run marker
+steps (`pronk.tasks.batch.run_opened_batch`, inside this flow run: one code path with batches), read the answers
+back, and write the table as a new version with its history. While it asks rows, the run keeps an open-run marker
 (`pronk.enrich.open_run`): a run after a crash marks the dead run's flow run crashed and runs on under its batch when
 it asks the same lines.
 """
@@ -30,8 +30,8 @@ from pronk.jobs.schema import JobConfig
 from pronk.protocol.ids import new_id
 from pronk.settings import Settings, get_settings
 from pronk.stack.prefect_env import show_pronk_logs
-from tasks.batch import run_opened_batch
-from tasks.enrich import plan_rows, read_answers
+from pronk.tasks.batch import run_opened_batch
+from pronk.tasks.enrich import plan_rows, read_answers
 
 PREVIEW_ROWS = 20
 

@@ -16,7 +16,7 @@ from pronk.jobs.catalog import resolve_job
 from pronk.jobs.versions import with_current_version
 from pronk.settings import get_settings
 from pronk.stack.prefect_env import show_pronk_logs
-from tasks.herd import apply_winner, herd_trial, profile_job
+from pronk.tasks.herd import apply_winner, herd_trial, profile_job
 
 
 @flow(name="herd", log_prints=False, on_running=[record_process])

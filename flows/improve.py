@@ -16,9 +16,9 @@ import time
 from prefect import flow, get_run_logger
 from prefect.artifacts import acreate_table_artifact
 
-from flows.leap import leap
 from pronk.batches.progress import saved_every
 from pronk.control.dead_runs import record_process
+from pronk.flows.leap import leap
 from pronk.improve.rounds import ImproveRound, RoundStore, log_held_out, served_version
 from pronk.jobs.catalog import resolve_job
 from pronk.jobs.schema import ImproveConfig, JobConfig
@@ -26,7 +26,7 @@ from pronk.leap.records import LeapRecord, LeapStore
 from pronk.leap.sequence import LeapFailed, LeapRefused
 from pronk.settings import Settings, get_settings
 from pronk.stack.prefect_env import show_pronk_logs
-from tasks.improve import fine_tune, register_version, roll_out
+from pronk.tasks.improve import fine_tune, register_version, roll_out
 
 ROUND_SEED_STRIDE = 1000
 """Round n samples with seeds from `improve.seed + (n - 1) * ROUND_SEED_STRIDE`: no two rounds repeat a sample."""

@@ -25,8 +25,8 @@ from pronk.leap.sequence import LeapFailed, LeapRefused
 from pronk.protocol.lines import ValidRequest
 from pronk.settings import get_settings
 from pronk.stack.prefect_env import show_pronk_logs
+from pronk.tasks.leap import measure_labelled, reload_weights, stage_weights
 from pronk.worker_token import worker_client
-from tasks.leap import measure_labelled, reload_weights, stage_weights
 
 __all__ = ["LeapFailed", "LeapRefused", "leap"]
 

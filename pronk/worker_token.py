@@ -16,7 +16,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from engine.client import WorkerClient
+from pronk.engine.client import WorkerClient
 from pronk.pronk_error import PronkError
 from pronk.settings import Settings
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.worker import free_port
+from pronk.engine.worker import free_port
 
 _DATA_DIR = Path(tempfile.mkdtemp(prefix="pronk-test-"))
 os.environ.update(

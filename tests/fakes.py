@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.worker_protocol import StepRequest, StepResult
+from pronk.engine.worker_protocol import StepRequest, StepResult
 
 
 def answered(request: StepRequest, text: str) -> StepResult:
@@ -26,8 +26,8 @@ def announce_worker(settings, job_id: str, model_version: str) -> None:
     """A live worker of `job_id` serving `model_version` in the settings' file registry (no process behind it)."""
     import time
 
-    from engine.registry import FileRegistry, WorkerEntry
-    from engine.worker_protocol import WorkerStats
+    from pronk.engine.registry import FileRegistry, WorkerEntry
+    from pronk.engine.worker_protocol import WorkerStats
 
     FileRegistry(settings.registry_dir).announce(
         WorkerEntry(

@@ -26,8 +26,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.client import WorkerClient
-from engine.tls import verify_context
+from pronk.engine.client import WorkerClient
+from pronk.engine.tls import verify_context
 from pronk.settings import PROJECT_ROOT, Settings
 from pronk.stack.embedded import WORK_POOL
 from pronk.stack.postgres import PREFECT_ON_POSTGRES, PostgresError, find_binaries

@@ -17,7 +17,7 @@ def scratch_stack(name: str, **env: str) -> Path:
     ports (Prefect, MLflow's UI, the API), so it never meets a stack already running; `env` adds settings. The stack's
     data dir is `<folder>/data`. The folder lets others pass (0711), as a data dir a user picks does: run as root,
     the stack's PostgreSQL runs as another user, who must reach its cluster, else the stack keeps Prefect on SQLite."""
-    from engine.worker import free_port
+    from pronk.engine.worker import free_port
 
     work = Path(tempfile.mkdtemp(prefix=f"pronk-bench-{name}-"))
     work.chmod(0o711)

@@ -62,10 +62,10 @@ def write_spec(folder: Path, table: Path, args) -> Path:
 
 async def plain_batch(spec_path: Path, folder: Path, tag: str, settings) -> float:
     """The same rows' lines as a batch file, through `run_batch` alone."""
-    from flows.batch import run_batch
     from pronk.enrich.lines import input_file
     from pronk.enrich.spec import load_spec
     from pronk.enrich.table import read_rows
+    from pronk.flows.batch import run_batch
     from pronk.jobs.catalog import resolve_job
 
     spec = load_spec(spec_path)
@@ -83,7 +83,7 @@ async def enrich(spec_path: Path, folder: Path, tag: str) -> tuple[float, dict]:
     """The same rows through `enrich_table`, every row new (a fresh results folder)."""
     import yaml
 
-    from flows.enrich import enrich_table
+    from pronk.flows.enrich import enrich_table
 
     spec = yaml.safe_load(spec_path.read_text())
     spec["results"] = str(folder / f"results-{tag}")

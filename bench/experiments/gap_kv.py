@@ -92,7 +92,7 @@ def write_job(folder: Path, kv_mib: int) -> None:
 
 
 async def measure(args, settings) -> list[dict]:
-    from engine.router import Router
+    from pronk.engine.router import Router
     from pronk.worker_registry import worker_registry
     from pronk.worker_token import worker_client
 

@@ -71,9 +71,9 @@ def paced_batch(path: Path, model: str) -> Path:
 
 async def run_file(path: Path, job_id: str, model: str, out: Path) -> dict:
     """`path` as an ordinary batch of the job (the run-batch flow, in this process); its batch record."""
-    from flows.batch import run_batch
     from pronk.batches.schemas import Batch
     from pronk.batches.store import BatchStore
+    from pronk.flows.batch import run_batch
     from pronk.settings import get_settings
 
     record = Batch(input_file_id=str(path), job_id=job_id, model=model)
@@ -117,7 +117,7 @@ def training_started(settings, since: float) -> bool:
 
 async def improve_with_a_batch(job_id: str, rounds: int, seed: int, work: Path, model: str) -> tuple[list, dict]:
     """The improve flow, and the paced batch started once its first round trains."""
-    from flows.improve import improve
+    from pronk.flows.improve import improve
     from pronk.settings import get_settings
 
     settings = get_settings()
@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
 
     settings = get_settings()
     configure_prefect(settings)  # before anything imports prefect, which reads its settings once, on import
-    from flows.leap import leap
+    from pronk.flows.leap import leap
     from pronk.improve.rounds import served_version
     from pronk.jobs.catalog import resolve_job
     from pronk.stack import embedded as stack

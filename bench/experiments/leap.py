@@ -110,7 +110,7 @@ def disk_read_seconds(directory: Path) -> tuple[int, float]:
 
 def switch_times(job_id: str, versions: tuple[int, int], rounds: int) -> dict[str, float]:
     """Leap v1 → v2 → v1 `rounds` times; medians of fleet switch time and per-worker paused → serving time."""
-    from flows.leap import leap
+    from pronk.flows.leap import leap
 
     switches, reloads, stages, flows = [], [], [], []
     for _ in range(rounds):
@@ -130,9 +130,9 @@ def switch_times(job_id: str, versions: tuple[int, int], rounds: int) -> dict[st
 
 async def _stream(job_id: str, settings, requests: int, leap_version: int | None) -> dict[str, float]:
     """`requests` greedy steps of 64 tokens at concurrency 32 through the router; optionally a Leap after a quarter."""
-    from engine.router import Router
-    from engine.worker_protocol import SamplingSpec, StepRequest
-    from flows.leap import leap
+    from pronk.engine.router import Router
+    from pronk.engine.worker_protocol import SamplingSpec, StepRequest
+    from pronk.flows.leap import leap
     from pronk.worker_token import worker_client
 
     router = Router(job_id, worker_registry(settings), client=worker_client(settings))
@@ -192,7 +192,7 @@ def throughput_dip(
 
 
 async def _back_to(job_id: str, version: int) -> None:
-    from flows.leap import leap
+    from pronk.flows.leap import leap
 
     await leap(job_id=job_id, version=version)
 

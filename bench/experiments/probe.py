@@ -50,7 +50,7 @@ from bench.harness.figures import BATCH, FULL, AgentRun, over_limit, run_figures
 from bench.harness.fleet import CPU_BLOCK_SIZE, capacity_limit, limit_run, pronk_fleet
 from bench.harness.suite import relabel
 from bench.harness.workload import cache_bounds, generate
-from engine.worker_protocol import WorkerStats
+from pronk.engine.worker_protocol import WorkerStats
 from pronk.jobs.catalog import resolve_job
 from pronk.jobs.schema import JobConfig
 from pronk.settings import Settings, get_settings
@@ -119,7 +119,7 @@ def cpu_by_role() -> dict[str, float]:
 
 
 TIER_FIGURES = ("lookup_tokens", "hit_tokens", "loaded_tokens", "stores", "store_seconds", "loads", "load_seconds")
-"""The KV host tier's counts a round reports (`engine.worker_protocol.HostTierStats`), summed over the workers."""
+"""The KV host tier's counts a round reports (`pronk.engine.worker_protocol.HostTierStats`), summed over the workers."""
 
 
 async def tier_totals(job: JobConfig, settings: Settings) -> dict[str, float] | None:

@@ -7,7 +7,7 @@ the model with exact lengths, append its output, wait out the tool gap, fan out)
 - `OpenAIServers`: what a user has today — N stock vLLM OpenAI servers behind a plain
   round-robin balancer, sent prompt token ids on `/v1/completions` (`ignore_eos`, `max_tokens`), or a step's
   chat messages on `/v1/chat/completions` with its JSON schema as `response_format` (the agent harness's steps).
-- `engine.router.Router`: pronk's workers with the job's routing policy and gap-KV pin, no Prefect.
+- `pronk.engine.router.Router`: pronk's workers with the job's routing policy and gap-KV pin, no Prefect.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-from engine.http_transport import many_requests_client
-from engine.tls import verify_context
-from engine.worker_protocol import StepRequest, StepResult
 from pronk.agents.replay import TraceRecord, run_shape
 from pronk.agents.tool_gaps import ToolGaps
+from pronk.engine.http_transport import many_requests_client
+from pronk.engine.tls import verify_context
+from pronk.engine.worker_protocol import StepRequest, StepResult
 from pronk.protocol.shapes import TraceShape
 
 
@@ -33,7 +33,7 @@ class OpenAIServers:
         self.urls = urls
         self.model = model
         self._next = itertools.cycle(range(len(urls)))
-        # The client pronk's workers are called by (`engine.client`): the two loops pay the same CPU a request.
+        # The client pronk's workers are called by (`pronk.engine.client`): the two loops pay the same CPU a request.
         self._http = many_requests_client(600.0, verify_context(None))
 
     async def finish(self, trace_id: str) -> None:

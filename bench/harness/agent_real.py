@@ -47,10 +47,10 @@ from bench.harness.report import (
     text_table,
 )
 from bench.harness.workload import LABELLED_PROFILES, LabelledProfile, labelled_traces, relabelled
-from engine.router import Router
 from pronk.agents.harness import Harness, job_router
 from pronk.agents.step_records import StepRecord, StepRecorder, record_order, steps_ndjson
 from pronk.batches.labelled import check_lines, labelled_lines
+from pronk.engine.router import Router
 from pronk.herd.profile import scan_steps
 from pronk.herd.shapes import shapes_from_steps
 from pronk.jobs.catalog import resolve_job

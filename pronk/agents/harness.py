@@ -19,9 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.client import ContextTooLong, StepRejected
-from engine.router import NoWorkerAvailable, Router
-from engine.worker_protocol import ChatMessage, SamplingSpec, StepRequest, StepResult
 from pronk import paths
 from pronk.agents.client_tools import is_client_line
 from pronk.agents.completions import engine_error_code, failed_outcome, run_request
@@ -33,6 +30,9 @@ from pronk.agents.tool_gaps import ToolGaps
 from pronk.agents.tools import SPAWN_SUBAGENTS, job_tools, run_tool
 from pronk.agents.tools.base import Tool, ToolContext
 from pronk.agents.transcripts import Transcript, TranscriptRecorder
+from pronk.engine.client import ContextTooLong, StepRejected
+from pronk.engine.router import NoWorkerAvailable, Router
+from pronk.engine.worker_protocol import ChatMessage, SamplingSpec, StepRequest, StepResult
 from pronk.jobs.schema import HarnessConfig, JobConfig
 from pronk.pronk_error import PronkError
 from pronk.protocol.bodies import ChatCompletionBody, NamedToolChoice, ReplayBody

@@ -19,10 +19,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.router import Router
-from engine.worker_protocol import SamplingSpec, StepRequest
 from pronk.agents.step_records import StepRecord, StepRecorder, TraceSummary, summarise
 from pronk.agents.tool_gaps import ToolGaps
+from pronk.engine.router import Router
+from pronk.engine.worker_protocol import SamplingSpec, StepRequest
 from pronk.protocol.ids import new_id
 from pronk.protocol.shapes import TraceShape
 

@@ -19,8 +19,8 @@ import polars as pl
 from pydantic import computed_field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from engine.worker_protocol import StepResult
 from pronk import storage
+from pronk.engine.worker_protocol import StepResult
 from pronk.settings import Settings
 
 

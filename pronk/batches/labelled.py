@@ -14,7 +14,6 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from engine.registry import WorkerEntry
 from pronk import storage
 from pronk.agents.checks import run_check
 from pronk.agents.harness import Harness
@@ -26,6 +25,7 @@ from pronk.agents.transcripts import Transcript
 from pronk.batches.in_flight import InFlight
 from pronk.batches.input import validate_input
 from pronk.batches.schemas import CheckCounts, LinesChecked
+from pronk.engine.registry import WorkerEntry
 from pronk.jobs.schema import JobConfig
 from pronk.pronk_error import PronkError
 from pronk.protocol.checks import CheckResult, PythonCheck

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Literal
 
-from engine.registry import WorkerEntry
 from pronk import storage
 from pronk.agents.checks import run_check
 from pronk.agents.harness import Harness
@@ -28,6 +27,7 @@ from pronk.batches.outputs import output_line, trace_row
 from pronk.batches.results import FinishedLine, ResultParts, RunRecord, jsonl, new_run_tag
 from pronk.batches.schemas import TERMINAL_STATUSES, Batch, BatchErrorData, BatchErrors, BatchUsage, CheckCounts
 from pronk.batches.store import BatchStore
+from pronk.engine.registry import WorkerEntry
 from pronk.jobs.schema import JobConfig
 from pronk.pronk_error import PronkError
 from pronk.protocol.checks import CheckResult

@@ -54,7 +54,7 @@ def improve(
 
     settings = get_settings()
     configure_prefect(settings)
-    from flows.improve import improve as improve_flow
+    from pronk.flows.improve import improve as improve_flow
     from pronk.jobs.catalog import resolve_job
 
     job_id = resolve_job(job or settings.default_job, settings).job_id

@@ -88,7 +88,7 @@ def leap_run(
 
     settings = get_settings()
     configure_prefect(settings)
-    from flows.leap import leap
+    from pronk.flows.leap import leap
     from pronk.jobs.catalog import resolve_job
 
     job_id = resolve_job(job or settings.default_job, settings).job_id

@@ -341,10 +341,10 @@ def _run_locally(batch_id: str, label: str, parameters: dict, answers: int = 0) 
     """Run the batch flow here with a progress bar; print the final batch object last; exit 0 if it completed."""
     import asyncio
 
-    from flows.batch import run_batch
     from pronk import storage
     from pronk.batches.run import BatchFailed
     from pronk.batches.store import BatchStore
+    from pronk.flows.batch import run_batch
 
     with batch_progress(batch_id, label):
         try:

@@ -23,7 +23,6 @@ from typing import Any
 
 import yaml
 
-from engine.router import Router
 from pronk.agents.harness import Harness, job_router
 from pronk.agents.replay import TraceRecord, run_shape
 from pronk.agents.step_records import StepRecorder
@@ -31,6 +30,7 @@ from pronk.agents.tool_gaps import ToolGaps
 from pronk.batches.in_flight import InFlight
 from pronk.batches.labelled import run_labelled
 from pronk.batches.schemas import CheckCounts
+from pronk.engine.router import Router
 from pronk.jobs.schema import JobConfig
 from pronk.protocol.lines import ValidRequest
 from pronk.protocol.shapes import TraceShape

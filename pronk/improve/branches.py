@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from engine.worker_protocol import ChatMessage
 from pronk.agents.harness import Harness, tool_turn_ok
 from pronk.batches.schemas import LinesChecked
+from pronk.engine.worker_protocol import ChatMessage
 from pronk.improve.rollouts import Sample, SampleRequest, run_samples, sample_request
 from pronk.protocol.bodies import ChatCompletionBody, HarnessRequest
 

@@ -2,7 +2,7 @@
 assistant's tokens.
 
 Each transcript is rendered with the model's own chat template and tokenized exactly as the worker renders a
-prompt (`engine.vllm_backend`: `apply_chat_template(..., tokenize=False)`, then `encode` without special tokens),
+prompt (`pronk.engine.vllm_backend`: `apply_chat_template(..., tokenize=False)`, then `encode` without special tokens),
 so the text trained on is the text served. The loss is on the assistant's tokens only: each assistant message's
 content and the end-of-turn token that stopped it, found as the tokens between the prompt the worker sent for that
 step (`add_generation_prompt=True`) and the conversation through that message; everything else is IGNORE. The

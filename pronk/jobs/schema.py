@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from engine.routing import RoutingPolicyName
+from pronk.engine.routing import RoutingPolicyName
 from pronk.pronk_error import PronkError
 
 
@@ -29,7 +29,7 @@ class EngineArgs(BaseModel):
     backend: Literal["vllm", "sim"] = Field(
         default="vllm",
         description="`vllm`: the model runs. `sim`: vLLM's own scheduler and KV cache run, and each forward pass is a "
-        "wait as long as the `sim` section's timing says (engine.sim_executor): a GPU fleet without a GPU.",
+        "wait as long as the `sim` section's timing says (pronk.engine.sim_executor): a GPU fleet without a GPU.",
     )
     max_model_len: int = Field(default=4096, ge=16, description="Longest prompt plus output, in tokens.")
     dtype: str = Field(default="auto", pattern=r"^(auto|float32|float16|bfloat16)$", description="Weight dtype.")
@@ -103,12 +103,12 @@ class SchedulingConfig(BaseModel):
     routing: RoutingPolicyName = Field(
         default="trace_affinity",
         description="How the router picks a worker for each step: `trace_affinity` (a trace's steps go to the worker "
-        "holding its prefix), `least_loaded` or `round_robin` (engine.routing).",
+        "holding its prefix), `least_loaded` or `round_robin` (pronk.engine.routing).",
     )
     admission: Literal["none", "kv_budget"] = Field(
         default="none",
         description="`kv_budget`: workers admit traces by KV capacity (shared by every run of the job), new traces "
-        "go to the worker with the most room, started traces before new ones (engine.admission).",
+        "go to the worker with the most room, started traces before new ones (pronk.engine.admission).",
     )
     kv_budget_headroom: float = Field(
         default=0.1,
@@ -364,8 +364,8 @@ class SimConfig(BaseModel):
     )
     timing: str = Field(
         default="data/sim/timing/h100-vllm-qwen3-8b.json",
-        description="A timing file (engine.step_timing): a table generated from aisimulate's measured data, or a fit "
-        "to CPU forward passes (relative to the project root).",
+        description="A timing file (pronk.engine.step_timing): a table generated from aisimulate's measured data, or "
+        "a fit to CPU forward passes (relative to the project root).",
     )
     num_gpu_blocks: int | None = Field(
         default=None, ge=1, description="KV cache blocks of `engine.block_size` tokens; default: from the GPU memory."

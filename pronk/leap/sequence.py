@@ -18,7 +18,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from engine.client import WorkerClient
+from pronk.engine.client import WorkerClient
 from pronk.jobs.schema import JobConfig
 from pronk.leap.records import LeapRecord, LeapStore, WorkerLeap, WorkerLeapState
 from pronk.models.checkpoints import CheckpointMismatch
@@ -94,7 +94,7 @@ class LeapRun:
 
     async def stage(self, worker_id: str, model_uri: str) -> None:
         """Download and validate `model_uri` on one worker while it keeps serving; a worker that refuses the
-        checkpoint raises `engine.client.WeightsRefused`."""
+        checkpoint raises `pronk.engine.client.WeightsRefused`."""
         worker = self.record.workers[worker_id]
         staged = await self._attempt(worker, "uploading", lambda: self.workers.stage_weights(worker.url, model_uri))
         worker.state, worker.stage_seconds = "ready", staged.seconds

@@ -32,8 +32,9 @@ TUNED_SERVER = {
 }
 
 
-PRONK_LOGGERS = ("pronk", "flows", "tasks")
-"""pronk's own loggers: Prefect attaches its API handler to them, so their lines show on the run page."""
+PRONK_LOGGERS = ("pronk",)
+"""pronk's own loggers (its flows' and tasks' too, `pronk.flows.*` and `pronk.tasks.*`): Prefect attaches its API
+handler to them, so their lines show on the run page."""
 
 # Run pages show INFO: the flow's `get_run_logger()` and pronk's loggers (inside flow runs). Task runs and
 # Prefect's own loggers stay at WARNING: their per-task-run lines are what cost throughput (sent to the API, they

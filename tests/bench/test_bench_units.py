@@ -47,8 +47,8 @@ from bench.harness.report import goals_table, markdown_table, setups_table, writ
 from bench.harness.results_md import write_results_md
 from bench.harness.suite import relabel
 from bench.harness.workload import PROFILES, cache_bounds, generate
-from engine.worker import COMPACT_JSON_OUTPUTS
-from engine.worker_protocol import ChatMessage, SamplingSpec, StepRequest
+from pronk.engine.worker import COMPACT_JSON_OUTPUTS
+from pronk.engine.worker_protocol import ChatMessage, SamplingSpec, StepRequest
 from pronk.jobs.catalog import resolve_job
 from pronk.settings import get_settings
 from tests.pronk.agents.test_replay import EchoRouter
@@ -120,7 +120,7 @@ def test_vllm_flags_and_progress_parsing():
     )
     extra = tiered["kv_connector_extra_config"]  # pronk's copy spec on CPU, vLLM's LRU: no trace-aware policy
     assert tiered["kv_connector"] == "OffloadingConnector" and extra["cpu_bytes_to_use"] == 512 << 20
-    assert extra["spec_module_path"] == "engine.kv_tier" and "eviction_policy" not in extra
+    assert extra["spec_module_path"] == "pronk.engine.kv_tier" and "eviction_policy" not in extra
 
 
 def test_worker_moves_counts_steps_that_left_their_trace_worker():
@@ -437,7 +437,7 @@ def test_one_order_stamps_every_step_with_one_start_time():
         async def aclose(self):
             pass
 
-    from engine.worker_protocol import SamplingSpec, StepRequest
+    from pronk.engine.worker_protocol import SamplingSpec, StepRequest
 
     wrapped = OneOrder(Router())
     request = StepRequest(

@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from engine.admission import AdmissionTimeout, BudgetExceeded, KvBudget, KvBudgetAdmission, make_admission
-from engine.client import NotAdmitted
-from engine.registry import FileRegistry, WorkerEntry
-from engine.router import Router
-from engine.worker_protocol import SamplingSpec, StepRequest, StepResult, WorkerStats
+from pronk.engine.admission import AdmissionTimeout, BudgetExceeded, KvBudget, KvBudgetAdmission, make_admission
+from pronk.engine.client import NotAdmitted
+from pronk.engine.registry import FileRegistry, WorkerEntry
+from pronk.engine.router import Router
+from pronk.engine.worker_protocol import SamplingSpec, StepRequest, StepResult, WorkerStats
 
 JOB = "job-0000beef"
 

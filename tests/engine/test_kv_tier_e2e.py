@@ -11,10 +11,10 @@ import uuid
 
 import pytest
 
-from engine.kv_retention import pin_settings, scheduler_class
-from engine.kv_tier import host_tier_config
-from engine.vllm_backend import VllmBackend
-from engine.worker_protocol import HostTierStats, SamplingSpec, StepRequest, StepResult
+from pronk.engine.kv_retention import pin_settings, scheduler_class
+from pronk.engine.kv_tier import host_tier_config
+from pronk.engine.vllm_backend import VllmBackend
+from pronk.engine.worker_protocol import HostTierStats, SamplingSpec, StepRequest, StepResult
 from pronk.models.registry import ensure_tiny_model, resolve_model
 
 pytestmark = pytest.mark.e2e

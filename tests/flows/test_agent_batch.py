@@ -29,7 +29,7 @@ def read_jsonl(uri: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def agent_run(stack, tmp_path_factory):
-    from flows.batch import run_batch
+    from pronk.flows.batch import run_batch
 
     out = tmp_path_factory.mktemp("agent")
     return asyncio.run(run_batch(input_uri=str(AGENT_BATCH), job_id=JOB, output_dir=str(out)))
@@ -98,12 +98,12 @@ def test_step_records_show_one_worker_per_trace_and_cached_prefixes(agent_run):
 
 
 def test_a_raising_tool_a_runaway_python_call_and_a_stuck_tool_are_contained(stack, tmp_path):
-    from engine.registry import FileRegistry
-    from engine.router import Router
     from pronk.agents.harness import Harness
     from pronk.agents.step_records import StepRecorder
     from pronk.batches.input import validate_input
     from pronk.batches.outputs import output_line
+    from pronk.engine.registry import FileRegistry
+    from pronk.engine.router import Router
     from pronk.jobs.catalog import resolve_job
     from pronk.jobs.versions import with_changes
 
@@ -180,9 +180,9 @@ def test_a_raising_tool_a_runaway_python_call_and_a_stuck_tool_are_contained(sta
 
 
 def test_replay_shapes_produce_exact_token_counts(stack):
-    from engine.registry import FileRegistry
-    from engine.router import Router
     from pronk.agents.replay import load_shapes, run_shape
+    from pronk.engine.registry import FileRegistry
+    from pronk.engine.router import Router
 
     shapes = load_shapes(PROJECT_ROOT / "data" / "shapes" / "sample_shapes.jsonl")
 

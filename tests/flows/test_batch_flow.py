@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.auth import auth_headers
 from pronk.batches.store import BatchStore
+from pronk.engine.auth import auth_headers
 from pronk.jobs.catalog import resolve_job
 from pronk.settings import get_settings
 from pronk.stack.state import worker_name
@@ -30,7 +30,7 @@ JOB = "job-c0ffee01"
 
 
 def run(input_path: Path, out_dir: Path, **kwargs) -> dict:
-    from flows.batch import run_batch
+    from pronk.flows.batch import run_batch
 
     return asyncio.run(run_batch(input_uri=str(input_path), job_id=JOB, output_dir=str(out_dir), **kwargs))
 
@@ -130,7 +130,7 @@ def test_prefect_deployment_run_completes_a_batch_through_the_process_worker(sta
 def test_a_killed_worker_has_its_steps_resent_and_a_sigtermed_one_withdraws(stack, tmp_path):
     """Two extra workers started together (one start-up instead of two): w2 is SIGKILLed while it holds steps,
     which other workers finish; w3 is SIGTERMed after the batch and leaves the registry."""
-    from engine.registry import FileRegistry
+    from pronk.engine.registry import FileRegistry
     from pronk.stack.fleet import start_workers, wait_for_workers
     from pronk.stack.processes import alive
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-import flows.improve
-import flows.leap
+import pronk.flows.improve
+import pronk.flows.leap
 from pronk import storage
 from pronk.improve.rounds import RoundStore
 from pronk.jobs.catalog import resolve_job
@@ -69,10 +69,10 @@ def test_a_round_trains_registers_and_leaps_through_the_canary(stack, tmp_path, 
             ),
         }
     )
-    monkeypatch.setattr(flows.improve, "resolve_job", lambda job_id, settings: job)
-    monkeypatch.setattr(flows.leap, "resolve_job", lambda job_id, settings: job)
+    monkeypatch.setattr(pronk.flows.improve, "resolve_job", lambda job_id, settings: job)
+    monkeypatch.setattr(pronk.flows.leap, "resolve_job", lambda job_id, settings: job)
     try:
-        [record] = asyncio.run(flows.improve.improve(job_id=JOB, rounds=1))
+        [record] = asyncio.run(pronk.flows.improve.improve(job_id=JOB, rounds=1))
         assert record["parent_version"] == f"{MODEL}/{v1}"
         assert record["selection"]["samples"] == 8 and record["selection"]["tasks"] == 4
         rollouts = storage.read_bytes(RoundStore(stack).rollouts_uri(record["id"]), stack)

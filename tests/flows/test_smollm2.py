@@ -18,7 +18,7 @@ pytestmark = pytest.mark.e2e
 
 
 def test_smollm2_is_imported_once_and_its_checked_lines_count_passed_tasks(stack, tmp_path):
-    from flows.batch import run_batch
+    from pronk.flows.batch import run_batch
 
     job = resolve_job("smollm2-cpu", get_settings())
     assert job.model_source is not None

@@ -10,7 +10,7 @@ import pytest
 from pronk.batches.input import BatchInputError
 from pronk.jobs.catalog import resolve_job
 from pronk.settings import get_settings
-from tasks.batch import read_input_file, validate_lines
+from pronk.tasks.batch import read_input_file, validate_lines
 
 
 def test_an_input_that_cannot_be_read_is_an_input_error_naming_it(tmp_path):

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 from fastapi import Body
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.worker_protocol import WorkerStats
+from pronk.engine.worker_protocol import WorkerStats
 from pronk.leap.records import LeapRecord
 
 

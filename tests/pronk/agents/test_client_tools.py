@@ -11,12 +11,12 @@ import pytest
 from openai.types.chat import ChatCompletion
 from pydantic import BaseModel
 
-from engine.client import StepRejected
-from engine.worker_protocol import StepRequest, StepResult
 from pronk.agents.harness import Harness
 from pronk.agents.step_records import StepRecorder
 from pronk.batches.input import validate_input
 from pronk.batches.outputs import output_line
+from pronk.engine.client import StepRejected
+from pronk.engine.worker_protocol import StepRequest, StepResult
 from pronk.jobs.catalog import resolve_job
 from pronk.protocol.error_codes import ErrorCode
 from pronk.settings import get_settings

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from engine.admission import KvBudget
-from engine.registry import FileRegistry
-from engine.router import Router
 from pronk.agents.completions import run_request
 from pronk.agents.step_records import StepRecorder
+from pronk.engine.admission import KvBudget
+from pronk.engine.registry import FileRegistry
+from pronk.engine.router import Router
 from pronk.jobs.catalog import resolve_job
 from pronk.protocol.bodies import ChatCompletionBody
 from pronk.protocol.lines import ValidRequest

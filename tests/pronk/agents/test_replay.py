@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 
-from engine.worker_protocol import StepRequest, StepResult
 from pronk.agents.replay import filler_tokens, run_shape
 from pronk.agents.tool_gaps import ToolGaps
+from pronk.engine.worker_protocol import StepRequest, StepResult
 from pronk.protocol.shapes import TraceShape
 
 

@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from engine.worker_protocol import StepRequest, StepResult
 from pronk.agents.harness import Harness
 from pronk.agents.step_records import StepRecorder, ToolCallCounts, summarise
 from pronk.agents.tool_calls import parse_call, tool_call_validity
 from pronk.batches.input import validate_input
+from pronk.engine.worker_protocol import StepRequest, StepResult
 from pronk.jobs.catalog import resolve_job
 from pronk.settings import get_settings
 from tests.fakes import answered

@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 
-from engine.worker_protocol import StepRequest, StepResult
 from pronk.agents.harness import Harness
 from pronk.agents.step_records import StepRecorder
 from pronk.agents.transcripts import TranscriptRecorder
 from pronk.batches.input import validate_input
+from pronk.engine.worker_protocol import StepRequest, StepResult
 from pronk.jobs.catalog import resolve_job
 from pronk.settings import get_settings
 from tests.pronk.agents.test_tool_calls import ScriptedRouter

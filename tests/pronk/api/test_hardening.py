@@ -14,11 +14,11 @@ import pytest
 import uvicorn
 from fastapi.testclient import TestClient
 
-from engine.worker import free_port
 from pronk.api.app import create_app
 from pronk.api.body_limits import BodyLimits
 from pronk.api.files.serving import content_disposition
 from pronk.api.keys import ApiKeyStore
+from pronk.engine.worker import free_port
 from pronk.settings import Settings
 from tests.pronk.api.test_routes import RecordingRuns, assert_error, line, upload
 from tests.pronk.cli.test_cli import local_env, pronk

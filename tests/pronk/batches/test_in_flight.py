@@ -7,8 +7,6 @@ import asyncio
 
 import pytest
 
-from engine.registry import WorkerEntry
-from engine.worker_protocol import WorkerStats
 from pronk.agents.outcomes import RequestOutcome
 from pronk.agents.step_records import StepRecord
 from pronk.batches.in_flight import (
@@ -22,6 +20,8 @@ from pronk.batches.in_flight import (
 from pronk.batches.input import validate_input
 from pronk.batches.run import BatchRun
 from pronk.batches.schemas import Batch
+from pronk.engine.registry import WorkerEntry
+from pronk.engine.worker_protocol import WorkerStats
 from pronk.jobs.catalog import resolve_job
 from pronk.jobs.schema import JobConfig
 from pronk.jobs.versions import with_changes

@@ -9,13 +9,13 @@ import asyncio
 import json
 from pathlib import Path
 
-from engine.router import NoWorkerAvailable
-from engine.worker_protocol import StepRequest, StepResult
 from pronk.agents.harness import Harness
 from pronk.agents.outcomes import Completion
 from pronk.agents.step_records import StepRecorder
 from pronk.batches.input import validate_input
 from pronk.batches.outputs import output_line, trace_row
+from pronk.engine.router import NoWorkerAvailable
+from pronk.engine.worker_protocol import StepRequest, StepResult
 from pronk.jobs.catalog import resolve_job
 from pronk.settings import get_settings
 

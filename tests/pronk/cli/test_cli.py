@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 
-from engine.worker import free_port
 from pronk.api.keys import ApiKeyStore
+from pronk.engine.worker import free_port
 from pronk.settings import Settings
 from pronk.stack.processes import spawn, stop, wait_healthy
 

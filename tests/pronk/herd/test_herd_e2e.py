@@ -33,7 +33,7 @@ JOB = "job-c0ffee01"
 
 
 def run_batch_file(path: Path, out: Path, batch_id: str | None = None) -> dict:
-    from flows.batch import run_batch
+    from pronk.flows.batch import run_batch
 
     return asyncio.run(
         run_batch(input_uri=str(path), job_id=JOB, output_dir=str(out), batch_id=batch_id, trace_sample=0)
@@ -61,7 +61,7 @@ def test_herd_tunes_within_budget_on_temporary_workers_with_a_task_run_per_trial
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    from flows.herd import herd
+    from pronk.flows.herd import herd
 
     batch = run_batch_file(PROJECT_ROOT / "data" / "replay_batch.jsonl", tmp_path / "out")
     assert batch["status"] == "completed" and batch["steps_uri"]

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from engine.worker_protocol import StepRequest, StepResult
 from pronk.agents.harness import Harness, tool_turn
 from pronk.agents.step_records import StepRecorder
 from pronk.agents.transcripts import TranscriptRecorder
+from pronk.engine.worker_protocol import StepRequest, StepResult
 from pronk.improve.branches import branch, branch_point, branch_requests
 from pronk.improve.rollouts import Sample, rollout
 from pronk.improve.selection import SelectionCounts, select

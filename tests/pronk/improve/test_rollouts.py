@@ -8,7 +8,6 @@ import json
 
 import pytest
 
-from engine.worker_protocol import StepRequest, StepResult
 from pronk.agents.harness import Harness
 from pronk.agents.outcomes import Completion, RequestOutcome, Usage
 from pronk.agents.step_records import StepRecorder
@@ -16,6 +15,7 @@ from pronk.agents.transcripts import Transcript, TranscriptRecorder
 from pronk.batches.input import validate_input
 from pronk.batches.labelled import CheckedLine
 from pronk.batches.schemas import LinesChecked
+from pronk.engine.worker_protocol import StepRequest, StepResult
 from pronk.improve.hints import HINT_PREFIX, hinted_request
 from pronk.improve.rollouts import Sample, rollout, sample_requests
 from pronk.improve.selection import SelectionCounts, select

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from engine.client import WorkerClient
 from pronk.batches.labelled import labelled_lines
 from pronk.batches.schemas import CheckCounts, LinesChecked
+from pronk.engine.client import WorkerClient
 from pronk.jobs.catalog import resolve_job
 from pronk.leap import canary
 from pronk.leap.records import LeapRecord, LeapStore, WorkerLeap

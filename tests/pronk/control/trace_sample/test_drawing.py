@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import uuid
 
-from flows.batch import batch_id_of_flow_run
 from pronk.control.trace_sample.choice import SampledTrace
 from pronk.control.trace_sample.dag import DagNode
 from pronk.control.trace_sample.drawer import sample_markdown
 from pronk.control.trace_sample.drawing import within_budget
+from pronk.flows.batch import batch_id_of_flow_run
 
 
 def dag(size: int) -> list[DagNode]:
