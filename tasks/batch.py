@@ -89,7 +89,9 @@ async def run_opened_batch(
         job.job_id,
     )
     router = job_router(job, settings)
-    harness = Harness(router, job, StepRecorder(), scratch_dir(settings, batch.id))
+    harness = Harness(
+        router, job, StepRecorder(), scratch_dir(settings, batch.id), sandbox_bwrap=settings.sandbox_bwrap
+    )
     run.check_stop(store)
     try:
         async with progress_kept(run, store, ProgressArtifact(f"batch {batch.id}")):

@@ -99,7 +99,7 @@ class RealBench:
 
     async def checked(self, name: str, lines: list[ValidRequest], router: Router, scratch: Path) -> CheckedRun:
         """`lines` through pronk's harness over `router`, every answer checked; the router is closed after."""
-        harness = Harness(router, self.job, StepRecorder(), scratch)
+        harness = Harness(router, self.job, StepRecorder(), scratch, sandbox_bwrap=self.settings.sandbox_bwrap)
         started = time.monotonic()
         try:
             checked = await check_lines(lines, harness)

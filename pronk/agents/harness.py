@@ -138,13 +138,18 @@ class Harness:
         recorder: StepRecorder,
         scratch_root: Path,
         transcripts: TranscriptRecorder | None = None,
+        *,
+        sandbox_bwrap: str,
     ):
         self.router = router
         self.job = job
         self.recorder = recorder
         self.scratch_root = scratch_root
         self.transcripts = transcripts
-        self.tools = job_tools(job)
+        self.sandbox_bwrap = sandbox_bwrap
+        """The bubblewrap binary the python tool (and a line's Python check) isolates code with (the settings'
+        `sandbox_bwrap`, handed down by whoever builds the harness)."""
+        self.tools = job_tools(job, sandbox_bwrap)
         self.gaps = ToolGaps(job.scheduling.kv_pin_ttl_s) if job.scheduling.kv_pin_ttl == "auto" else None
 
     async def run_line(self, request: ValidRequest) -> RequestOutcome:

@@ -136,7 +136,7 @@ async def check_lines(
     if progress is not None:
         progress.total += len(lines)
     predicates = any(isinstance(r.check, PythonCheck) for r in lines)
-    python = PythonTool(harness.job.tools.python) if predicates else None
+    python = PythonTool(harness.job.tools.python, harness.sandbox_bwrap) if predicates else None
     in_flight = InFlight(harness.job)
 
     def live_workers() -> list[WorkerEntry]:

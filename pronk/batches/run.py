@@ -145,9 +145,8 @@ class BatchRun:
         self.unstarted: list[ValidRequest] = []
         self.prior_worker_seconds = prior_worker_seconds
         self.started = time.monotonic()
-        predicates = any(r.check is not None and r.check.type == "python" for r in requests)
-        self.python = PythonTool(job.tools.python) if predicates else None
-        """Runs the lines' Python predicates in the python tool's sandbox, with the job's limits."""
+        self.predicates = any(r.check is not None and r.check.type == "python" for r in requests)
+        """Whether any line's check is a Python predicate, run in the python tool's sandbox with the job's limits."""
         self.recount()
 
     @classmethod
@@ -201,6 +200,8 @@ class BatchRun:
         def live_workers() -> list[WorkerEntry]:
             return harness.router.workers()
 
+        python = PythonTool(self.job.tools.python, harness.sandbox_bwrap) if self.predicates else None
+
         async def one(request: ValidRequest) -> None:
             async with self.in_flight.slots:
                 if self.stop_reason is not None:
@@ -216,7 +217,7 @@ class BatchRun:
                 self.in_flight.observe(steps, live_workers)
                 self.batch.in_flight = list(self.in_flight.points)
                 answer = outcome.result.text if isinstance(outcome.result, Completion) else None
-                checked = await run_check(request.check, answer, self.python)
+                checked = await run_check(request.check, answer, python)
                 self.record(outcome, steps, checked)
 
         self.in_flight.retarget(live_workers)

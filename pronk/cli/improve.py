@@ -81,11 +81,13 @@ def training_set_command(
 ) -> None:
     """Generate the agent training set: tasks of the held-out set's families whose checks are computed or looked up
     with the job's own tools, none of them a held-out task; the same seed writes the same file."""
+    from pronk.agents.tools import job_tools
     from pronk.improve.agent_training_set import TRAINING_SET, write_training_set
     from pronk.jobs.catalog import resolve_job
 
+    settings = get_settings()
     target = out or TRAINING_SET
-    lines = write_training_set(resolve_job(job, get_settings()), seed, target)
+    lines = write_training_set(job_tools(resolve_job(job, settings), settings.sandbox_bwrap), seed, target)
     typer.echo(f"wrote {lines} lines to {target}")
 
 

@@ -145,7 +145,9 @@ async def run_labelled_set(job: JobConfig, lines: list[ValidRequest], settings: 
     router = trial_router(job, settings)
     scratch = settings.data_dir / "herd" / "scratch" / job.job_id
     try:
-        return await run_labelled(lines, Harness(router, job, StepRecorder(), scratch))
+        return await run_labelled(
+            lines, Harness(router, job, StepRecorder(), scratch, sandbox_bwrap=settings.sandbox_bwrap)
+        )
     finally:
         await router.aclose()
         shutil.rmtree(scratch, ignore_errors=True)

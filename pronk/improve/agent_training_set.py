@@ -41,9 +41,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from pronk.agents.checks import run_check
-from pronk.agents.tools import job_tools
 from pronk.agents.tools.base import Tool, ToolContext
-from pronk.jobs.schema import JobConfig
 from pronk.protocol.checks import Check
 from pronk.settings import PROJECT_ROOT
 
@@ -345,9 +343,10 @@ def _canonical_answer(check: dict[str, Any]) -> str:
     return re.sub(r"\\b|\\", "", check["pattern"].split("|")[0]).replace("[- ]", " ")
 
 
-def write_training_set(job: JobConfig, seed: int, out: Path) -> int:
-    """Write the training set generated with `job`'s own tools from `seed` to `out`; how many lines it has."""
+def write_training_set(tools: dict[str, Tool], seed: int, out: Path) -> int:
+    """Write the training set generated with a job's own tools (its `sql` and `search` look answers up) from `seed`
+    to `out`; how many lines it has."""
     held_out = [json.loads(raw) for raw in HELD_OUT.read_text().splitlines() if raw.strip()]
-    lines = training_lines(job_tools(job), held_out, seed)
+    lines = training_lines(tools, held_out, seed)
     out.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return len(lines)

@@ -214,7 +214,14 @@ async def roll_out(
     counts the samples asked and checked."""
     lines, hints = round_tasks(job, config, settings, seed)
     router = job_router(job, settings)
-    harness = Harness(router, job, StepRecorder(), scratch_dir(settings, round_id), TranscriptRecorder())
+    harness = Harness(
+        router,
+        job,
+        StepRecorder(),
+        scratch_dir(settings, round_id),
+        TranscriptRecorder(),
+        sandbox_bwrap=settings.sandbox_bwrap,
+    )
     try:
         samples = await rollout(lines, harness, config.samples_per_task, config.temperature, seed, progress=progress)
         if config.answer_branches:

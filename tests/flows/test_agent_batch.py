@@ -18,6 +18,9 @@ from pronk.worker_token import worker_token
 from tests.conftest import DATA
 from tests.flows.deployment_runs import run_batch_deployment
 
+BWRAP = get_settings().sandbox_bwrap
+"""The bubblewrap binary a harness's python tool isolates code with."""
+
 pytestmark = pytest.mark.e2e
 JOB = "job-c0ffee01"
 AGENT_BATCH = DATA / "agent_batch.jsonl"
@@ -157,7 +160,7 @@ def test_a_raising_tool_a_runaway_python_call_and_a_stuck_tool_are_contained(sta
     async def run_all():
         try:
             return await asyncio.gather(
-                *(Harness(router, job, recorder, tmp_path).run_line(r) for r in validated.requests)
+                *(Harness(router, job, recorder, tmp_path, sandbox_bwrap=BWRAP).run_line(r) for r in validated.requests)
             )
         finally:
             await router.aclose()

@@ -110,7 +110,7 @@ def test_step_schema_is_valid_bounded_and_parses_calls(job):
     validated = validate_input(
         line("ok", tools=[tool("python"), tool("sql"), tool("search"), tool("spawn_subagents")]).encode(), job
     )
-    views = list(tool_views(validated.requests[0].body, job_tools(job)).values())
+    views = list(tool_views(validated.requests[0].body, job_tools(job, get_settings().sandbox_bwrap)).values())
     schema = step_schema(views, allow_final=True, max_tokens=96)
     Draft202012Validator.check_schema(schema)
     lengths = [v for k, v in _walk(schema) if k == "maxLength"]
@@ -138,7 +138,7 @@ def test_response_format_constrains_the_final_answer(job):
     validated = validate_input(line("ok", tools=[tool("search")], response_format=fmt).encode(), job)
     body = validated.requests[0].body
     assert body.answer_schema == ANSWER
-    views = list(tool_views(body, job_tools(job)).values())
+    views = list(tool_views(body, job_tools(job, get_settings().sandbox_bwrap)).values())
     schema = step_schema(views, allow_final=True, max_tokens=96, answer_schema=body.answer_schema)
     Draft202012Validator.check_schema(schema)
     final = schema["anyOf"][-1]["properties"]["final"]

@@ -23,6 +23,9 @@ from pronk.settings import get_settings
 from tests.fakes import answered
 from tests.peers import how_lines_ended
 
+BWRAP = get_settings().sandbox_bwrap
+"""The bubblewrap binary a harness's python tool isolates code with."""
+
 WEATHER = {
     "type": "function",
     "function": {
@@ -74,7 +77,9 @@ def run(body: dict, *outputs: str, tmp_path):
     validated = validate_input(json.dumps(raw).encode(), job)
     assert validated.errors == [], validated.errors
     router = ScriptedRouter(*outputs)
-    outcome = asyncio.run(Harness(router, job, StepRecorder(), tmp_path).run_line(validated.requests[0]))  # type: ignore[arg-type]
+    outcome = asyncio.run(
+        Harness(router, job, StepRecorder(), tmp_path, sandbox_bwrap=BWRAP).run_line(validated.requests[0])
+    )  # type: ignore[arg-type]
     return outcome, router.steps
 
 
@@ -257,7 +262,7 @@ def test_the_lines_of_vllms_run_batch_tests_end_as_openai_ends_them_each_valid_f
     job = resolve_job("tiny-cpu", get_settings())
     validated = validate_input("\n".join(lines).encode(), job)
     router = ScriptedRouter("Hello!", "Hello!")
-    harness = Harness(router, job, StepRecorder(), tmp_path)  # type: ignore[arg-type]
+    harness = Harness(router, job, StepRecorder(), tmp_path, sandbox_bwrap=BWRAP)  # type: ignore[arg-type]
     outcomes = [asyncio.run(harness.run_line(request)) for request in validated.requests]
     written = [output_line(o).model_dump(mode="json") for o in outcomes]
     written += [e.model_dump(mode="json") for e in validated.errors]

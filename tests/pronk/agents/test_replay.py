@@ -9,6 +9,10 @@ from pronk.agents.replay import filler_tokens, run_shape
 from pronk.agents.tool_gaps import ToolGaps
 from pronk.engine.worker_protocol import StepRequest, StepResult
 from pronk.protocol.shapes import TraceShape
+from pronk.settings import get_settings
+
+BWRAP = get_settings().sandbox_bwrap
+"""The bubblewrap binary a harness's python tool isolates code with."""
 
 
 class EchoRouter:
@@ -124,6 +128,6 @@ def test_a_replay_that_ran_across_a_leap_reports_the_version_of_its_last_step(tm
         "body": {"model": "pronk-tiny", "shape": shape},
     }
     (request,) = validate_input(json.dumps(line).encode(), job).requests
-    outcome = asyncio.run(Harness(router, job, StepRecorder(), tmp_path).run_line(request))  # type: ignore[arg-type]
+    outcome = asyncio.run(Harness(router, job, StepRecorder(), tmp_path, sandbox_bwrap=BWRAP).run_line(request))  # type: ignore[arg-type]
     assert outcome.completion is not None
     assert (outcome.completion.model_version, outcome.completion.worker_id) == ("m/2", "w1")

@@ -17,6 +17,9 @@ from pronk.jobs.catalog import resolve_job
 from pronk.settings import get_settings
 from tests.fakes import answered
 
+BWRAP = get_settings().sandbox_bwrap
+"""The bubblewrap binary a harness's python tool isolates code with."""
+
 SQL = {
     "type": "object",
     "properties": {"query": {"type": "string", "maxLength": 300}},
@@ -77,7 +80,7 @@ def test_the_harness_records_each_attempt_and_the_trace_sums_them(tmp_path):
         '{"final": "done"}',  # step 2: no tool call
     ]
     recorder = StepRecorder()
-    harness = Harness(ScriptedRouter(outputs), job, recorder, tmp_path)  # type: ignore[arg-type]
+    harness = Harness(ScriptedRouter(outputs), job, recorder, tmp_path, sandbox_bwrap=BWRAP)  # type: ignore[arg-type]
     outcome = asyncio.run(harness.run_line(request))
 
     records = recorder.take_line("a")
@@ -113,7 +116,7 @@ def test_the_last_step_must_answer_unless_every_step_must_call_a_tool(tmp_path, 
         return await generate(step)
 
     router.generate = recording  # type: ignore[method-assign]
-    outcome = asyncio.run(Harness(router, job, StepRecorder(), tmp_path).run_line(request))  # type: ignore[arg-type]
+    outcome = asyncio.run(Harness(router, job, StepRecorder(), tmp_path, sandbox_bwrap=BWRAP).run_line(request))  # type: ignore[arg-type]
     assert ("tool" in json.dumps(schemas[1])) is last_may_call
     assert outcome.completion is not None
     assert outcome.completion.finish_reason == ("max_steps" if last_may_call else "stop")

@@ -19,6 +19,9 @@ from pronk.engine.worker_protocol import StepRequest, StepResult
 from pronk.jobs.catalog import resolve_job
 from pronk.settings import get_settings
 
+BWRAP = get_settings().sandbox_bwrap
+"""The bubblewrap binary a harness's python tool isolates code with."""
+
 TOP = ["id", "object", "created", "model", "system_fingerprint", "choices", "usage", "pronk"]
 REPLAY_TOP = ["id", "object", "created", "model", "usage", "pronk"]
 CHOICE = ["index", "message", "finish_reason", "logprobs"]
@@ -101,7 +104,7 @@ def run_lines(tmp_path: Path):
         job,
     )
     assert validated.errors == []
-    harness = Harness(StandInRouter(), job, StepRecorder(), tmp_path)  # type: ignore[arg-type]
+    harness = Harness(StandInRouter(), job, StepRecorder(), tmp_path, sandbox_bwrap=BWRAP)  # type: ignore[arg-type]
 
     async def run_all():
         return [await harness.run_line(r) for r in validated.requests]

@@ -47,7 +47,7 @@ def question(line: dict) -> str:
 
 
 def test_the_committed_set_is_what_the_script_writes(held_out, training):
-    assert training_lines(job_tools(resolve_job("smollm2-cpu", get_settings())), held_out, seed=0) == training
+    assert training_lines(job_tools(resolve_job("smollm2-cpu", get_settings()), "bwrap"), held_out, seed=0) == training
 
 
 def test_it_is_large_every_line_valid_for_the_job_and_checked(training):
@@ -97,7 +97,7 @@ def test_arithmetic_answers_are_the_expressions_values(training):
 
 
 def test_each_reference_is_a_call_of_the_lines_own_tool_that_finds_its_answer_and_an_answer_that_passes(training):
-    tools = job_tools(resolve_job("smollm2-cpu", get_settings()))
+    tools = job_tools(resolve_job("smollm2-cpu", get_settings()), "bwrap")
 
     def passes(line: dict, text: str) -> bool:
         check = TypeAdapter(Check).validate_python(line["check"])

@@ -20,6 +20,9 @@ from pronk.settings import get_settings
 from tests.fakes import answered
 from tests.pronk.improve.test_rollouts import lines, sample
 
+BWRAP = get_settings().sandbox_bwrap
+"""The bubblewrap binary a harness's python tool isolates code with."""
+
 CALL = json.dumps({"tool": "sql", "arguments": {"query": "SELECT 2 + 2"}})
 
 
@@ -45,7 +48,14 @@ class CallingRouter:
 @pytest.fixture
 def harness(tmp_path):
     def make(router: CallingRouter) -> Harness:
-        return Harness(router, resolve_job("tiny-cpu", get_settings()), StepRecorder(), tmp_path, TranscriptRecorder())  # type: ignore[arg-type]
+        return Harness(
+            router,
+            resolve_job("tiny-cpu", get_settings()),
+            StepRecorder(),
+            tmp_path,
+            TranscriptRecorder(),
+            sandbox_bwrap=BWRAP,
+        )  # type: ignore[arg-type]
 
     return make
 

@@ -24,6 +24,9 @@ from pronk.protocol.checks import CheckResult
 from pronk.settings import get_settings
 from tests.fakes import answered
 
+BWRAP = get_settings().sandbox_bwrap
+"""The bubblewrap binary a harness's python tool isolates code with."""
+
 
 class AnsweringRouter:
     """Answers every step of trace `TASK#i` with the final answer `answers[TASK][i]`, keeping what each was sent."""
@@ -82,7 +85,14 @@ def test_sample_requests_share_the_prompt_and_differ_by_id_and_seed():
 
 def test_a_rollout_checks_every_sample_and_carries_its_transcript_and_records(tmp_path):
     router = AnsweringRouter({"arith-1": ["4", "5", "It is 4."], "lookup-1": ["no", "no", "no"]})
-    harness = Harness(router, resolve_job("tiny-cpu", get_settings()), StepRecorder(), tmp_path, TranscriptRecorder())  # type: ignore[arg-type]
+    harness = Harness(
+        router,
+        resolve_job("tiny-cpu", get_settings()),
+        StepRecorder(),
+        tmp_path,
+        TranscriptRecorder(),
+        sandbox_bwrap=BWRAP,
+    )  # type: ignore[arg-type]
     progress = LinesChecked(total=2, done=2)  # two samples an earlier call of the round checked
     samples = asyncio.run(rollout(lines("arith-1", "lookup-1"), harness, 3, 0.8, 0, progress=progress))
 
@@ -105,7 +115,13 @@ def test_a_rollout_checks_every_sample_and_carries_its_transcript_and_records(tm
 
 
 def test_a_rollout_needs_a_harness_that_keeps_transcripts(tmp_path):
-    harness = Harness(AnsweringRouter({}), resolve_job("tiny-cpu", get_settings()), StepRecorder(), tmp_path)  # type: ignore[arg-type]
+    harness = Harness(
+        AnsweringRouter({}),
+        resolve_job("tiny-cpu", get_settings()),
+        StepRecorder(),
+        tmp_path,
+        sandbox_bwrap=BWRAP,
+    )  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="TranscriptRecorder"):
         asyncio.run(rollout(lines("arith-1"), harness, 2, 0.8, 0))
 
@@ -161,7 +177,14 @@ def test_selection_keeps_distinct_answered_passes_capped_per_task_and_counts_by_
 
 def test_hinted_samples_run_after_the_plain_ones_with_the_hint_in_the_question(tmp_path):
     router = AnsweringRouter({"lookup-1": ["no", "no", "4", "no"]})
-    harness = Harness(router, resolve_job("tiny-cpu", get_settings()), StepRecorder(), tmp_path, TranscriptRecorder())  # type: ignore[arg-type]
+    harness = Harness(
+        router,
+        resolve_job("tiny-cpu", get_settings()),
+        StepRecorder(),
+        tmp_path,
+        TranscriptRecorder(),
+        sandbox_bwrap=BWRAP,
+    )  # type: ignore[arg-type]
     call = '{"tool":"sql","arguments":{"query":"SELECT 4"}}'
     hinted = hinted_request(lines("lookup-1")[0], call)
     samples = asyncio.run(rollout([hinted], harness, 2, 0.8, 0, first_index=2, hinted=True))
