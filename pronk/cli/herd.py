@@ -7,11 +7,10 @@ from typing import Annotated
 
 import typer
 
-from pronk.cli.terminal import fail
+from pronk.cli.terminal import JobOption, fail
 from pronk.settings import get_settings
 
 herd_app = typer.Typer(no_args_is_help=True, help="Herd: profile a job's traffic, tune its configuration, apply it.")
-JobArg = Annotated[str | None, typer.Option("--job", help="Job id or name (default: the settings' default job).")]
 
 
 def _job(job: str | None, versions: bool = True):
@@ -27,7 +26,7 @@ def _job(job: str | None, versions: bool = True):
 
 @herd_app.command("profile")
 def herd_profile(
-    job: JobArg = None,
+    job: JobOption = None,
     runs: Annotated[int | None, typer.Option(help="Profile only the job's last N batches.")] = None,
     mlflow: Annotated[bool, typer.Option(help="Also log the profile as an MLflow run with histograms.")] = True,
 ) -> None:
@@ -49,7 +48,7 @@ def herd_profile(
 
 @herd_app.command("tune")
 def herd_tune(
-    job: JobArg = None,
+    job: JobOption = None,
     budget_minutes: Annotated[float, typer.Option("--budget-minutes", help="Stop within this many minutes.")] = 10.0,
     sample: Annotated[int, typer.Option(help="Root traces of the job's own traffic replayed per trial.")] = 8,
     repeats: Annotated[int, typer.Option(help="Replays of the current configuration (the guard's noise).")] = 2,
@@ -110,7 +109,7 @@ def herd_tune(
 
 
 @herd_app.command("versions")
-def herd_versions(job: JobArg = None) -> None:
+def herd_versions(job: JobOption = None) -> None:
     """The job's configuration versions (the current one marked)."""
     from pronk.jobs.versions import current_version, job_versions
 
@@ -127,7 +126,7 @@ def herd_versions(job: JobArg = None) -> None:
 @herd_app.command("use")
 def herd_use(
     version: Annotated[int, typer.Argument(help="Configuration version to make current; 0 = the job file alone.")],
-    job: JobArg = None,
+    job: JobOption = None,
 ) -> None:
     """Make a configuration version current and roll it out (a rolling restart when workers need one)."""
     from pronk.herd.apply import use_version

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from pronk.cli.terminal import improve_reading, progress_bar
+from pronk.cli.terminal import JobOption, improve_reading, progress_bar
 from pronk.settings import get_settings
 
 improve_app = typer.Typer()
@@ -21,9 +21,7 @@ improve_app = typer.Typer()
 @improve_app.callback(invoke_without_command=True)
 def improve(
     ctx: typer.Context,
-    job: Annotated[
-        str | None, typer.Option("--job", help="Job id or name (default: the settings' default job).")
-    ] = None,
+    job: JobOption = None,
     rounds: Annotated[
         int | None, typer.Option(min=1, help="Rounds to run (default: the job's improve.rounds).")
     ] = None,

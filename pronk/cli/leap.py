@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from pronk.cli.terminal import fail
+from pronk.cli.terminal import JobOption, fail
 from pronk.settings import get_settings
 from pronk.worker_registry import worker_registry
 
@@ -64,9 +64,7 @@ def finetune_tiny(
 @leap_app.callback(invoke_without_command=True)
 def leap_run(
     ctx: typer.Context,
-    job: Annotated[
-        str | None, typer.Option("--job", help="Job id or name (default: the settings' default job).")
-    ] = None,
+    job: JobOption = None,
     version: Annotated[int | None, typer.Option("--version", min=1, help="Model version to serve.")] = None,
     alias: Annotated[str | None, typer.Option("--alias", help="Serve the version this alias names.")] = None,
     canary: Annotated[
@@ -100,9 +98,7 @@ def leap_run(
 
 @leap_app.command("status")
 def leap_status(
-    job: Annotated[
-        str | None, typer.Option("--job", help="Job id or name (default: the settings' default job).")
-    ] = None,
+    job: JobOption = None,
 ) -> None:
     """Each live worker's version and Leap state, and the job's latest Leap."""
     from pronk.jobs.catalog import resolve_job

@@ -15,7 +15,7 @@ from pronk.cli.enrich import register as register_enrich_commands
 from pronk.cli.herd import register as register_herd_commands
 from pronk.cli.improve import register as register_improve_commands
 from pronk.cli.leap import register as register_leap_commands
-from pronk.cli.terminal import batch_progress, expected_failure, fail
+from pronk.cli.terminal import JobOption, batch_progress, expected_failure, fail
 from pronk.settings import Settings, get_settings
 from pronk.stack.prefect_env import hide_tracebacks_of_refusals
 from pronk.worker_registry import worker_registry
@@ -36,8 +36,6 @@ for sub, name in (
     (keys_app, "keys"),
 ):
     app.add_typer(sub, name=name)
-
-JobOption = Annotated[str | None, typer.Option("--job", help="Job id or name (default: the settings' default job).")]
 
 
 register_leap_commands(app, model_app)

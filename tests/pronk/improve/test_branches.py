@@ -9,19 +9,13 @@ import json
 import pytest
 
 from pronk.agents.harness import Harness, tool_turn
-from pronk.agents.step_records import StepRecorder
 from pronk.agents.transcripts import TranscriptRecorder
 from pronk.engine.worker_protocol import StepRequest, StepResult
 from pronk.improve.branches import branch, branch_point, branch_requests
 from pronk.improve.rollouts import Sample, rollout
 from pronk.improve.selection import SelectionCounts, select
-from pronk.jobs.catalog import resolve_job
-from pronk.settings import get_settings
-from tests.fakes import answered
+from tests.fakes import answered, tiny_harness
 from tests.pronk.improve.test_rollouts import lines, sample
-
-BWRAP = get_settings().sandbox_bwrap
-"""The bubblewrap binary a harness's python tool isolates code with."""
 
 CALL = json.dumps({"tool": "sql", "arguments": {"query": "SELECT 2 + 2"}})
 
@@ -48,14 +42,7 @@ class CallingRouter:
 @pytest.fixture
 def harness(tmp_path):
     def make(router: CallingRouter) -> Harness:
-        return Harness(
-            router,
-            resolve_job("tiny-cpu", get_settings()),
-            StepRecorder(),
-            tmp_path,
-            TranscriptRecorder(),
-            sandbox_bwrap=BWRAP,
-        )  # type: ignore[arg-type]
+        return tiny_harness(router, tmp_path, TranscriptRecorder())
 
     return make
 

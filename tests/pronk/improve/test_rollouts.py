@@ -8,9 +8,7 @@ import json
 
 import pytest
 
-from pronk.agents.harness import Harness
 from pronk.agents.outcomes import Completion, RequestOutcome, Usage
-from pronk.agents.step_records import StepRecorder
 from pronk.agents.transcripts import Transcript, TranscriptRecorder
 from pronk.batches.input import validate_input
 from pronk.batches.labelled import CheckedLine
@@ -22,10 +20,7 @@ from pronk.improve.selection import SelectionCounts, select
 from pronk.jobs.catalog import resolve_job
 from pronk.protocol.checks import CheckResult
 from pronk.settings import get_settings
-from tests.fakes import answered
-
-BWRAP = get_settings().sandbox_bwrap
-"""The bubblewrap binary a harness's python tool isolates code with."""
+from tests.fakes import answered, tiny_harness
 
 
 class AnsweringRouter:
@@ -85,14 +80,7 @@ def test_sample_requests_share_the_prompt_and_differ_by_id_and_seed():
 
 def test_a_rollout_checks_every_sample_and_carries_its_transcript_and_records(tmp_path):
     router = AnsweringRouter({"arith-1": ["4", "5", "It is 4."], "lookup-1": ["no", "no", "no"]})
-    harness = Harness(
-        router,
-        resolve_job("tiny-cpu", get_settings()),
-        StepRecorder(),
-        tmp_path,
-        TranscriptRecorder(),
-        sandbox_bwrap=BWRAP,
-    )  # type: ignore[arg-type]
+    harness = tiny_harness(router, tmp_path, TranscriptRecorder())
     progress = LinesChecked(total=2, done=2)  # two samples an earlier call of the round checked
     samples = asyncio.run(rollout(lines("arith-1", "lookup-1"), harness, 3, 0.8, 0, progress=progress))
 
@@ -115,13 +103,7 @@ def test_a_rollout_checks_every_sample_and_carries_its_transcript_and_records(tm
 
 
 def test_a_rollout_needs_a_harness_that_keeps_transcripts(tmp_path):
-    harness = Harness(
-        AnsweringRouter({}),
-        resolve_job("tiny-cpu", get_settings()),
-        StepRecorder(),
-        tmp_path,
-        sandbox_bwrap=BWRAP,
-    )  # type: ignore[arg-type]
+    harness = tiny_harness(AnsweringRouter({}), tmp_path)
     with pytest.raises(ValueError, match="TranscriptRecorder"):
         asyncio.run(rollout(lines("arith-1"), harness, 2, 0.8, 0))
 
@@ -177,14 +159,7 @@ def test_selection_keeps_distinct_answered_passes_capped_per_task_and_counts_by_
 
 def test_hinted_samples_run_after_the_plain_ones_with_the_hint_in_the_question(tmp_path):
     router = AnsweringRouter({"lookup-1": ["no", "no", "4", "no"]})
-    harness = Harness(
-        router,
-        resolve_job("tiny-cpu", get_settings()),
-        StepRecorder(),
-        tmp_path,
-        TranscriptRecorder(),
-        sandbox_bwrap=BWRAP,
-    )  # type: ignore[arg-type]
+    harness = tiny_harness(router, tmp_path, TranscriptRecorder())
     call = '{"tool":"sql","arguments":{"query":"SELECT 4"}}'
     hinted = hinted_request(lines("lookup-1")[0], call)
     samples = asyncio.run(rollout([hinted], harness, 2, 0.8, 0, first_index=2, hinted=True))
