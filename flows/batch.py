@@ -23,7 +23,7 @@ from pronk.jobs.catalog import resolve_job
 from pronk.jobs.schema import MAX_TRACE_SAMPLE
 from pronk.settings import get_settings
 from pronk.stack.prefect_env import show_pronk_logs
-from pronk.tasks.batch import run_opened_batch
+from pronk.tasks.batch import CHUNK_SIZE, run_opened_batch
 
 
 def _end_batch(flow_run, status: Literal["failed", "cancelled"], message: str) -> None:
@@ -76,7 +76,7 @@ async def run_batch(
     batch_id: str | None = None,
     completion_window: Literal["24h", "unlimited"] = "24h",
     metadata: dict[str, str] | None = None,
-    chunk_size: int = 64,
+    chunk_size: int = CHUNK_SIZE,
     trace_sample: Annotated[int | None, Field(ge=0, le=MAX_TRACE_SAMPLE)] = None,
 ) -> dict:
     """Run an OpenAI batch input file on a job's engine workers; write output and error files.

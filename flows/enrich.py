@@ -124,7 +124,7 @@ async def _run(
                 output_dir=storage.join(begun.results, "batches", begun.run_id),
                 metadata={"enrichment": enrichment.name, "enrich_run": begun.run_id},
             )
-            batch = await run_opened_batch(opened, job, lines_uri, settings, chunk_size=64, trace_sample=None)
+            batch = await run_opened_batch(opened, job, lines_uri, settings)
         except BaseException as exc:  # as run_batch's failure hook does: the batch ends with what finished
             try:
                 end_batch(batch_id, job, "failed", f"the enrich run raised: {type(exc).__name__}: {exc}", settings)

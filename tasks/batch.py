@@ -31,6 +31,9 @@ from pronk.herd.profile import in_flight_start
 from pronk.jobs.schema import JobConfig
 from pronk.settings import Settings
 
+CHUNK_SIZE = 64
+"""Requests a chunk's task run holds unless the run asks otherwise (`run_batch`'s `chunk_size`)."""
+
 
 @task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
 def read_input_file(uri: str, settings: Settings) -> bytes:
@@ -55,7 +58,12 @@ async def run_chunk(run: BatchRun, harness: Harness, start: int, stop: int) -> i
 
 
 async def run_opened_batch(
-    batch: Batch, job: JobConfig, input_uri: str, settings: Settings, chunk_size: int, trace_sample: int | None
+    batch: Batch,
+    job: JobConfig,
+    input_uri: str,
+    settings: Settings,
+    chunk_size: int = CHUNK_SIZE,
+    trace_sample: int | None = None,
 ) -> dict:
     """Run the batch `pronk.batches.run.open_batch` recorded for this flow run, on `job` (resolved by the flow):
     read and validate its input, run the lines no earlier run persisted, write its files, publish its summary,
