@@ -19,7 +19,7 @@ trace's step adds to its reservation). More steps of room mean fewer pauses and 
 traces resident to fill one another's tool gaps: prefill-heavy work gains, decode-heavy work loses, so it is a
 per-job setting (`scheduling.kv_budget_growth_steps`) that the Herd tuner searches.
 
-With a KV host tier (`engine.kv_tier`, `host_capacity_tokens`), a paused trace's blocks are already in host
+With a KV host tier (`pronk.engine.kv_tier`, `host_capacity_tokens`), a paused trace's blocks are already in host
 memory, so pausing costs a copy back instead of a recompute, and the budget counts two tiers: admitted traces
 within the engine's cache, paused ones within the host tier. A new trace that does not fit may then pause gapped
 traces of any age, those whose tool gap is expected to last longest first (the step's pin TTL is the harness's
@@ -41,8 +41,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from engine.errors import EngineError
-from engine.registry import WorkerEntry
+from pronk.engine.engine_error import EngineError
+from pronk.engine.registry import WorkerEntry
 
 
 class AdmissionTimeout(EngineError):
@@ -174,15 +174,15 @@ class KvBudget:
         waiter.future.cancel()
         self._serve()
 
-    def step_done(self, trace_id: str, tokens: int, expected_gap_s: float = 0.0) -> None:
+    def step_done(self, trace_id: str, tokens: int, kv_pin_ttl_s: float = 0.0) -> None:
         """A step of the trace finished: its resident context is now `tokens` (prompt + output) and, with no
-        other step in flight, it is in a tool gap (pausable) expected to last `expected_gap_s`."""
+        other step in flight, it is in a tool gap (pausable) expected to last the step's `kv_pin_ttl_s`."""
         entry = self.resident.get(trace_id)
         if entry is None:
             return
         entry.running = max(0, entry.running - 1)
         entry.touched_at = time.monotonic()
-        entry.gap_until = entry.touched_at + expected_gap_s
+        entry.gap_until = entry.touched_at + kv_pin_ttl_s
         self.used += tokens - entry.tokens
         entry.tokens = tokens
         self._serve()

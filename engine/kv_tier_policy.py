@@ -3,7 +3,7 @@
 vLLM's offloading manager asks its cache policy which host chunks to drop when a store needs room; its LRU drops the
 least recently used. In an agent fleet the worker knows more: a trace that ended will never read its blocks again,
 and a trace in a tool gap will read them when its tool returns, which its step's pin TTL estimates (the harness
-sizes the TTL from the measured gaps; with the tier the TTL pins nothing on the device, `engine.kv_retention`).
+sizes the TTL from the measured gaps; with the tier the TTL pins nothing on the device, `pronk.engine.kv_retention`).
 So the policy drops, in order:
 
 1. chunks only finished traces used (the worker's `/release` of a trace reaches `trace_finished`);
@@ -18,12 +18,12 @@ abandoned traces ahead of every live one.
 
 A chunk shared by several traces (a common system prompt, a parent's prefix under its fan-out) counts as live while
 any of them is. The trace hints reach the policy in the request's `kv_transfer_params`
-(`engine.trace_hints`), the only per-request data vLLM hands a cache policy. vLLM builds the policy
+(`pronk.engine.trace_hints`), the only per-request data vLLM hands a cache policy. vLLM builds the policy
 by name in the engine core process (`cache_policy_module_path`); the scheduler there tells it about finished traces
 through `trace_finished`, so one engine per process is assumed, as vLLM's engine core process is.
 
 Written against vllm 0.32's `LRUCachePolicy`, whose bookkeeping (`chunks`, `_ranks`, `_evictable`) it extends;
-`engine.kv_tier.host_tier_config` selects it only on that release.
+`pronk.engine.kv_tier.host_tier_config` selects it only on that release.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
 from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
 
-from engine.trace_hints import read_hints
+from pronk.engine.trace_hints import read_hints
 
 RECENTLY_FINISHED = 4096
 """Finished traces remembered, so a request's report arriving after its trace's release cannot revive the trace."""
@@ -74,11 +74,11 @@ class TraceAwareCachePolicy(LRUCachePolicy):
         req_context: ReqContext,
     ) -> None:
         super().on_request_finished(key_groups, insertion_only_keys, reused_keys, req_context)
-        trace_id, gap = read_hints(req_context.kv_transfer_params or {})
+        trace_id, kv_pin_ttl_s = read_hints(req_context.kv_transfer_params or {})
         if trace_id is None or trace_id in self.finished:
             return
         now = time.monotonic()
-        self.next_use[trace_id] = (now + gap, now + 2 * gap)
+        self.next_use[trace_id] = (now + kv_pin_ttl_s, now + 2 * kv_pin_ttl_s)
         keys = self.keys_of.setdefault(trace_id, set())
         for group in key_groups:
             for key in group:

@@ -21,8 +21,8 @@ import psycopg
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ValidationError
 
-from engine.errors import EngineError
-from engine.protocol import WorkerStats
+from pronk.engine.engine_error import EngineError
+from pronk.engine.worker_protocol import WorkerStats
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 A step in flight on a worker that drops out of the registry (its heartbeat stopped) or stops answering a
 health probe (its host's link went down) is abandoned and re-sent, not left waiting on a dead connection.
 
-With an admission strategy (`engine.admission`), it also asks the worker to admit each step by its KV
+With an admission strategy (`pronk.engine.admission`), it also asks the worker to admit each step by its KV
 budget, places new traces by room and keeps started ones on the worker that holds their prefix. Callers
 tell it when a trace ends (`finish`), so the worker drops the trace's pin and admission at once.
 
@@ -19,12 +19,12 @@ import time
 from collections import defaultdict
 from collections.abc import Collection
 
-from engine.admission import KvBudgetAdmission, NoAdmission, make_admission
-from engine.client import NotAdmitted, WorkerClient, WorkerUnavailable
-from engine.errors import EngineError
-from engine.protocol import AdmissionHints, StepRequest, StepResult
-from engine.registry import Registry, RegistryUnavailable, WorkerEntry
-from engine.routing import RoutingPolicy, make_policy
+from pronk.engine.admission import KvBudgetAdmission, NoAdmission, make_admission
+from pronk.engine.client import NotAdmitted, WorkerClient, WorkerUnavailable
+from pronk.engine.engine_error import EngineError
+from pronk.engine.registry import Registry, RegistryUnavailable, WorkerEntry
+from pronk.engine.routing import RoutingPolicy, make_policy
+from pronk.engine.worker_protocol import AdmissionHints, StepRequest, StepResult
 
 log = logging.getLogger(__name__)
 

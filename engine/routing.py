@@ -1,13 +1,20 @@
-"""Routing policies: small strategy classes that pick one worker out of the live candidates."""
+"""Routing policies: small strategy classes that pick one worker out of the live candidates.
+
+A job names its policy (`scheduling.routing`, typed `RoutingPolicyName`), so this module's imports stay light: a
+job's schema imports it.
+"""
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
-from engine.protocol import StepRequest
-from engine.registry import WorkerEntry
+if TYPE_CHECKING:
+    from pronk.engine.registry import WorkerEntry
+    from pronk.engine.worker_protocol import StepRequest
+
+RoutingPolicyName = Literal["least_loaded", "round_robin", "trace_affinity"]
 
 
 class RoutingPolicy(Protocol):
@@ -87,6 +94,7 @@ class TraceAffinity:
 
 
 POLICIES: dict[str, type] = {"least_loaded": LeastLoaded, "round_robin": RoundRobin, "trace_affinity": TraceAffinity}
+"""Each `RoutingPolicyName`'s class (tests/engine/test_trace_routing.py keeps the two the same)."""
 
 
 def make_policy(name: str) -> RoutingPolicy:

@@ -4,10 +4,10 @@ vLLM v1 takes an executor class for `distributed_executor_backend`, and an execu
 model: the engine core asks it for the layers' KV cache specs and the memory they may fill, then hands it each
 step's `SchedulerOutput` and takes back a `ModelRunnerOutput`. `SimExecutor` answers all of it from an
 architecture config alone (no weights, no device): the specs of the config's attention layers, a KV size from
-`num_gpu_blocks` or a GPU's memory, and for each step the time the timing model (`engine.step_timing`) gives that
+`num_gpu_blocks` or a GPU's memory, and for each step the time the timing model (`pronk.engine.step_timing`) gives that
 step's batch, waited out at `speed_factor`, then one token for each request that reached the end of its prompt.
 Everything else is vLLM's and pronk's own: continuous batching, chunked prefill, prefix caching, preemption,
-`engine.kv_retention`'s pins, the output processor, `AsyncLLM`.
+`pronk.engine.kv_retention`'s pins, the output processor, `AsyncLLM`.
 
 Outputs run to each request's `max_tokens`: the token written is the lowest id that decodes to text (a special token
 would cost the front end's incremental detokenizer a re-decode of the whole output every step) and that none of the
@@ -30,7 +30,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.serial_utils import run_method
 from vllm.v1.worker.worker_base import CompilationTimes
 
-from engine.step_timing import StepShape, TimingModel, load_timing
+from pronk.engine.step_timing import StepShape, TimingModel, load_timing
 
 log = logging.getLogger(__name__)
 

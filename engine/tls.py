@@ -1,9 +1,9 @@
 """TLS between engine workers and their callers: a worker's server context from its certificate files, and the
 context every caller verifies a worker by.
 
-A worker given a certificate and its key serves HTTPS (`engine.worker.serve`); its callers verify it against a CA
+A worker given a certificate and its key serves HTTPS (`pronk.engine.worker.serve`); its callers verify it against a CA
 bundle when one is given, else against the system's trust store, never not at all. The shared token
-(`engine.auth`) still authenticates the callers: TLS keeps it, and the steps, private on the wire.
+(`pronk.engine.auth`) still authenticates the callers: TLS keeps it, and the steps, private on the wire.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import functools
 import ssl
 from pathlib import Path
 
-from engine.errors import EngineError
+from pronk.engine.engine_error import EngineError
 
 
 class TlsFileError(EngineError, ValueError):

@@ -8,11 +8,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.admission import KvBudget
-from engine.errors import EngineError
-from engine.kv_retention import HOST_TIER_TOKENS_KEY, release_request_id, unpin_request_id
-from engine.protocol import HostTierStats, SamplingSpec, StepRequest, StepResult, WorkerStats
-from engine.trace_hints import retention_hints
+from pronk.engine.admission import KvBudget
+from pronk.engine.engine_error import EngineError
+from pronk.engine.kv_retention import HOST_TIER_TOKENS_KEY, release_request_id, unpin_request_id
+from pronk.engine.trace_hints import retention_hints
+from pronk.engine.worker_protocol import HostTierStats, SamplingSpec, StepRequest, StepResult, WorkerStats
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ class WeightSwap:
 class VllmBackend:
     """Owns one `AsyncLLM`; `model_version` names the weights it serves.
 
-    `kv_budget_headroom` and `kv_budget_growth_steps` size the admission budget (`engine.admission.KvBudget`).
+    `kv_budget_headroom` and `kv_budget_growth_steps` size the admission budget (`pronk.engine.admission.KvBudget`).
     """
 
     model_path: str
@@ -178,7 +178,7 @@ class VllmBackend:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         # A simulated engine's kwargs name their own `model` (an architecture config; `model_path` is then where the
-        # tokenizer and the weight versions live: engine.sim_executor.SimSettings.engine_kwargs).
+        # tokenizer and the weight versions live: pronk.engine.sim_executor.SimSettings.engine_kwargs).
         args = AsyncEngineArgs(**{"model": self.model_path, "disable_log_stats": False, **self.engine_kwargs})
         if args.kv_transfer_config is not None:
             tier_bytes = int(args.kv_transfer_config.kv_connector_extra_config.get("cpu_bytes_to_use", 0))
@@ -335,8 +335,8 @@ class VllmBackend:
         await self._abort_ids([release_request_id(t) for t in trace_ids])
 
     async def _abort_ids(self, request_ids: list[str]) -> None:
-        """An abort of ids the pinning scheduler recognises (`engine.kv_retention.control_message`), sent straight to
-        the engine core (the output processor would drop ids of requests it does not know)."""
+        """An abort of ids the pinning scheduler recognises (`pronk.engine.kv_retention.control_message`), sent straight
+        to the engine core (the output processor would drop ids of requests it does not know)."""
         await self._engine.engine_core.abort_requests_async(request_ids)
 
     def stats(self) -> WorkerStats:

@@ -4,7 +4,8 @@
 the weights being served (same architecture, dtype, parameter shapes), all while generation goes
 on. `POST /weights/reload` swaps to the staged version at a step boundary. The worker's state
 (`ready → uploading → reloading → ready`, or `failed`) rides on its heartbeat for `pronk leap status`.
-Their bodies are in `engine.protocol`; callers make them with `WorkerClient.stage_weights` and `reload_weights`.
+Their bodies are in `pronk.engine.worker_protocol`; callers make them with `WorkerClient.stage_weights` and
+`reload_weights`.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI, HTTPException
 
-from engine.errors import EngineError
-from engine.protocol import ReloadRequest, ReloadResult, StageRequest, StageResult
-from engine.vllm_backend import VllmBackend
+from pronk.engine.engine_error import EngineError
+from pronk.engine.vllm_backend import VllmBackend
+from pronk.engine.worker_protocol import ReloadRequest, ReloadResult, StageRequest, StageResult
 
 
 class IncompatibleWeights(EngineError, ValueError):

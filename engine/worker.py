@@ -1,11 +1,11 @@
 """An engine worker: one persistent process holding a job's model in vLLM, serving steps over HTTP (for an
-`engine.backend: sim` job, vLLM's own scheduler over a simulated forward pass: `engine.sim_executor`).
+`engine.backend: sim` job, vLLM's own scheduler over a simulated forward pass: `pronk.engine.sim_executor`).
 
 Started by `python -m pronk.stack.worker --job JOB [--index N] [--host ADDR --advertise URL]` (or `pronk worker
 start`), which resolves the job and its model and calls `serve`. It binds 127.0.0.1 unless told otherwise,
 announces itself in the registry (under the URL other hosts reach it by) with a heartbeat carrying its load,
-and withdraws on SIGTERM. Every request but a bare `GET /health` must carry the shared token (`engine.auth`).
-Given a TLS context (`engine.tls.server_context`) it serves HTTPS on its socket and announces an `https://` URL.
+and withdraws on SIGTERM. Every request but a bare `GET /health` must carry the shared token (`pronk.engine.auth`).
+Given a TLS context (`pronk.engine.tls.server_context`) it serves HTTPS on its socket and announces an `https://` URL.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import FastAPI, HTTPException, Request
 
-from engine.admission import AdmissionTimeout, BudgetExceeded
-from engine.auth import TokenAuth, auth_headers
-from engine.protocol import ReleaseRequest, StepRequest, StepResult, WorkerStats
-from engine.registry import Registry, RegistryUnavailable, WorkerEntry
-from engine.vllm_backend import VllmBackend
-from engine.weight_swap import Stager, add_weight_routes
+from pronk.engine.admission import AdmissionTimeout, BudgetExceeded
+from pronk.engine.auth import TokenAuth, auth_headers
+from pronk.engine.registry import Registry, RegistryUnavailable, WorkerEntry
+from pronk.engine.vllm_backend import VllmBackend
+from pronk.engine.weight_swap import Stager, add_weight_routes
+from pronk.engine.worker_protocol import ReleaseRequest, StepRequest, StepResult, WorkerStats
 
 if TYPE_CHECKING:
     import uvicorn
@@ -217,7 +217,7 @@ def serve(
     """Serve `backend` on the bound `sock` until SIGTERM, announced to the registry as `url`; over HTTPS with `tls`.
 
     The caller (pronk's worker entry point) bound the socket (`bind_socket`), derived `url` from it
-    (`advertise_url`), loaded its certificate (`engine.tls.server_context`) and built the backend from a job, all
+    (`advertise_url`), loaded its certificate (`pronk.engine.tls.server_context`) and built the backend from a job, all
     before this call.
     """
     app = create_app(backend, registry, url, heartbeat_interval_s, stager, token=token)

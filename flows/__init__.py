@@ -1,1 +1,1 @@
-"""pronk's Prefect flows, one per file."""
+"""pronk's Prefect flows (`pronk.flows`, from the repository's flows/ folder), one per file."""

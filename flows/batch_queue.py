@@ -14,10 +14,10 @@ import time
 
 from prefect import flow, get_run_logger
 
-from flows.batch import run_batch
 from pronk.batches.queue import BatchQueue, Entry, runnable
 from pronk.batches.store import BatchStore
 from pronk.control.dead_runs import record_process
+from pronk.flows.batch import run_batch
 from pronk.settings import get_settings
 from pronk.stack.prefect_env import show_pronk_logs
 

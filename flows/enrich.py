@@ -1,10 +1,11 @@
 """The enrich flow: keep a table's output columns filled by agents, asking only about new, changed or failed rows.
 
 A recipe over `pronk.enrich.run`: check the spec and its job, plan the rows (fingerprints of each row's prompt
-inputs; rows the current version already answered are skipped), run the rest as agent lines through the batch
-flow's code (`run_batch`, inside this flow run: one code path with batches), read the answers back, and write the
-table as a new version with its history. While it asks rows, the run keeps an open-run marker (`pronk.enrich.open_run`):
-a run after a crash marks the dead run's flow run crashed and runs on under its batch when it asks the same lines.
+inputs; rows the current version already answered are skipped), run the rest as agent lines through the batch's
+steps (`pronk.tasks.batch.run_opened_batch`, inside this flow run: one code path with batches), read the answers
+back, and write the table as a new version with its history. While it asks rows, the run keeps an open-run marker
+(`pronk.enrich.open_run`): a run after a crash marks the dead run's flow run crashed and runs on under its batch when
+it asks the same lines.
 """
 
 from __future__ import annotations
@@ -13,22 +14,24 @@ import polars as pl
 from prefect import flow, get_run_logger, runtime
 from prefect.artifacts import acreate_markdown_artifact, acreate_table_artifact
 
-from flows.batch import run_batch
 from pronk import storage
-from pronk.batches.run import end_batch
+from pronk.batches.run import end_batch, open_batch
+from pronk.batches.store import BatchStore
 from pronk.control import flow_runs
 from pronk.control.calls import best_effort
 from pronk.control.dead_runs import record_process
 from pronk.enrich import open_run
 from pronk.enrich import run as enrich_run
 from pronk.enrich.history import EnrichRun, summary_markdown
-from pronk.enrich.spec import EnrichSpec
+from pronk.enrich.spec import EnrichSpec, EnrichSpecError, load_spec
 from pronk.enrich.table import results_uri
+from pronk.jobs.catalog import UnknownJob, resolve_job
 from pronk.jobs.schema import JobConfig
 from pronk.protocol.ids import new_id
 from pronk.settings import Settings, get_settings
 from pronk.stack.prefect_env import show_pronk_logs
-from tasks.enrich import plan_rows, read_answers
+from pronk.tasks.batch import run_opened_batch
+from pronk.tasks.enrich import plan_rows, read_answers
 
 PREVIEW_ROWS = 20
 
@@ -39,7 +42,12 @@ async def enrich_table(spec: str, limit: int | None = None, batch_id: str | None
     show_pronk_logs()
     logger = get_run_logger()
     settings = get_settings()
-    enrichment, job = enrich_run.load_checked(spec, settings)
+    enrichment = load_spec(spec)
+    try:
+        job = resolve_job(enrichment.job, settings)
+    except UnknownJob as exc:
+        raise EnrichSpecError(f"spec {enrichment.name}: job {enrichment.job!r}: {exc}") from exc
+    enrich_run.check_fits(enrichment, job)
     results = results_uri(enrichment, settings)
     flow_run_id = str(runtime.flow_run.id) if runtime.flow_run.id else None
     # A run that died without ending (SIGKILL, OOM) left its marker: refuse while it lives, else take over its work.
@@ -91,7 +99,7 @@ async def _run(
     batch: dict = {}
     lines = enrich_run.lines_file(enrichment, job, plan) if plan.todo else None
     if earlier is not None:
-        takeover = open_run.take_over(earlier, lines, settings)
+        takeover = open_run.take_over(earlier, lines, job, settings)
         logger.warning("enrichment %s: %s", enrichment.name, takeover.why)
         if takeover.batch_id is not None:
             batch_id = takeover.batch_id  # its persisted lines are not asked again (`BatchRun.resume`)
@@ -104,18 +112,22 @@ async def _run(
             enrichment.name, begun.results, begun.run_id, lines, lines_uri, batch_id, flow_run_id, settings
         )
         try:
-            # The batch flow's own function inside this flow run: the same validation, chunk tasks, durable
-            # parts, progress artifact and files as any batch, without a subflow's start-up (~1-2.5 s here).
-            batch = await run_batch.fn(
-                input_uri=lines_uri,
-                job_id=job.job_id,
+            # The batch's own steps inside this flow run: the same validation, chunk tasks, durable parts,
+            # progress artifact and files as any batch, without a subflow's start-up (~1-2.5 s here).
+            opened = open_batch(
+                BatchStore(settings),
+                settings,
+                job,
+                lines_uri,
+                batch_id,
+                flow_run_id,
                 output_dir=storage.join(begun.results, "batches", begun.run_id),
-                batch_id=batch_id,
                 metadata={"enrichment": enrichment.name, "enrich_run": begun.run_id},
             )
+            batch = await run_opened_batch(opened, job, lines_uri, settings)
         except BaseException as exc:  # as run_batch's failure hook does: the batch ends with what finished
             try:
-                end_batch(batch_id, "failed", f"the enrich run raised: {type(exc).__name__}: {exc}", settings)
+                end_batch(batch_id, job, "failed", f"the enrich run raised: {type(exc).__name__}: {exc}", settings)
             except Exception:  # the API's reconcile loop ends it later; keep the first error
                 logger.exception("enrichment %s: ending batch %s failed", enrichment.name, batch_id)
             raise

@@ -12,10 +12,11 @@ from prefect.artifacts import create_markdown_artifact
 
 from pronk.control.dead_runs import record_process
 from pronk.herd.tuner import TuneConfig, Tuner, chosen_knobs
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
+from pronk.jobs.versions import with_current_version
 from pronk.settings import get_settings
 from pronk.stack.prefect_env import show_pronk_logs
-from tasks.herd import apply_winner, herd_trial, profile_job
+from pronk.tasks.herd import apply_winner, herd_trial, profile_job
 
 
 @flow(name="herd", log_prints=False, on_running=[record_process])
@@ -36,7 +37,8 @@ def herd(
     show_pronk_logs()
     logger = get_run_logger()
     settings = get_settings()
-    job = get_job(job_id, settings)
+    job_file = resolve_job(job_id, settings, versions=False)
+    job = with_current_version(job_file, settings)
     profile_job(job.job_id, settings, runs)
     config = TuneConfig(
         budget_minutes=budget_minutes,
@@ -52,7 +54,7 @@ def herd(
     ).tune()
     summary = result.summary()
     if apply and result.verdict is not None and result.verdict.accept and result.winner is not None:
-        summary["applied"] = apply_winner(job.job_id, result.winner.changes, result.mlflow_run_id, settings)
+        summary["applied"] = apply_winner(job_file, result.winner.changes, result.mlflow_run_id, settings)
     create_markdown_artifact(markdown=result.markdown(), key=None, description=f"herd tuning of {job.job_id}")
     logger.info("herd %s: %d trials, verdict %s", job.job_id, len(result.trials), summary["verdict"])
     return summary

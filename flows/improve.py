@@ -1,6 +1,6 @@
 """The improve flow: weights that get better from the job's own checked traces, pushed to the running fleet.
 
-A recipe over `pronk.learn`, one round after another, each from the version the fleet serves: roll the job's
+A recipe over `pronk.improve`, one round after another, each from the version the fleet serves: roll the job's
 training set out on its live workers (k samples a task, every sample checked), keep the passed transcripts
 (rejection sampling), fine-tune on them within the job's step, time and core budget, register the result as the
 model's next version with its lineage, and Leap to it through the canary, which measures both versions on the
@@ -16,17 +16,17 @@ import time
 from prefect import flow, get_run_logger
 from prefect.artifacts import acreate_table_artifact
 
-from flows.leap import leap
 from pronk.batches.progress import saved_every
 from pronk.control.dead_runs import record_process
-from pronk.jobs.files import get_job
+from pronk.flows.leap import leap
+from pronk.improve.rounds import ImproveRound, RoundStore, log_held_out, served_version
+from pronk.jobs.catalog import resolve_job
 from pronk.jobs.schema import ImproveConfig, JobConfig
 from pronk.leap.records import LeapRecord, LeapStore
 from pronk.leap.sequence import LeapFailed, LeapRefused
-from pronk.learn.rounds import ImproveRound, RoundStore, log_held_out, served_version
 from pronk.settings import Settings, get_settings
 from pronk.stack.prefect_env import show_pronk_logs
-from tasks.improve import fine_tune, register_version, roll_out
+from pronk.tasks.improve import fine_tune, register_version, roll_out
 
 ROUND_SEED_STRIDE = 1000
 """Round n samples with seeds from `improve.seed + (n - 1) * ROUND_SEED_STRIDE`: no two rounds repeat a sample."""
@@ -128,11 +128,11 @@ async def improve(
     `improve.rounds`), each leaping to its new version through the canary; stops at the first that does not leap.
     `seed` replaces the job's `improve.seed` (which training lines a round draws, and its samples' seeds);
     `training_set` and `held_out` replace its `improve.training_set` and `quality.labelled_set` (an enrichment's
-    sets, made by `python -m pronk.learn.enrichment_tasks`)."""
+    sets, made by `pronk improve enrichment-sets`)."""
     show_pronk_logs()
     logger = get_run_logger()
     settings = get_settings()
-    job = (await asyncio.to_thread(get_job, job_id, settings)).with_labelled_set(held_out)
+    job = (await asyncio.to_thread(resolve_job, job_id, settings)).with_labelled_set(held_out)
     overrides = {"seed": seed, "training_set": training_set}
     config = job.improve.model_copy(update={k: v for k, v in overrides.items() if v is not None})
     done: list[ImproveRound] = []

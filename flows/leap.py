@@ -14,10 +14,10 @@ import asyncio
 from prefect import flow, get_run_logger, runtime
 from prefect.artifacts import acreate_table_artifact
 
+from pronk.agents.tools.scratch import scratch_dir
 from pronk.batches.schemas import CheckCounts, LinesChecked
-from pronk.batches.traces import scratch_dir
 from pronk.control.dead_runs import record_process
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.leap import canary as canaries
 from pronk.leap import sequence as leaps
 from pronk.leap.records import LeapRecord, LeapStore
@@ -25,8 +25,8 @@ from pronk.leap.sequence import LeapFailed, LeapRefused
 from pronk.protocol.lines import ValidRequest
 from pronk.settings import get_settings
 from pronk.stack.prefect_env import show_pronk_logs
+from pronk.tasks.leap import measure_labelled, reload_weights, stage_weights
 from pronk.worker_token import worker_client
-from tasks.leap import measure_labelled, reload_weights, stage_weights
 
 __all__ = ["LeapFailed", "LeapRefused", "leap"]
 
@@ -59,8 +59,8 @@ async def leap(
     settings = get_settings()
     flow_run_id = str(runtime.flow_run.id) if runtime.flow_run.id else None
     try:
-        record = await asyncio.to_thread(leaps.begin, job_id, version, alias, settings, leap_id, flow_run_id)
-        job = (await asyncio.to_thread(get_job, record.job_id, settings)).with_labelled_set(labelled_set)
+        job = (await asyncio.to_thread(resolve_job, job_id, settings)).with_labelled_set(labelled_set)
+        record = await asyncio.to_thread(leaps.begin, job, version, alias, settings, leap_id, flow_run_id)
         lines = await asyncio.to_thread(canaries.labelled_set, job, record, canary, settings)
     except LeapRefused as exc:
         if exc.record is not None:

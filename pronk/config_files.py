@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from pronk.errors import PronkError
+from pronk.pronk_error import PronkError
 
 Model = TypeVar("Model", bound=BaseModel)
 

@@ -16,8 +16,8 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from engine.client import WorkerClient
-from pronk.errors import PronkError
+from pronk.engine.client import WorkerClient
+from pronk.pronk_error import PronkError
 from pronk.settings import Settings
 
 TOKEN_FILE = "worker-token"

@@ -10,8 +10,8 @@ needs, so install it into a venv of its own without them:
     .simvenv/bin/pip install packaging pyyaml pydantic
     PYTHONPATH=. .simvenv/bin/python scripts/sim_timing_table.py --out data/sim/timing/h100-vllm-qwen3-8b.json
 
-The table holds prefill, decode and mixed-step grids (`engine.step_timing.TimingTable`), the anchors the docs quote,
-and how far the interpolated table strays from aisimulate itself on random steps.
+The table holds prefill, decode and mixed-step grids (`pronk.engine.step_timing.TimingTable`), the anchors the docs
+quote, and how far the interpolated table strays from aisimulate itself on random steps.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sys
 from importlib.metadata import version
 from pathlib import Path
 
-from engine.step_timing import StepShape, TimingTable
+from pronk.engine.step_timing import StepShape, TimingTable
 
 PREFILL_REQUESTS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 PREFILL_TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 32768]

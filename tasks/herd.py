@@ -13,6 +13,7 @@ from pronk.herd.apply import apply_changes
 from pronk.herd.profile import job_profile
 from pronk.herd.tracking import log_profile
 from pronk.herd.tuner import Trial
+from pronk.jobs.schema import JobConfig
 from pronk.settings import Settings
 
 
@@ -37,8 +38,12 @@ def herd_trial(label: str, run: Callable[[], Trial]) -> Trial:
 
 
 @task(name="herd-apply", cache_policy=NO_CACHE)
-def apply_winner(job_id: str, changes: dict[str, Any], mlflow_run_id: str, settings: Settings) -> dict[str, Any]:
+def apply_winner(
+    job_file: JobConfig, changes: dict[str, Any], mlflow_run_id: str, settings: Settings
+) -> dict[str, Any]:
     """Record the winner as the job's next configuration version and roll it out."""
-    version, applied = apply_changes(job_id, changes, mlflow_run_id, settings, "herd flow")
-    get_run_logger().info("job %s: configuration version %d applied (%s)", job_id, version.version, applied.mode)
+    version, applied = apply_changes(job_file, changes, mlflow_run_id, settings, "herd flow")
+    get_run_logger().info(
+        "job %s: configuration version %d applied (%s)", job_file.job_id, version.version, applied.mode
+    )
     return {"version": version.version, "mode": applied.mode, "restarted": applied.restarted}

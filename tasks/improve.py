@@ -11,11 +11,12 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from pronk.batches.schemas import LinesChecked
+from pronk.improve import rounds
+from pronk.improve.rounds import ImproveRound
+from pronk.improve.selection import SelectionReport
+from pronk.improve.training_examples import TrainingExample
 from pronk.jobs.schema import ImproveConfig, JobConfig
-from pronk.learn import rounds
-from pronk.learn.rounds import ImproveRound
-from pronk.learn.selection import SelectionReport
-from pronk.learn.training import StepDone, TrainingBudget, TrainingExample, TrainingResult, train
+from pronk.models.training import StepDone, TrainingResult
 from pronk.settings import Settings
 
 
@@ -37,9 +38,7 @@ async def fine_tune(
     on_step: StepDone,
 ) -> TrainingResult:
     """Fine-tune the parent version on the kept transcripts in a niced child process, within the job's budget."""
-    base = await asyncio.to_thread(rounds.base_model_dir, parent_version, settings)
-    out = rounds.checkpoint_dir(round_id, settings)
-    return await asyncio.to_thread(train, base, examples, out, TrainingBudget.of(config), on_step)
+    return await asyncio.to_thread(rounds.fine_tune, round_id, parent_version, examples, config, settings, on_step)
 
 
 @task(cache_policy=NO_CACHE, task_run_name="register-{record.id}")

@@ -12,8 +12,8 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from engine.client import WeightsRefused
 from pronk.batches.schemas import CheckCounts, LinesChecked
+from pronk.engine.client import WeightsRefused
 from pronk.jobs.schema import JobConfig
 from pronk.leap import canary
 from pronk.leap.sequence import LeapRun

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.worker import free_port
+from pronk.engine.worker import free_port
 
 _DATA_DIR = Path(tempfile.mkdtemp(prefix="pronk-test-"))
 os.environ.update(
@@ -41,6 +41,15 @@ get_settings.cache_clear()
 configure_prefect(get_settings())
 
 DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """The tiny model made once for the session's unit tests (its tokenizer's training takes ~10 s): treat it as
+    read-only, copy it to change it."""
+    from pronk.models.tiny_model import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
 @pytest.fixture(scope="session")
@@ -83,9 +92,9 @@ def stack(settings: Settings):
     Stopping it must leave none of the process groups it recorded (vLLM's engine processes included), nor the
     trace-sample drawer its batches started.
     """
+    from pronk.control.trace_sample.lock import running_drawer
     from pronk.stack import embedded
     from pronk.stack.processes import group_members
-    from pronk.stack.trace_sample_lock import running_drawer
 
     try:
         embedded.up(settings, mlflow_ui=False)

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from engine.protocol import StepRequest, StepResult
+from pathlib import Path
+from typing import Any
+
+from pronk.agents.harness import Harness
+from pronk.agents.step_records import StepRecorder
+from pronk.agents.transcripts import TranscriptRecorder
+from pronk.engine.worker_protocol import StepRequest, StepResult
+from pronk.jobs.catalog import resolve_job
+from pronk.settings import get_settings
 
 
 def answered(request: StepRequest, text: str) -> StepResult:
@@ -26,8 +34,8 @@ def announce_worker(settings, job_id: str, model_version: str) -> None:
     """A live worker of `job_id` serving `model_version` in the settings' file registry (no process behind it)."""
     import time
 
-    from engine.protocol import WorkerStats
-    from engine.registry import FileRegistry, WorkerEntry
+    from pronk.engine.registry import FileRegistry, WorkerEntry
+    from pronk.engine.worker_protocol import WorkerStats
 
     FileRegistry(settings.registry_dir).announce(
         WorkerEntry(
@@ -40,3 +48,10 @@ def announce_worker(settings, job_id: str, model_version: str) -> None:
             stats=WorkerStats(worker_id=f"{job_id}-w0", job_id=job_id, model_version=model_version),
         )
     )
+
+
+def tiny_harness(router: Any, scratch: Path, transcripts: TranscriptRecorder | None = None) -> Harness:
+    """A harness of the tiny-cpu job over a stand-in router, its python tool on the session's bubblewrap."""
+    settings = get_settings()
+    job = resolve_job("tiny-cpu", settings)
+    return Harness(router, job, StepRecorder(), scratch, transcripts, sandbox_bwrap=settings.sandbox_bwrap)

@@ -26,8 +26,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.client import WorkerClient
-from engine.tls import verify_context
+from pronk.engine.client import WorkerClient
+from pronk.engine.tls import verify_context
 from pronk.settings import PROJECT_ROOT, Settings
 from pronk.stack.embedded import WORK_POOL
 from pronk.stack.postgres import PREFECT_ON_POSTGRES, PostgresError, find_binaries
@@ -172,7 +172,7 @@ def cluster(data_dir, hosts):
     ok(hosts.run("d", deploy, env, cwd=PROJECT_ROOT))
     worker = [PYTHON, "-m", "prefect", "worker", "start", "--pool", WORK_POOL, "--type", "process"]
     hosts.spawn("d", worker, logs / "prefect-worker.log", env, cwd=PROJECT_ROOT)
-    api_argv = [PYTHON, "-m", "uvicorn", "pronk.api.app:create_app", "--factory", "--host", a]
+    api_argv = [PYTHON, "-m", "uvicorn", "pronk.api.app:from_environment", "--factory", "--host", a]
     api = hosts.spawn("a", [*api_argv, "--port", str(PORTS["api"])], logs / "api.log", env, cwd=PROJECT_ROOT)
     base = f"http://{a}:{PORTS['api']}/v1"
     hosts.call("a", lambda: wait_healthy(f"http://{a}:{PORTS['api']}/health", "pronk API", api, logs / "api.log"))

@@ -17,7 +17,7 @@ def scratch_stack(name: str, **env: str) -> Path:
     ports (Prefect, MLflow's UI, the API), so it never meets a stack already running; `env` adds settings. The stack's
     data dir is `<folder>/data`. The folder lets others pass (0711), as a data dir a user picks does: run as root,
     the stack's PostgreSQL runs as another user, who must reach its cluster, else the stack keeps Prefect on SQLite."""
-    from engine.worker import free_port
+    from pronk.engine.worker import free_port
 
     work = Path(tempfile.mkdtemp(prefix=f"pronk-bench-{name}-"))
     work.chmod(0o711)
@@ -29,13 +29,13 @@ def scratch_stack(name: str, **env: str) -> Path:
 def scratch_stack_for(name: str, job: str, **env: str) -> tuple[Path, Settings, JobConfig]:
     """`scratch_stack` whose default job is `job` (a name or id), with Prefect's settings pointing at its server:
     the folder, the settings and the job, for an experiment that then calls `pronk.stack.embedded.up`."""
-    from pronk.jobs.files import get_job
+    from pronk.jobs.catalog import resolve_job
     from pronk.settings import get_settings
     from pronk.stack.prefect_env import configure_prefect
 
     work = scratch_stack(name, **env)
     get_settings.cache_clear()
-    resolved = get_job(job, get_settings())
+    resolved = resolve_job(job, get_settings())
     os.environ["PRONK_DEFAULT_JOB"] = resolved.job_id
     get_settings.cache_clear()
     settings = get_settings()

@@ -62,14 +62,14 @@ def write_spec(folder: Path, table: Path, args) -> Path:
 
 async def plain_batch(spec_path: Path, folder: Path, tag: str, settings) -> float:
     """The same rows' lines as a batch file, through `run_batch` alone."""
-    from flows.batch import run_batch
     from pronk.enrich.lines import input_file
     from pronk.enrich.spec import load_spec
     from pronk.enrich.table import read_rows
-    from pronk.jobs.files import get_job
+    from pronk.flows.batch import run_batch
+    from pronk.jobs.catalog import resolve_job
 
     spec = load_spec(spec_path)
-    job = get_job(spec.job, settings)
+    job = resolve_job(spec.job, settings)
     rows = read_rows(spec, settings).to_dicts()
     lines = folder / f"lines-{tag}.jsonl"
     lines.write_bytes(input_file(spec, job, [(f"row-{i}", row) for i, row in enumerate(rows)]))
@@ -83,7 +83,7 @@ async def enrich(spec_path: Path, folder: Path, tag: str) -> tuple[float, dict]:
     """The same rows through `enrich_table`, every row new (a fresh results folder)."""
     import yaml
 
-    from flows.enrich import enrich_table
+    from pronk.flows.enrich import enrich_table
 
     spec = yaml.safe_load(spec_path.read_text())
     spec["results"] = str(folder / f"results-{tag}")

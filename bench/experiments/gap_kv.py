@@ -92,7 +92,7 @@ def write_job(folder: Path, kv_mib: int) -> None:
 
 
 async def measure(args, settings) -> list[dict]:
-    from engine.router import Router
+    from pronk.engine.router import Router
     from pronk.worker_registry import worker_registry
     from pronk.worker_token import worker_client
 
@@ -154,7 +154,7 @@ def main() -> None:
     write_job(jobs_dir, args.kv_mib)
     os.environ.update({"PRONK_DATA_DIR": str(data_dir), "PRONK_JOBS_DIR": str(jobs_dir)})
 
-    from pronk.jobs.files import get_job
+    from pronk.jobs.catalog import resolve_job
     from pronk.models.registry import ensure_tiny_model
     from pronk.settings import get_settings
     from pronk.stack.fleet import start_workers, wait_for_workers
@@ -163,7 +163,7 @@ def main() -> None:
     get_settings.cache_clear()
     settings = get_settings()
     ensure_tiny_model(settings)
-    job = get_job(JOB_ID, get_settings())
+    job = resolve_job(JOB_ID, get_settings())
     pids = start_workers(job, settings)
     try:
         wait_for_workers(job, settings, pids)

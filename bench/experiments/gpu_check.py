@@ -33,7 +33,7 @@ from bench.harness.figures import BASELINE, UNTIERED, AgentRun, run_figures
 from bench.harness.pronk_runs import ABLATIONS, bare_loop
 from bench.harness.suite import relabel
 from bench.harness.workload import PROFILES, cache_bounds, generate
-from pronk.jobs.files import load_job_file
+from pronk.jobs.catalog import load_job_file
 from pronk.jobs.schema import JobConfig
 from pronk.settings import PROJECT_ROOT, Settings
 

@@ -36,7 +36,7 @@ from bench.harness.workload import PROFILES, generate
 from pronk.herd.shapes import relabel
 from pronk.herd.trial import Measurement, TrialFleet, replay_sample
 from pronk.herd.tuner import KNOBS, LIVE_KNOBS, TuneConfig, Tuner, run_coroutine
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.jobs.schema import JobConfig
 from pronk.jobs.versions import with_changes
 from pronk.settings import PROJECT_ROOT, Settings, get_settings
@@ -108,7 +108,7 @@ def replay_on(job: JobConfig, shapes, label: str, settings: Settings, config: He
 
 
 def bench_profile(profile: str, config: HerdBenchConfig, settings: Settings, echo=print) -> dict[str, Any]:
-    default = get_job(config.job or PROFILE_JOBS.get(profile, "tiny-cpu"), get_settings(), versions=False)
+    default = resolve_job(config.job or PROFILE_JOBS.get(profile, "tiny-cpu"), get_settings(), versions=False)
     tuner = Tuner(
         default,
         settings,

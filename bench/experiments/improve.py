@@ -71,9 +71,9 @@ def paced_batch(path: Path, model: str) -> Path:
 
 async def run_file(path: Path, job_id: str, model: str, out: Path) -> dict:
     """`path` as an ordinary batch of the job (the run-batch flow, in this process); its batch record."""
-    from flows.batch import run_batch
     from pronk.batches.schemas import Batch
     from pronk.batches.store import BatchStore
+    from pronk.flows.batch import run_batch
     from pronk.settings import get_settings
 
     record = Batch(input_file_id=str(path), job_id=job_id, model=model)
@@ -104,7 +104,7 @@ def versions_in_output(batch: dict) -> list[str]:
 def training_started(settings, since: float) -> bool:
     """Whether a round begun after `since` has reached its training (its record in the round store says so)."""
     from pronk import storage
-    from pronk.learn.rounds import ImproveRound, RoundStore
+    from pronk.improve.rounds import ImproveRound, RoundStore
 
     root = RoundStore(settings).root
     for name in storage.list_names(root, settings):
@@ -117,7 +117,7 @@ def training_started(settings, since: float) -> bool:
 
 async def improve_with_a_batch(job_id: str, rounds: int, seed: int, work: Path, model: str) -> tuple[list, dict]:
     """The improve flow, and the paced batch started once its first round trains."""
-    from flows.improve import improve
+    from pronk.flows.improve import improve
     from pronk.settings import get_settings
 
     settings = get_settings()
@@ -289,12 +289,12 @@ def main(argv: list[str] | None = None) -> None:
 
     settings = get_settings()
     configure_prefect(settings)  # before anything imports prefect, which reads its settings once, on import
-    from flows.leap import leap
-    from pronk.jobs.files import get_job
-    from pronk.learn.rounds import served_version
+    from pronk.flows.leap import leap
+    from pronk.improve.rounds import served_version
+    from pronk.jobs.catalog import resolve_job
     from pronk.stack import embedded as stack
 
-    job = get_job(args.job, settings)
+    job = resolve_job(args.job, settings)
     labelled = PROJECT_ROOT / str(job.quality.labelled_set)
     usd_per_s = job.workers * job.worker_hour_price / 3600
     seeds: list[dict] = []

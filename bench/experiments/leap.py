@@ -78,12 +78,12 @@ def register_versions(settings, hidden: int) -> dict[str, tuple[int, int]]:
     """(v1, v2) per model kind; v1 carries the alias `live`."""
     import shutil
 
-    from pronk.models.finetune import FinetuneConfig, finetune
     from pronk.models.registry import ensure_tiny_model, register_model_dir, set_alias
+    from pronk.models.tiny_finetune import finetune
     from pronk.models.versions import upload_checkpoint
 
     tiny_v1 = ensure_tiny_model(settings)
-    tiny_v2 = finetune(FinetuneConfig(source=f"models:/pronk-tiny/{tiny_v1}"), settings).version
+    tiny_v2 = finetune(settings, f"models:/pronk-tiny/{tiny_v1}").version
     build = settings.data_dir / "build"
     large_v1 = register_model_dir(make_large_model(build / "large-1", hidden, 0), "pronk-large", settings=settings)
     set_alias("pronk-large", "live", large_v1, settings)
@@ -110,7 +110,7 @@ def disk_read_seconds(directory: Path) -> tuple[int, float]:
 
 def switch_times(job_id: str, versions: tuple[int, int], rounds: int) -> dict[str, float]:
     """Leap v1 → v2 → v1 `rounds` times; medians of fleet switch time and per-worker paused → serving time."""
-    from flows.leap import leap
+    from pronk.flows.leap import leap
 
     switches, reloads, stages, flows = [], [], [], []
     for _ in range(rounds):
@@ -130,9 +130,9 @@ def switch_times(job_id: str, versions: tuple[int, int], rounds: int) -> dict[st
 
 async def _stream(job_id: str, settings, requests: int, leap_version: int | None) -> dict[str, float]:
     """`requests` greedy steps of 64 tokens at concurrency 32 through the router; optionally a Leap after a quarter."""
-    from engine.protocol import SamplingSpec, StepRequest
-    from engine.router import Router
-    from flows.leap import leap
+    from pronk.engine.router import Router
+    from pronk.engine.worker_protocol import SamplingSpec, StepRequest
+    from pronk.flows.leap import leap
     from pronk.worker_token import worker_client
 
     router = Router(job_id, worker_registry(settings), client=worker_client(settings))
@@ -192,7 +192,7 @@ def throughput_dip(
 
 
 async def _back_to(job_id: str, version: int) -> None:
-    from flows.leap import leap
+    from pronk.flows.leap import leap
 
     await leap(job_id=job_id, version=version)
 
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
 
     settings = get_settings()
     configure_prefect(settings)
-    from pronk.jobs.files import get_job
+    from pronk.jobs.catalog import resolve_job
     from pronk.models.registry import resolve_model
     from pronk.stack import embedded as stack
     from pronk.stack.processes import stop
@@ -288,13 +288,13 @@ def main(argv: list[str] | None = None) -> None:
     state: dict[str, int] = {}
     try:
         state.update(stack.up(settings, "bench-tiny", mlflow_ui=False, deploy=False, api=False, supervise=False))
-        tiny = get_job("bench-tiny", get_settings())
+        tiny = resolve_job("bench-tiny", get_settings())
         dip = throughput_dip(tiny.job_id, settings, versions["tiny"], args.requests, args.rounds)
         rows["tiny"] = switch_times(tiny.job_id, versions["tiny"], args.rounds)
         redeploy = redeploy_seconds(tiny, settings, state)
         for name in [n for n in state if n.startswith(tiny.job_id)]:
             stop(state.pop(name))
-        large = get_job("bench-large", get_settings())
+        large = resolve_job("bench-large", get_settings())
         stack.start_job(large, settings, state)
         rows["large"] = switch_times(large.job_id, versions["large"], args.rounds)
     finally:

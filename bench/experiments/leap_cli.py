@@ -91,8 +91,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     work = scratch_stack("leap-cli", PRONK_DEFAULT_JOB=JOB, MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR="false")
-    from pronk.models.finetune import FinetuneConfig, finetune
     from pronk.models.registry import TINY_MODEL_NAME, alias_version
+    from pronk.models.tiny_finetune import finetune
     from pronk.settings import get_settings
     from pronk.stack import embedded as stack
 
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         stack.up(settings, JOB)
         v1 = alias_version(TINY_MODEL_NAME, "live", settings)
-        v2 = finetune(FinetuneConfig(), settings).version
+        v2 = finetune(settings).version
         load = os.getloadavg()
         runs = [timed_leap(pronk, (v2, v1)[i % 2]) for i in range(args.switches)]
     finally:

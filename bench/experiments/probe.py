@@ -50,8 +50,8 @@ from bench.harness.figures import BATCH, FULL, AgentRun, over_limit, run_figures
 from bench.harness.fleet import CPU_BLOCK_SIZE, capacity_limit, limit_run, pronk_fleet
 from bench.harness.suite import relabel
 from bench.harness.workload import cache_bounds, generate
-from engine.protocol import WorkerStats
-from pronk.jobs.files import get_job
+from pronk.engine.worker_protocol import WorkerStats
+from pronk.jobs.catalog import resolve_job
 from pronk.jobs.schema import JobConfig
 from pronk.settings import Settings, get_settings
 from pronk.stack.prefect_env import configure_prefect
@@ -119,7 +119,7 @@ def cpu_by_role() -> dict[str, float]:
 
 
 TIER_FIGURES = ("lookup_tokens", "hit_tokens", "loaded_tokens", "stores", "store_seconds", "loads", "load_seconds")
-"""The KV host tier's counts a round reports (`engine.protocol.HostTierStats`), summed over the workers."""
+"""The KV host tier's counts a round reports (`pronk.engine.worker_protocol.HostTierStats`), summed over the workers."""
 
 
 async def tier_totals(job: JobConfig, settings: Settings) -> dict[str, float] | None:
@@ -215,7 +215,7 @@ def main() -> None:
 
     settings = Settings()
     configure_prefect(settings)  # the batch flow reports to the stack's Prefect server, as in `make bench`
-    job = get_job(args.job, get_settings())
+    job = resolve_job(args.job, get_settings())
     with pronk_fleet(settings, job):
         if args.setup == BATCH:  # as `make bench` does before its rounds
             warm = relabel(generate(args.profile, -1, 2).shapes, f"warm-{time.time():.0f}")

@@ -9,7 +9,7 @@ the model with exact lengths, append its output, wait out the tool gap, fan out)
   chat messages on `/v1/chat/completions` with its JSON schema as `response_format` (the agent harness's steps).
 - `RouterClient`: the same requests to a vllm-router in front of those servers (`bench.harness.peer`), which picks
   the server.
-- `engine.router.Router`: pronk's workers with the job's routing policy and gap-KV pin, no Prefect.
+- `pronk.engine.router.Router`: pronk's workers with the job's routing policy and gap-KV pin, no Prefect.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-from engine.http_transport import many_requests_client
-from engine.protocol import StepRequest, StepResult
-from engine.tls import verify_context
 from pronk.agents.replay import TraceRecord, run_shape
 from pronk.agents.tool_gaps import ToolGaps
+from pronk.engine.http_transport import many_requests_client
+from pronk.engine.tls import verify_context
+from pronk.engine.worker_protocol import StepRequest, StepResult
 from pronk.protocol.shapes import TraceShape
 
 
@@ -35,7 +35,7 @@ class OpenAIServers:
         self.urls = urls
         self.model = model
         self._next = itertools.cycle(range(len(urls)))
-        # The client pronk's workers are called by (`engine.client`): the two loops pay the same CPU a request.
+        # The client pronk's workers are called by (`pronk.engine.client`): the two loops pay the same CPU a request.
         self._http = many_requests_client(600.0, verify_context(None))
 
     async def finish(self, trace_id: str) -> None:

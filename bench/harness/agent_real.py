@@ -54,13 +54,13 @@ from bench.harness.report import (
     text_table,
 )
 from bench.harness.workload import LABELLED_PROFILES, LabelledProfile, labelled_traces, relabelled
-from engine.router import Router
 from pronk.agents.harness import Harness, job_router
 from pronk.agents.step_records import StepRecord, StepRecorder, record_order, steps_ndjson
 from pronk.batches.labelled import check_lines, labelled_lines
+from pronk.engine.router import Router
 from pronk.herd.profile import scan_steps
 from pronk.herd.shapes import shapes_from_steps
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.jobs.schema import JobConfig
 from pronk.protocol.lines import ValidRequest
 from pronk.protocol.shapes import TraceShape
@@ -92,7 +92,7 @@ class RealBench:
     def __init__(self, config: BenchConfig, settings: Settings):
         self.config = config
         self.settings = settings
-        self.job: JobConfig = get_job(config.job, get_settings())
+        self.job: JobConfig = resolve_job(config.job, get_settings())
         self.profile: LabelledProfile = LABELLED_PROFILES[config.profile]
         self.lines = labelled_lines(self.job, settings)
         self.work = config.work_dir
@@ -114,7 +114,7 @@ class RealBench:
     ) -> CheckedRun:
         """`lines` through pronk's harness over `router`, every answer checked, the engines' load sampled through it
         (`loads`); the router is closed after."""
-        harness = Harness(router, self.job, StepRecorder(), scratch)
+        harness = Harness(router, self.job, StepRecorder(), scratch, sandbox_bwrap=self.settings.sandbox_bwrap)
         started = time.monotonic()
         try:
             checked, samples = await pronk_runs.sampling(check_lines(lines, harness), loads)

@@ -1,7 +1,7 @@
 """The setup a user would pick today: stock vLLM processes with the job's model and engine args.
 
 `VllmServers` starts N `python -m vllm.entrypoints.openai.api_server` processes, each pinned to
-the same cores pronk's worker of that index gets (`engine.worker.cores_for`), with the job's engine
+the same cores pronk's worker of that index gets (`pronk.engine.worker.cores_for`), with the job's engine
 args, prefix caching on and the same KV cache size; servers a vllm-router sits in front of (the peers,
 `bench.harness.peer`) also get what it needs. `run_vllm_batch` runs vLLM's own offline
 `python -m vllm.entrypoints.openai.run_batch` on a batch file, pinned to the fleet's cores.
@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.kv_tier import host_tier_config
-from engine.worker import COMPACT_JSON_OUTPUTS, cores_for, free_port
+from pronk.engine.kv_tier import host_tier_config
+from pronk.engine.worker import COMPACT_JSON_OUTPUTS, cores_for, free_port
 from pronk.jobs.schema import JobConfig
 from pronk.stack.processes import spawn, stop, wait_healthy
 
@@ -67,10 +67,10 @@ def engine_flags(job: JobConfig) -> list[str]:
 
 def pinned(argv: list[str], cores: list[int]) -> tuple[list[str], dict[str, str]]:
     """`argv` under `taskset` on `cores`, with vLLM's OpenMP threads bound to the same cores, and the model run in
-    EngineCore's process as pronk's CPU workers run it (`engine.worker.run_model_in_engine_process`). EngineCore stays
-    a process of its own either way (an API server's `AsyncLLM` always starts one); without the setting, vLLM's CPU
-    platform spawns one more process per engine to run the model, whose IPC hop costs ~20% of decode here, and the
-    comparison would measure that instead of the scheduling."""
+    EngineCore's process as pronk's CPU workers run it (`pronk.engine.worker.run_model_in_engine_process`).
+    EngineCore stays a process of its own either way (an API server's `AsyncLLM` always starts one); without the
+    setting, vLLM's CPU platform spawns one more process per engine to run the model, whose IPC hop costs ~20% of
+    decode here, and the comparison would measure that instead of the scheduling."""
     listed = ",".join(str(c) for c in cores)
     return ["taskset", "-c", listed, *argv], {
         "VLLM_CPU_OMP_THREADS_BIND": listed,

@@ -15,7 +15,7 @@ from pathlib import Path
 from bench.harness import offline_limit
 from bench.harness.baseline import stock_host_tier
 from bench.harness.figures import COMPUTE_LIMIT, LIMIT, AgentRun
-from engine.worker import cores_for
+from pronk.engine.worker import cores_for
 from pronk.jobs.schema import JobConfig
 from pronk.protocol.shapes import TraceShape
 from pronk.settings import Settings

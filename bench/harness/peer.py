@@ -34,7 +34,7 @@ from pathlib import Path
 
 from bench.harness.agent_loop import RouterClient
 from bench.harness.figures import CACHE_AWARE, STICKY
-from engine.worker import free_port
+from pronk.engine.worker import free_port
 from pronk.stack.processes import spawn, stop, wait_healthy
 
 

@@ -1,6 +1,6 @@
 """pronk's side of the benchmark: a bare asyncio loop over its workers, its batch flow, and Prefect's lag.
 
-The bare loop runs the same replay loop as the baseline, through `engine.router.Router` with the
+The bare loop runs the same replay loop as the baseline, through `pronk.engine.router.Router` with the
 job's routing policy, so setups differ only in the mechanism switched on (`ABLATIONS`: pins, admission,
 priority), and the difference between the full one and the batch flow on the same shapes is what the
 orchestration (Prefect flow and task runs, batch records, step records, result files) costs.
@@ -25,9 +25,9 @@ import psutil
 
 from bench.harness.agent_loop import ReplayResult, replay
 from bench.harness.figures import FULL, AgentRun, EngineLoad, worker_moves
-from engine.protocol import StepRequest, StepResult, WorkerStats
-from engine.registry import WorkerEntry
 from pronk.agents.tool_gaps import ToolGaps
+from pronk.engine.registry import WorkerEntry
+from pronk.engine.worker_protocol import StepRequest, StepResult, WorkerStats
 from pronk.jobs.schema import JobConfig
 from pronk.protocol.bodies import REPLAY_URL
 from pronk.protocol.shapes import TraceShape
@@ -73,7 +73,7 @@ class OneOrder:
 
 
 def pronk_router(job: JobConfig, settings: Settings, admission: str | None = None):
-    from engine.router import Router
+    from pronk.engine.router import Router
     from pronk.worker_token import worker_client
 
     return Router(
@@ -299,10 +299,10 @@ DRAWER_WAIT_S = 300.0
 
 def wait_for_trace_drawer(settings: Settings, timeout_s: float = DRAWER_WAIT_S) -> float:
     """Wait until no trace-sample drawer runs; the seconds waited. The batch flow leaves its trace sample to a process
-    of its own (`pronk.control.trace_sample`) that imports Prefect and MLflow and draws task runs once the flow run
-    has ended: off the flow's path by design, but on the cores the next setup's engines would use, so the setup
+    of its own (`pronk.control.trace_sample.drawer`) that imports Prefect and MLflow and draws task runs once the flow
+    run has ended: off the flow's path by design, but on the cores the next setup's engines would use, so the setup
     after the batch flow starts only once it is done."""
-    from pronk.stack.trace_sample_lock import running_drawer
+    from pronk.control.trace_sample.lock import running_drawer
 
     started = time.monotonic()
     while running_drawer(settings) is not None and time.monotonic() - started < timeout_s:
@@ -321,7 +321,7 @@ def warm_batch_flow(shapes: list[TraceShape], job: JobConfig, settings: Settings
 
 async def run_batch_file(input_path: Path, job: JobConfig, out_dir: Path) -> tuple[dict, float, float]:
     """pronk's batch flow on a file, in this process like `pronk batch run`: (batch, wall s, Prefect lag s)."""
-    from flows.batch import run_batch
+    from pronk.flows.batch import run_batch
 
     started = time.monotonic()
     batch = await run_batch(input_uri=str(input_path.resolve()), job_id=job.job_id, output_dir=str(out_dir.resolve()))

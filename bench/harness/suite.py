@@ -57,7 +57,7 @@ from bench.harness.peer import VllmRouter
 from bench.harness.pronk_runs import ABLATIONS
 from bench.harness.report import record, run_meta
 from bench.harness.workload import LABELLED_PROFILES, Workload, cache_bounds, generate, write_single_step_file
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.jobs.schema import JobConfig
 from pronk.protocol.shapes import TraceShape
 from pronk.settings import Settings
@@ -79,7 +79,7 @@ class Bench:
     def __init__(self, config: BenchConfig, settings: Settings):
         self.config = config
         self.settings = settings
-        self.job: JobConfig = get_job(config.job, settings)
+        self.job: JobConfig = resolve_job(config.job, settings)
         self.concurrency = (
             self.job.scheduling.max_concurrency
         )  # what pronk's batch keeps in flight; every setup gets the same

@@ -20,8 +20,8 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from engine.protocol import ChatMessage, StepRequest, StepResult
 from pronk.agents.tool_calls import parse_call, step_schema, system_prompt
+from pronk.engine.worker_protocol import ChatMessage, StepRequest, StepResult
 from pronk.protocol.bodies import ChatCompletionBody, NamedToolChoice, ToolSpec
 from pronk.protocol.ids import new_id
 

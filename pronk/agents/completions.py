@@ -5,12 +5,12 @@ Prefect-free, so the batch flow and the benchmarks' bare asyncio loop run exactl
 
 from __future__ import annotations
 
-from engine.client import ContextTooLong, StepRejected
-from engine.protocol import SamplingSpec, StepRequest, StepResult
-from engine.router import NoWorkerAvailable, Router
 from pronk.agents.client_tools import NotACall, client_tool_step, read_step
 from pronk.agents.outcomes import Completion, LineFailure, RequestOutcome, Usage
 from pronk.agents.step_records import StepRecord, StepRecorder
+from pronk.engine.client import ContextTooLong, StepRejected
+from pronk.engine.router import NoWorkerAvailable, Router
+from pronk.engine.worker_protocol import SamplingSpec, StepRequest, StepResult
 from pronk.jobs.schema import JobConfig
 from pronk.protocol.bodies import ChatCompletionBody
 from pronk.protocol.error_codes import ErrorCode

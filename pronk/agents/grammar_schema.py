@@ -1,6 +1,6 @@
 """A tool's JSON schema as the engine's grammar can hold it.
 
-Workers constrain a step with xgrammar (`engine.worker.COMPACT_JSON_OUTPUTS`), and vLLM refuses the whole request
+Workers constrain a step with xgrammar (`pronk.engine.worker.COMPACT_JSON_OUTPUTS`), and vLLM refuses the whole request
 when its schema has a keyword xgrammar cannot enforce (`multipleOf`, `uniqueItems`, a `format` it does not know, a
 string's `pattern` or `format` beside a length bound, a multi-branch `allOf`, some `propertyNames` and
 `patternProperties` pairings) or a `$ref` it cannot resolve. OpenAI takes all of these in a tool's `parameters`, and

@@ -19,9 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.client import ContextTooLong, StepRejected
-from engine.protocol import ChatMessage, SamplingSpec, StepRequest, StepResult
-from engine.router import NoWorkerAvailable, Router
 from pronk import paths
 from pronk.agents.client_tools import is_client_line
 from pronk.agents.completions import engine_error_code, failed_outcome, run_request
@@ -33,8 +30,11 @@ from pronk.agents.tool_gaps import ToolGaps
 from pronk.agents.tools import SPAWN_SUBAGENTS, job_tools, run_tool
 from pronk.agents.tools.base import Tool, ToolContext
 from pronk.agents.transcripts import Transcript, TranscriptRecorder
-from pronk.errors import PronkError
+from pronk.engine.client import ContextTooLong, StepRejected
+from pronk.engine.router import NoWorkerAvailable, Router
+from pronk.engine.worker_protocol import ChatMessage, SamplingSpec, StepRequest, StepResult
 from pronk.jobs.schema import HarnessConfig, JobConfig
+from pronk.pronk_error import PronkError
 from pronk.protocol.bodies import ChatCompletionBody, NamedToolChoice, ReplayBody
 from pronk.protocol.error_codes import ErrorCode
 from pronk.protocol.ids import new_id
@@ -138,13 +138,18 @@ class Harness:
         recorder: StepRecorder,
         scratch_root: Path,
         transcripts: TranscriptRecorder | None = None,
+        *,
+        sandbox_bwrap: str,
     ):
         self.router = router
         self.job = job
         self.recorder = recorder
         self.scratch_root = scratch_root
         self.transcripts = transcripts
-        self.tools = job_tools(job)
+        self.sandbox_bwrap = sandbox_bwrap
+        """The bubblewrap binary the python tool (and a line's Python check) isolates code with (the settings'
+        `sandbox_bwrap`, handed down by whoever builds the harness)."""
+        self.tools = job_tools(job, sandbox_bwrap)
         self.gaps = ToolGaps(job.scheduling.kv_pin_ttl_s) if job.scheduling.kv_pin_ttl == "auto" else None
 
     async def run_line(self, request: ValidRequest) -> RequestOutcome:
@@ -168,12 +173,12 @@ class Harness:
         return await run_request(self.router, request, body, self.job, self.recorder)
 
     async def run_replay(self, request: ValidRequest, body: ReplayBody) -> RequestOutcome:
-        ttl = self.job.scheduling.kv_pin_ttl_s if body.kv_pin_ttl_s is None else body.kv_pin_ttl_s
+        kv_pin_ttl_s = self.job.scheduling.kv_pin_ttl_s if body.kv_pin_ttl_s is None else body.kv_pin_ttl_s
         try:
             trace = await run_shape(
                 self.router,
                 body.shape,
-                kv_pin_ttl_s=ttl,
+                kv_pin_ttl_s=kv_pin_ttl_s,
                 recorder=self.recorder,
                 custom_id=request.custom_id,
                 trace_id=request.custom_id,

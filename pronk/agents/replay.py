@@ -19,10 +19,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.protocol import SamplingSpec, StepRequest
-from engine.router import Router
 from pronk.agents.step_records import StepRecord, StepRecorder, TraceSummary, summarise
 from pronk.agents.tool_gaps import ToolGaps
+from pronk.engine.router import Router
+from pronk.engine.worker_protocol import SamplingSpec, StepRequest
 from pronk.protocol.ids import new_id
 from pronk.protocol.shapes import TraceShape
 
@@ -83,11 +83,11 @@ async def run_shape(
 
 @dataclass(slots=True)
 class _PinTtl:
-    fixed_s: float
+    kv_pin_ttl_s: float
     gaps: ToolGaps | None
 
     def for_gap(self, kind: str) -> float:
-        return self.gaps.ttl([kind]) if self.gaps is not None and self.fixed_s > 0 else self.fixed_s
+        return self.gaps.ttl([kind]) if self.gaps is not None and self.kv_pin_ttl_s > 0 else self.kv_pin_ttl_s
 
 
 async def _replay(router, shape, trace_id, root_id, parent_id, prefix, record, recorder, custom_id, ttl, scale) -> None:

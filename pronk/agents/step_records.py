@@ -1,7 +1,7 @@
 """Step records: one row per model step (and per retried attempt) of every trace, as NDJSON beside the outputs.
 
 The file `<batch id>_steps.jsonl` reads straight into polars (`pl.read_ndjson`). Each trace's
-rows are also summarised in its output line, and a run's sampled traces (`pronk.agents.trace_dag`)
+rows are also summarised in its output line, and a run's sampled traces (`pronk.control.trace_sample.dag`)
 are logged to MLflow as one trace per root trace with agent, LLM and tool spans.
 """
 
@@ -19,8 +19,8 @@ import polars as pl
 from pydantic import computed_field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from engine.protocol import StepResult
 from pronk import storage
+from pronk.engine.worker_protocol import StepResult
 from pronk.settings import Settings
 
 

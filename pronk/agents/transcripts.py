@@ -3,7 +3,7 @@
 A transcript's messages are the last step's prompt (the harness's system prompt listing the tools, the line's own
 messages, every assistant tool call and tool result) followed by the model's last output, so rendering them with
 the model's chat template gives the text the worker served, token for token. This is what improving the weights
-trains on (`pronk.learn`): a passed trace kept whole. Opt-in: a `Harness` given no `TranscriptRecorder` keeps none.
+trains on (`pronk.improve`): a passed trace kept whole. Opt-in: a `Harness` given no `TranscriptRecorder` keeps none.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ from typing import Any
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from pronk.api.errors import error_response
-from pronk.errors import PronkError
+from pronk.api.error_responses import error_response
+from pronk.pronk_error import PronkError
 from pronk.settings import Settings
 
 UPLOAD_PATH = "/v1/files"

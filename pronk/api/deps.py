@@ -8,11 +8,10 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from pronk.api.errors import ApiError
+from pronk.api.error_responses import ApiError
 from pronk.api.idempotency import IdempotencyKeys
 from pronk.api.keys import ApiKeyStore
-from pronk.api.run_starts import RunStarts
-from pronk.batches.files import FileStore
+from pronk.batches.file_store import FileStore
 from pronk.batches.store import BatchStore
 from pronk.settings import Settings
 from pronk.stack.deployments import DeploymentStarter
@@ -41,10 +40,6 @@ def get_runs(request: Request) -> DeploymentStarter:
     return request.app.state.runs
 
 
-def get_run_starts(request: Request) -> RunStarts:
-    return request.app.state.run_starts
-
-
 def get_idempotency(request: Request) -> IdempotencyKeys:
     return request.app.state.idempotency
 
@@ -54,9 +49,8 @@ FilesDep = Annotated[FileStore, Depends(get_files)]
 BatchesDep = Annotated[BatchStore, Depends(get_batches)]
 KeysDep = Annotated[ApiKeyStore, Depends(get_keys)]
 RunsDep = Annotated[DeploymentStarter, Depends(get_runs)]
-"""Starts Prefect deployment runs: batch runs and Leaps (`pronk.api.runs`)."""
-RunStartsDep = Annotated[RunStarts, Depends(get_run_starts)]
-"""Starts batch runs in the background, a few at a time, with retries (`pronk.api.run_starts`)."""
+"""Starts Prefect deployment runs: the batch queue's drainers, resumed batch runs (`pronk.api.batches.flow_runs`) and
+Leaps (`pronk.api.weights.serving`)."""
 IdempotencyDep = Annotated[IdempotencyKeys, Depends(get_idempotency)]
 
 _bearer = HTTPBearer(auto_error=False, description="An API key from `pronk keys create` (when PRONK_API_AUTH=true).")

@@ -19,7 +19,7 @@ from contextlib import asynccontextmanager
 from pydantic import BaseModel
 
 from pronk import storage
-from pronk.api.errors import ApiError
+from pronk.api.error_responses import ApiError
 from pronk.settings import Settings
 
 HEADER = "Idempotency-Key"

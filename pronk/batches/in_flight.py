@@ -8,7 +8,7 @@ every engine `max_num_seqs` requests to run, a run needs `workers x max_num_seqs
 step's engine time includes its wait for admission and in vLLM's queue, so an overloaded fleet measures longer steps
 and the target falls: the estimate corrects itself. Each line also holds KV while it is in flight (its context
 through every step and the tool gap after it): the target is capped by what the workers' KV room holds, device
-cache and host tier together (their admission budgets, `engine.admission`), over the KV a line keeps on average,
+cache and host tier together (their admission budgets, `pronk.engine.admission`), over the KV a line keeps on average,
 and by the job's `concurrency_ceiling`.
 
 The measure is the last `WINDOW` finished lines of the run; until `MIN_LINES` have finished, the Herd's profile of
@@ -27,9 +27,9 @@ from contextlib import suppress
 from dataclasses import dataclass
 from types import TracebackType
 
-from engine.registry import WorkerEntry
 from pronk.agents.step_records import StepRecord
 from pronk.batches.schemas import InFlightPoint
+from pronk.engine.registry import WorkerEntry
 from pronk.jobs.schema import JobConfig
 
 WINDOW = 64

@@ -11,8 +11,8 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from pronk.agents.validation import check_tools
-from pronk.errors import PronkError
 from pronk.jobs.schema import JobConfig
+from pronk.pronk_error import PronkError
 from pronk.protocol.bodies import REPLAY_URL, SERVED_URLS, ChatCompletionBody, ReplayBody
 from pronk.protocol.checks import Check
 from pronk.protocol.error_codes import ErrorCode
@@ -181,9 +181,9 @@ def _length_problem(
 def _agent_problem(body: ChatCompletionBody | ReplayBody, job: JobConfig) -> tuple[str, str] | None:
     if not isinstance(body, ChatCompletionBody) or body.tools is None:
         return None
-    from pronk.agents.tools import job_tools
+    from pronk.agents.tools import tool_names
 
-    return check_tools(body.tools, body.tool_choice, body.harness, job, set(job_tools(job)))
+    return check_tools(body.tools, body.tool_choice, body.harness, job, tool_names(job))
 
 
 def split_lines(data: bytes) -> Iterator[tuple[int, bytes]]:

@@ -14,7 +14,6 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from engine.registry import WorkerEntry
 from pronk import storage
 from pronk.agents.checks import run_check
 from pronk.agents.harness import Harness
@@ -26,8 +25,9 @@ from pronk.agents.transcripts import Transcript
 from pronk.batches.in_flight import InFlight
 from pronk.batches.input import validate_input
 from pronk.batches.schemas import CheckCounts, LinesChecked
-from pronk.errors import PronkError
+from pronk.engine.registry import WorkerEntry
 from pronk.jobs.schema import JobConfig
+from pronk.pronk_error import PronkError
 from pronk.protocol.checks import CheckResult, PythonCheck
 from pronk.protocol.lines import ValidRequest
 from pronk.settings import Settings
@@ -98,7 +98,12 @@ def labelled_lines(job: JobConfig, settings: Settings, uri: str | None = None) -
     uri = uri or job.quality.labelled_set
     if uri is None:
         raise LabelledSetError(f"job {job.job_id} has no quality.labelled_set")
-    validated = validate_input(_addressed_to(read_labelled_set(uri, settings), job), job)
+    return labelled_requests(read_labelled_set(uri, settings), job, uri)
+
+
+def labelled_requests(data: bytes, job: JobConfig, uri: str) -> list[ValidRequest]:
+    """The lines of the labelled set `uri` (its bytes `data`, read by the caller), validated for the job."""
+    validated = validate_input(_addressed_to(data, job), job)
     if validated.errors:
         first = validated.errors[0].error
         raise LabelledSetError(f"labelled set {uri}: {first.message if first else 'an invalid line'}")
@@ -131,7 +136,7 @@ async def check_lines(
     if progress is not None:
         progress.total += len(lines)
     predicates = any(isinstance(r.check, PythonCheck) for r in lines)
-    python = PythonTool(harness.job.tools.python) if predicates else None
+    python = PythonTool(harness.job.tools.python, harness.sandbox_bwrap) if predicates else None
     in_flight = InFlight(harness.job)
 
     def live_workers() -> list[WorkerEntry]:

@@ -1,4 +1,5 @@
-"""A line's typed outcome made into its OpenAI output or error line: the one builder of response bodies.
+"""A line's typed outcome made into its OpenAI output or error line (the one builder of response bodies), and into
+its row of the per-trace table (`trace_row`, persisted with the line, shown by `pronk.control.trace_sample.drawer`).
 
 Chat and agent lines get a `chat.completion` body, replay lines a `pronk.replay` object; both carry
 OpenAI's `usage` and a `pronk` object (model version, worker, and for traces the trace summary).
@@ -60,3 +61,23 @@ def output_line(outcome: RequestOutcome) -> OutputLine:
     return OutputLine(
         custom_id=outcome.custom_id, response=ResponseEnvelope(status_code=200, request_id=result.request_id, body=body)
     )
+
+
+def trace_row(outcome: RequestOutcome) -> dict[str, object]:
+    """A line's row of the per-trace table: its final state, as the Prefect UI shows it."""
+    result = outcome.result
+    if isinstance(result, LineFailure):
+        return {"custom_id": outcome.custom_id, "state": "error", "finish_reason": result.code, "steps": 0}
+    trace = result.summary
+    calls = trace.tool_call_counts if trace else None
+    return {
+        "custom_id": outcome.custom_id,
+        "state": "completed",
+        "finish_reason": "replayed" if result.kind == "replay" else result.finish_reason,
+        "steps": trace.steps if trace else 1,
+        "traces": trace.traces if trace else 1,
+        "tool_calls": sum(trace.tool_calls.values()) if trace else 0,
+        "tool_calls_valid": f"{calls.valid}/{calls.total}" if calls and calls.total else "",
+        "workers": ",".join(trace.workers if trace else [result.worker_id]),
+        "cached_ratio": trace.cached_ratio if trace else None,
+    }

@@ -14,23 +14,22 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Literal
 
-from engine.registry import WorkerEntry
 from pronk import storage
 from pronk.agents.checks import run_check
 from pronk.agents.harness import Harness
 from pronk.agents.outcomes import Completion, LineFailure, RequestOutcome
 from pronk.agents.step_records import StepRecord, ToolCallCounts, record_order, steps_ndjson
 from pronk.agents.tools.python_exec import PythonTool
-from pronk.batches.files import FileStore
+from pronk.batches.file_store import FileStore
 from pronk.batches.in_flight import InFlight, LineLoad
 from pronk.batches.input import BatchInputError, InputLimits, ValidatedInput, validate_input
-from pronk.batches.outputs import output_line
+from pronk.batches.outputs import output_line, trace_row
 from pronk.batches.results import FinishedLine, ResultParts, RunRecord, jsonl, new_run_tag
 from pronk.batches.schemas import TERMINAL_STATUSES, Batch, BatchErrorData, BatchErrors, BatchUsage, CheckCounts
 from pronk.batches.store import BatchStore
-from pronk.batches.traces import trace_row
-from pronk.jobs.files import get_job
+from pronk.engine.registry import WorkerEntry
 from pronk.jobs.schema import JobConfig
+from pronk.pronk_error import PronkError
 from pronk.protocol.checks import CheckResult
 from pronk.protocol.error_codes import ErrorCode
 from pronk.protocol.ids import new_id
@@ -40,6 +39,11 @@ from pronk.settings import Settings
 logger = logging.getLogger(__name__)
 
 StopReason = Literal["cancelled", "expired", "failed"]
+
+
+class BatchFailed(PronkError, RuntimeError):
+    """The batch ended `failed` (its input could not be used); its record says why."""
+
 
 # Cancellation and expiry are cooperative: the run stops starting requests, lets those in flight
 # finish, and writes one error line per request it never started. `failed`: the run ended without
@@ -141,9 +145,8 @@ class BatchRun:
         self.unstarted: list[ValidRequest] = []
         self.prior_worker_seconds = prior_worker_seconds
         self.started = time.monotonic()
-        predicates = any(r.check is not None and r.check.type == "python" for r in requests)
-        self.python = PythonTool(job.tools.python) if predicates else None
-        """Runs the lines' Python predicates in the python tool's sandbox, with the job's limits."""
+        self.predicates = any(r.check is not None and r.check.type == "python" for r in requests)
+        """Whether any line's check is a Python predicate, run in the python tool's sandbox with the job's limits."""
         self.recount()
 
     @classmethod
@@ -197,6 +200,8 @@ class BatchRun:
         def live_workers() -> list[WorkerEntry]:
             return harness.router.workers()
 
+        python = PythonTool(self.job.tools.python, harness.sandbox_bwrap) if self.predicates else None
+
         async def one(request: ValidRequest) -> None:
             async with self.in_flight.slots:
                 if self.stop_reason is not None:
@@ -212,7 +217,7 @@ class BatchRun:
                 self.in_flight.observe(steps, live_workers)
                 self.batch.in_flight = list(self.in_flight.points)
                 answer = outcome.result.text if isinstance(outcome.result, Completion) else None
-                checked = await run_check(request.check, answer, self.python)
+                checked = await run_check(request.check, answer, python)
                 self.record(outcome, steps, checked)
 
         self.in_flight.retarget(live_workers)
@@ -379,6 +384,7 @@ def input_uri_of(batch: Batch, files: FileStore) -> str:
 
 def end_batch(
     batch_id: str,
+    job: JobConfig,
     status: Literal["failed", "cancelled"],
     message: str,
     settings: Settings,
@@ -386,6 +392,7 @@ def end_batch(
     limits: InputLimits | None = None,
 ) -> Batch | None:
     """End a batch whose run is gone: its persisted lines in the output/error files, the rest as error lines.
+    `job` is the batch's job, resolved by the caller.
 
     Called by the flow's failure and cancellation hooks (with the run's own `limits`) and by the
     API's reconcile loop, which validates without the job's tokenizer: there, a line whose prompt
@@ -400,7 +407,6 @@ def end_batch(
     if batch.status in TERMINAL_STATUSES:
         return batch
     files = FileStore(settings)
-    job = get_job(batch.job_id, settings)
     try:
         data = storage.read_bytes(input_uri or input_uri_of(batch, files), settings)
         validated = validate_input(data, job, limits or InputLimits(max_line_bytes=settings.max_line_bytes))

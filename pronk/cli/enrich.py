@@ -29,10 +29,10 @@ def enrich_run(
 
     settings = get_settings()
     configure_prefect(settings)
-    from flows.enrich import enrich_table
     from pronk.enrich.open_run import EnrichRunning, read_open_run
     from pronk.enrich.spec import EnrichSpecError, load_spec
     from pronk.enrich.table import results_uri
+    from pronk.flows.enrich import enrich_table
     from pronk.host_process import HostProcess
     from pronk.protocol.ids import new_id
 

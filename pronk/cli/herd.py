@@ -7,26 +7,26 @@ from typing import Annotated
 
 import typer
 
-from pronk.cli.terminal import fail
+from pronk.cli.terminal import JobOption, fail
 from pronk.settings import get_settings
 
 herd_app = typer.Typer(no_args_is_help=True, help="Herd: profile a job's traffic, tune its configuration, apply it.")
-JobArg = Annotated[str | None, typer.Option("--job", help="Job id or name (default: the settings' default job).")]
 
 
-def _job(job: str | None):
-    from pronk.jobs.files import get_job
+def _job(job: str | None, versions: bool = True):
+    """The job the command names, resolved (with `versions` false: as its file says, no configuration version)."""
+    from pronk.jobs.catalog import resolve_job
 
     try:
         settings = get_settings()
-        return get_job(job or settings.default_job, settings)
+        return resolve_job(job or settings.default_job, settings, versions)
     except KeyError as exc:
         fail(str(exc.args[0]))
 
 
 @herd_app.command("profile")
 def herd_profile(
-    job: JobArg = None,
+    job: JobOption = None,
     runs: Annotated[int | None, typer.Option(help="Profile only the job's last N batches.")] = None,
     mlflow: Annotated[bool, typer.Option(help="Also log the profile as an MLflow run with histograms.")] = True,
 ) -> None:
@@ -48,7 +48,7 @@ def herd_profile(
 
 @herd_app.command("tune")
 def herd_tune(
-    job: JobArg = None,
+    job: JobOption = None,
     budget_minutes: Annotated[float, typer.Option("--budget-minutes", help="Stop within this many minutes.")] = 10.0,
     sample: Annotated[int, typer.Option(help="Root traces of the job's own traffic replayed per trial.")] = 8,
     repeats: Annotated[int, typer.Option(help="Replays of the current configuration (the guard's noise).")] = 2,
@@ -70,9 +70,11 @@ def herd_tune(
     from pronk.herd.apply import apply_changes
     from pronk.herd.profile import NoStepRecords
     from pronk.herd.tuner import TuneConfig, Tuner, chosen_knobs
+    from pronk.jobs.versions import with_current_version
 
     settings = get_settings()
-    config = _job(job)
+    job_file = _job(job, versions=False)
+    config = with_current_version(job_file, settings)
     tune_config = TuneConfig(
         budget_minutes=budget_minutes,
         sample=sample,
@@ -99,7 +101,7 @@ def herd_tune(
         typer.echo(f"guard: {'accepted' if result.verdict.accept else 'refused'}: {result.verdict.reason}", err=True)
         if apply and result.verdict.accept and result.winner is not None:
             version, applied = apply_changes(
-                config.job_id, result.winner.changes, result.mlflow_run_id, settings, f"herd tune {result.winner.label}"
+                job_file, result.winner.changes, result.mlflow_run_id, settings, f"herd tune {result.winner.label}"
             )
             summary["applied"] = {"version": version.version, "mode": applied.mode, "restarted": applied.restarted}
             typer.echo(f"applied as configuration version {version.version} ({applied.mode})", err=True)
@@ -107,7 +109,7 @@ def herd_tune(
 
 
 @herd_app.command("versions")
-def herd_versions(job: JobArg = None) -> None:
+def herd_versions(job: JobOption = None) -> None:
     """The job's configuration versions (the current one marked)."""
     from pronk.jobs.versions import current_version, job_versions
 
@@ -124,15 +126,15 @@ def herd_versions(job: JobArg = None) -> None:
 @herd_app.command("use")
 def herd_use(
     version: Annotated[int, typer.Argument(help="Configuration version to make current; 0 = the job file alone.")],
-    job: JobArg = None,
+    job: JobOption = None,
 ) -> None:
     """Make a configuration version current and roll it out (a rolling restart when workers need one)."""
     from pronk.herd.apply import use_version
     from pronk.jobs.schema import JobFileError
 
-    config = _job(job)
+    config = _job(job, versions=False)
     try:
-        applied = use_version(config.job_id, version, get_settings())
+        applied = use_version(config, version, get_settings())
     except JobFileError as exc:
         fail(str(exc))
     typer.echo(f"job {config.job_id} runs configuration version {version} ({applied.mode})")
@@ -152,7 +154,7 @@ def register(app: typer.Typer) -> None:
         from dataclasses import asdict
 
         from pronk.batches.report import recent_runs, runs_table
-        from pronk.jobs.files import load_jobs
+        from pronk.jobs.catalog import load_jobs
 
         settings = get_settings()
         job_ids = [_job(job).job_id] if job else sorted(load_jobs(settings))

@@ -1,16 +1,15 @@
-"""Command line of Leap: `pronk weights upload`, `pronk model finetune-tiny`, `pronk leap`, `pronk leap status` and
-`pronk improve` (Leap's producer)."""
+"""Command line of Leap: `pronk weights upload`, `pronk model finetune-tiny`, `pronk leap` and `pronk leap status`
+(its producer, `pronk improve`, is `pronk.cli.improve`)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Annotated
 
 import typer
 
-from pronk.cli.terminal import fail, improve_reading, progress_bar
+from pronk.cli.terminal import JobOption, fail
 from pronk.settings import get_settings
 from pronk.worker_registry import worker_registry
 
@@ -28,12 +27,12 @@ def weights_upload(
     ] = None,
 ) -> None:
     """Validate a checkpoint against the model's current version and register it as the next version."""
-    from pronk.jobs.files import get_job
+    from pronk.jobs.catalog import resolve_job
     from pronk.models.checkpoints import CheckpointMismatch
     from pronk.models.versions import upload_checkpoint
 
     settings = get_settings()
-    job_model = get_job(job or settings.default_job, settings).model
+    job_model = resolve_job(job or settings.default_job, settings).model
     try:
         result = upload_checkpoint(src, model, job_model=job_model, settings=settings)
     except (CheckpointMismatch, FileNotFoundError) as exc:
@@ -49,11 +48,11 @@ def finetune_tiny(
     seed: Annotated[int, typer.Option(help="Seed of data order and optimizer.")] = 0,
 ) -> None:
     """Train the tiny model a few seconds on CPU and register the result as the next version."""
-    from pronk.models.finetune import FinetuneConfig, finetune
+    from pronk.jobs.schema import ImproveConfig
+    from pronk.models.tiny_finetune import TINY_TRAINING, finetune
 
-    result = finetune(
-        FinetuneConfig(source=source, steps=steps, learning_rate=learning_rate, seed=seed), get_settings()
-    )
+    changed = {"max_steps": steps, "learning_rate": learning_rate, "seed": seed}
+    result = finetune(get_settings(), source, ImproveConfig.model_validate({**TINY_TRAINING.model_dump(), **changed}))
     typer.echo(
         f"loss {result.first_loss:.3f} → {result.last_loss:.3f} in {result.train_seconds:.1f}s; registered "
         f"{result.uri}",
@@ -65,9 +64,7 @@ def finetune_tiny(
 @leap_app.callback(invoke_without_command=True)
 def leap_run(
     ctx: typer.Context,
-    job: Annotated[
-        str | None, typer.Option("--job", help="Job id or name (default: the settings' default job).")
-    ] = None,
+    job: JobOption = None,
     version: Annotated[int | None, typer.Option("--version", min=1, help="Model version to serve.")] = None,
     alias: Annotated[str | None, typer.Option("--alias", help="Serve the version this alias names.")] = None,
     canary: Annotated[
@@ -89,10 +86,10 @@ def leap_run(
 
     settings = get_settings()
     configure_prefect(settings)
-    from flows.leap import leap
-    from pronk.jobs.files import get_job
+    from pronk.flows.leap import leap
+    from pronk.jobs.catalog import resolve_job
 
-    job_id = get_job(job or settings.default_job, settings).job_id
+    job_id = resolve_job(job or settings.default_job, settings).job_id
     # A refused or failed Leap (a PronkError) ends the command in one line: pronk.cli.main.
     record = asyncio.run(leap(job_id=job_id, version=version, alias=alias, canary=canary))
     typer.echo(f"{record['message']} (switch {record['switch_seconds'] or 0:.3f}s)", err=True)
@@ -101,16 +98,14 @@ def leap_run(
 
 @leap_app.command("status")
 def leap_status(
-    job: Annotated[
-        str | None, typer.Option("--job", help="Job id or name (default: the settings' default job).")
-    ] = None,
+    job: JobOption = None,
 ) -> None:
     """Each live worker's version and Leap state, and the job's latest Leap."""
-    from pronk.jobs.files import get_job
+    from pronk.jobs.catalog import resolve_job
     from pronk.leap.records import LeapStore
 
     settings = get_settings()
-    job_id = get_job(job or settings.default_job, settings).job_id
+    job_id = resolve_job(job or settings.default_job, settings).job_id
     for entry in worker_registry(settings).live(job_id):
         staged = f"  staged {entry.stats.staged_version}" if entry.stats.staged_version else ""
         typer.echo(f"{entry.worker_id:24} {entry.stats.leap_state:10} {entry.stats.model_version}{staged}")
@@ -127,55 +122,8 @@ def leap_status(
         typer.echo("  " + "  ".join(f"{k}={v}" for k, v in row.items() if v not in (None, "")))
 
 
-def improve(
-    job: Annotated[
-        str | None, typer.Option("--job", help="Job id or name (default: the settings' default job).")
-    ] = None,
-    rounds: Annotated[
-        int | None, typer.Option(min=1, help="Rounds to run (default: the job's improve.rounds).")
-    ] = None,
-    canary: Annotated[
-        bool,
-        typer.Option(
-            "--canary/--no-canary", help="Leap each new version through the canary on the job's held-out set."
-        ),
-    ] = True,
-    seed: Annotated[
-        int | None, typer.Option(help="First rollout seed (default: the job's improve.seed); rounds draw from it.")
-    ] = None,
-    training_set: Annotated[
-        str | None, typer.Option(help="Labelled lines to learn from (default: the job's improve.training_set).")
-    ] = None,
-    held_out: Annotated[
-        str | None,
-        typer.Option(help="Labelled lines the canary judges each version on (default: the job's quality set)."),
-    ] = None,
-) -> None:
-    """Improve the job's weights from its own checked traces: rollouts of its training set on the running workers,
-    the passes kept, a bounded fine-tune, the next MLflow version, a Leap through the canary; round after round.
-    On a terminal a progress bar shows each round's rollouts checked, training steps and loss, and canary lines."""
-    from pronk.stack.prefect_env import configure_prefect
-
-    settings = get_settings()
-    configure_prefect(settings)
-    from flows.improve import improve as improve_flow
-    from pronk.jobs.files import get_job
-
-    job_id = get_job(job or settings.default_job, settings).job_id
-    with progress_bar(improve_reading(job_id, time.time(), settings), f"improve {job_id}"):
-        records = asyncio.run(  # NotImprovable, a PronkError, ends the command in one line (pronk.cli.main)
-            improve_flow(
-                job_id=job_id, rounds=rounds, canary=canary, seed=seed, training_set=training_set, held_out=held_out
-            )
-        )
-    for record in records:
-        typer.echo(f"round {record['round']} ({record['id']}): {record['status']}: {record['message']}", err=True)
-    typer.echo(json.dumps(records))
-
-
 def register(app: typer.Typer, model_app: typer.Typer) -> None:
     """Add Leap's commands to the `pronk` command line."""
     app.add_typer(weights_app, name="weights")
     app.add_typer(leap_app, name="leap")
-    app.command("improve")(improve)
     model_app.command("finetune-tiny")(finetune_tiny)

@@ -13,8 +13,9 @@ import typer
 
 from pronk.cli.enrich import register as register_enrich_commands
 from pronk.cli.herd import register as register_herd_commands
+from pronk.cli.improve import register as register_improve_commands
 from pronk.cli.leap import register as register_leap_commands
-from pronk.cli.terminal import batch_progress, expected_failure, fail
+from pronk.cli.terminal import JobOption, batch_progress, expected_failure, fail
 from pronk.settings import Settings, get_settings
 from pronk.stack.prefect_env import hide_tracebacks_of_refusals
 from pronk.worker_registry import worker_registry
@@ -36,12 +37,11 @@ for sub, name in (
 ):
     app.add_typer(sub, name=name)
 
-JobOption = Annotated[str | None, typer.Option("--job", help="Job id or name (default: the settings' default job).")]
-
 
 register_leap_commands(app, model_app)
 register_enrich_commands(app)
 register_herd_commands(app)
+register_improve_commands(app)
 
 
 @stack_app.command("up")
@@ -94,7 +94,7 @@ def stack_down() -> None:
 @stack_app.command("status")
 def stack_status() -> None:
     """Show the stack's processes, what the supervisor makes of each worker, and the live workers of each job."""
-    from pronk.jobs.files import load_jobs
+    from pronk.jobs.catalog import load_jobs
     from pronk.stack import embedded as stack
     from pronk.stack.processes import alive
     from pronk.stack.supervisor import read_report
@@ -126,7 +126,7 @@ def queue_lines(settings: Settings) -> list[str]:
     """The batch queue: how many batches wait and for how long, and its drainers (the one running, those waiting)."""
     import asyncio
 
-    from pronk.api.runs import BatchFlowRuns
+    from pronk.api.batches.flow_runs import BatchFlowRuns
     from pronk.batches.queue import BatchQueue, enqueued_at
     from pronk.control.calls import best_effort
     from pronk.stack.prefect_env import configure_prefect
@@ -214,7 +214,7 @@ def worker_start(
 @job_app.command("list")
 def job_list() -> None:
     """List the jobs in the catalog."""
-    from pronk.jobs.files import load_jobs
+    from pronk.jobs.catalog import load_jobs
 
     for job in load_jobs(get_settings()).values():
         typer.echo(f"{job.job_id}  {job.name:16} {job.served_model_name:16} {job.model}  workers={job.workers}")
@@ -225,11 +225,11 @@ def job_show(job: JobOption = None) -> None:
     """Print a job whole, as it runs: its base merged in, its current configuration version applied, defaults filled."""
     import yaml
 
-    from pronk.jobs.files import get_job
+    from pronk.jobs.catalog import resolve_job
 
     try:
         settings = get_settings()
-        config = get_job(job or settings.default_job, settings)
+        config = resolve_job(job or settings.default_job, settings)
     except (KeyError, ValueError) as exc:
         fail(str(exc))
     typer.echo(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True), sort_keys=False), nl=False)
@@ -245,7 +245,7 @@ def job_migrate(
     """
     import yaml
 
-    from pronk.jobs.files import load_job_file
+    from pronk.jobs.catalog import load_job_file
     from pronk.jobs.sections import flat_keys, migrate_flat
 
     for path in files:
@@ -281,11 +281,11 @@ def batch_run(
 
     settings = get_settings()
     configure_prefect(settings)
-    from pronk.jobs.files import get_job
+    from pronk.jobs.catalog import resolve_job
     from pronk.protocol.ids import new_id
 
     try:
-        job_config = get_job(job or settings.default_job, settings)
+        job_config = resolve_job(job or settings.default_job, settings)
     except (KeyError, ValueError) as exc:
         fail(str(exc))
     input_uri = _input_with_lines(input)
@@ -339,9 +339,10 @@ def _run_locally(batch_id: str, label: str, parameters: dict, answers: int = 0) 
     """Run the batch flow here with a progress bar; print the final batch object last; exit 0 if it completed."""
     import asyncio
 
-    from flows.batch import BatchFailed, run_batch
     from pronk import storage
+    from pronk.batches.run import BatchFailed
     from pronk.batches.store import BatchStore
+    from pronk.flows.batch import run_batch
 
     with batch_progress(batch_id, label):
         try:
@@ -382,7 +383,7 @@ def batch_resume(
 
     settings = get_settings()
     configure_prefect(settings)
-    from pronk.batches.files import FileStore
+    from pronk.batches.file_store import FileStore
     from pronk.batches.run import input_uri_of
     from pronk.batches.schemas import TERMINAL_STATUSES
     from pronk.batches.store import BatchStore
@@ -399,7 +400,7 @@ def batch_resume(
         parameters["output_dir"] = batch.output_uri.rsplit("/", 1)[0]
     if not deployment:
         _run_locally(batch_id, batch.job_id, parameters)
-    from pronk.api.runs import resume_batch_run
+    from pronk.api.batches.flow_runs import resume_batch_run
     from pronk.stack.deployments import PrefectDeployments
 
     starter = PrefectDeployments(settings)

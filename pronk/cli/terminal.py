@@ -1,5 +1,6 @@
-"""What every `pronk` command shows on the terminal: a refusal or a failure the user can act on, as one line, and a
-progress bar while a long run goes (a batch's lines, an improve round's phases), read from the run's record."""
+"""What every `pronk` command shares on the terminal: the `--job` option they all take alike, a refusal or a failure
+the user can act on, as one line, and a progress bar while a long run goes (a batch's lines, an improve round's
+phases), read from the run's record."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import contextlib
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import NoReturn
+from typing import Annotated, NoReturn
 
 import typer
 
-from pronk.errors import PronkError
+from pronk.pronk_error import PronkError
 from pronk.settings import Settings, get_settings
+
+JobOption = Annotated[str | None, typer.Option("--job", help="Job id or name (default: the settings' default job).")]
 
 
 def fail(message: str) -> NoReturn:
@@ -98,8 +101,8 @@ def batch_progress(batch_id: str | Callable[[], str], label: str) -> contextlib.
 def improve_reading(job_id: str, since: float, settings: Settings) -> Callable[[], Reading | None]:
     """How far the job's improve round begun after `since` has got, from its record: the rollouts checked, the
     training steps with their loss, then the lines its Leap's canary has checked (None: no such round yet)."""
+    from pronk.improve.rounds import RoundStore
     from pronk.leap.records import LeapStore
-    from pronk.learn.rounds import RoundStore
 
     rounds, leaps = RoundStore(settings), LeapStore(settings)
 

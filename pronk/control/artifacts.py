@@ -19,7 +19,6 @@ from prefect.artifacts import (
 
 from pronk.batches.report import RunFigures, batch_markdown, completion_times, log_batch_run
 from pronk.batches.run import BatchRun
-from pronk.batches.traces import TABLE_ROWS, trace_table
 from pronk.control.calls import best_effort
 from pronk.settings import Settings
 
@@ -74,15 +73,5 @@ async def publish_batch_report(run: BatchRun, settings: Settings) -> None:
         "batch report",
         acreate_markdown_artifact(
             markdown=batch_markdown(figures, times, url), key=None, description=f"batch {run.batch.id}: report"
-        ),
-    )
-
-
-async def publish_trace_table(batch_id: str, rows: list[dict[str, object]]) -> None:
-    """The per-trace table without MLflow links (when no sample is drawn after the run)."""
-    await best_effort(
-        "trace table",
-        acreate_table_artifact(
-            table=trace_table(rows, {}), key=None, description=f"batch {batch_id}: traces (first {TABLE_ROWS} lines)"
         ),
     )

@@ -83,10 +83,10 @@ def input_file(spec: EnrichSpec, job: JobConfig, rows: list[tuple[str, dict[str,
 
 def check_job(spec: EnrichSpec, job: JobConfig) -> list[str]:
     """What of the spec the job cannot run: tools it lacks, more steps or tokens than it allows."""
-    from pronk.agents.tools import job_tools
+    from pronk.agents.tools import tool_names
 
     problems = []
-    known = sorted(job_tools(job))
+    known = sorted(tool_names(job))
     missing = [t for t in spec.tools if t not in known]
     if missing:
         problems.append(f"tools {missing} are not tools of job {job.job_id} (it has {known})")

@@ -28,8 +28,9 @@ from pronk.batches.results import ResultParts
 from pronk.batches.run import end_batch
 from pronk.batches.schemas import TERMINAL_STATUSES, Batch
 from pronk.batches.store import BatchStore
-from pronk.errors import PronkError
 from pronk.host_process import HostProcess
+from pronk.jobs.schema import JobConfig
+from pronk.pronk_error import PronkError
 from pronk.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -159,9 +160,10 @@ def _load(batch_id: str, settings: Settings) -> Batch | None:
         return None
 
 
-def take_over(earlier: OpenRun, lines: bytes | None, settings: Settings) -> Takeover:
+def take_over(earlier: OpenRun, lines: bytes | None, job: JobConfig, settings: Settings) -> Takeover:
     """Reuse the dead run's batch when this run asks the same lines (`lines`: this run's lines file, None when it
-    asks none) and the batch did not end failed, cancelled or expired; otherwise end it with what it persisted."""
+    asks none) and the batch did not end failed, cancelled or expired; otherwise end it with what it persisted
+    (`job`: the enrichment's job, the batch's)."""
     batch = _load(earlier.batch_id, settings)
     status = batch.status if batch is not None else "unknown"
     asked = lines.count(b"\n") if lines is not None else 0
@@ -180,6 +182,7 @@ def take_over(earlier: OpenRun, lines: bytes | None, settings: Settings) -> Take
         return Takeover(None, why=f"run {earlier.run_id}'s batch {earlier.batch_id} is {status}; {because}")
     end_batch(
         earlier.batch_id,
+        job,
         "failed",
         f"its enrich run {earlier.run_id} ended without finishing ({earlier.describe()}); the next run did not "
         f"reuse it: {because}",

@@ -17,9 +17,8 @@ from pronk import storage
 from pronk.enrich.answers import Answer, AnswerParser
 from pronk.enrich.history import EnrichRun, History
 from pronk.enrich.lines import check_job, input_file
-from pronk.enrich.spec import EnrichSpec, EnrichSpecError, load_spec
+from pronk.enrich.spec import EnrichSpec, EnrichSpecError
 from pronk.enrich.table import Plan, merge, write_version
-from pronk.jobs.files import get_job
 from pronk.jobs.schema import JobConfig
 from pronk.protocol.ids import new_id
 from pronk.settings import Settings
@@ -34,17 +33,12 @@ def new_run_id() -> str:
     return f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{new_id('enrich')[-8:]}"
 
 
-def load_checked(spec_path: str, settings: Settings) -> tuple[EnrichSpec, JobConfig]:
-    """The enrichment and its job, refused (`EnrichSpecError`, naming what is wrong) when they do not fit."""
-    enrichment = load_spec(spec_path)
-    try:
-        job = get_job(enrichment.job, settings)
-    except KeyError as exc:
-        raise EnrichSpecError(f"spec {enrichment.name}: job {enrichment.job!r}: {exc}") from exc
+def check_fits(enrichment: EnrichSpec, job: JobConfig) -> None:
+    """Refuse (`EnrichSpecError`, naming what is wrong) an enrichment its job (resolved by the caller from the spec's
+    `job`) cannot run."""
     problems = check_job(enrichment, job)
     if problems:
         raise EnrichSpecError(f"spec {enrichment.name}: " + "; ".join(problems))
-    return enrichment, job
 
 
 def custom_id(index: int) -> str:
@@ -60,10 +54,6 @@ def lines_file(spec: EnrichSpec, job: JobConfig, plan: Plan) -> bytes:
         (custom_id(i), row, plan.labels.get(key)) for i, row, key in zip(plan.todo, todo.to_dicts(), keys, strict=True)
     ]
     return input_file(spec, job, rows)
-
-
-def write_lines(spec: EnrichSpec, job: JobConfig, plan: Plan, uri: str, settings) -> None:
-    storage.write_bytes(uri, lines_file(spec, job, plan), settings)
 
 
 @dataclass(slots=True)

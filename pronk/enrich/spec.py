@@ -15,7 +15,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pronk.config_files import load_config_file
-from pronk.errors import PronkError
+from pronk.pronk_error import PronkError
 from pronk.settings import PROJECT_ROOT
 
 TableFormat = Literal["parquet", "csv", "ndjson"]

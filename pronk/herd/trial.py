@@ -23,7 +23,6 @@ from typing import Any
 
 import yaml
 
-from engine.router import Router
 from pronk.agents.harness import Harness, job_router
 from pronk.agents.replay import TraceRecord, run_shape
 from pronk.agents.step_records import StepRecorder
@@ -31,6 +30,7 @@ from pronk.agents.tool_gaps import ToolGaps
 from pronk.batches.in_flight import InFlight
 from pronk.batches.labelled import run_labelled
 from pronk.batches.schemas import CheckCounts
+from pronk.engine.router import Router
 from pronk.jobs.schema import JobConfig
 from pronk.protocol.lines import ValidRequest
 from pronk.protocol.shapes import TraceShape
@@ -145,7 +145,9 @@ async def run_labelled_set(job: JobConfig, lines: list[ValidRequest], settings: 
     router = trial_router(job, settings)
     scratch = settings.data_dir / "herd" / "scratch" / job.job_id
     try:
-        return await run_labelled(lines, Harness(router, job, StepRecorder(), scratch))
+        return await run_labelled(
+            lines, Harness(router, job, StepRecorder(), scratch, sandbox_bwrap=settings.sandbox_bwrap)
+        )
     finally:
         await router.aclose()
         shutil.rmtree(scratch, ignore_errors=True)

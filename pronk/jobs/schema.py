@@ -4,7 +4,7 @@ A job file has a few top-level keys (identity, model, fleet, price, request caps
 (vLLM's arguments), `scheduling` (how steps reach and share the workers), `harness` (the agent loop's limits),
 `tools` (each tool's settings), `observability` (what a run shows) `quality` (the labelled set that guards
 changes), `improve` (how `pronk improve` makes the next model version) and `sim` (the simulated GPU an
-`engine.backend: sim` job's workers stand for). Reading the files is `pronk.jobs.files`.
+`engine.backend: sim` job's workers stand for). Reading the files is `pronk.jobs.catalog`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from pronk.errors import PronkError
+from pronk.engine.routing import RoutingPolicyName
+from pronk.pronk_error import PronkError
 
 
 class JobFileError(PronkError, ValueError):
@@ -28,7 +29,7 @@ class EngineArgs(BaseModel):
     backend: Literal["vllm", "sim"] = Field(
         default="vllm",
         description="`vllm`: the model runs. `sim`: vLLM's own scheduler and KV cache run, and each forward pass is a "
-        "wait as long as the `sim` section's timing says (engine.sim_executor): a GPU fleet without a GPU.",
+        "wait as long as the `sim` section's timing says (pronk.engine.sim_executor): a GPU fleet without a GPU.",
     )
     max_model_len: int = Field(default=4096, ge=16, description="Longest prompt plus output, in tokens.")
     dtype: str = Field(default="auto", pattern=r"^(auto|float32|float16|bfloat16)$", description="Weight dtype.")
@@ -99,13 +100,15 @@ class SchedulingConfig(BaseModel):
         le=4096,
         description="With `concurrency: adaptive`, the most lines in flight whatever the measurements say.",
     )
-    routing: str = Field(
-        default="trace_affinity", description="Routing policy for this job's steps (engine.routing.POLICIES)."
+    routing: RoutingPolicyName = Field(
+        default="trace_affinity",
+        description="How the router picks a worker for each step: `trace_affinity` (a trace's steps go to the worker "
+        "holding its prefix), `least_loaded` or `round_robin` (pronk.engine.routing).",
     )
     admission: Literal["none", "kv_budget"] = Field(
         default="none",
         description="`kv_budget`: workers admit traces by KV capacity (shared by every run of the job), new traces "
-        "go to the worker with the most room, started traces before new ones (engine.admission).",
+        "go to the worker with the most room, started traces before new ones (pronk.engine.admission).",
     )
     kv_budget_headroom: float = Field(
         default=0.1,
@@ -268,7 +271,8 @@ class ObservabilityConfig(BaseModel):
 
 
 class ImproveConfig(BaseModel):
-    """Rollouts on the training set, rejection sampling of passed traces, bounded fine-tuning, rounds of it."""
+    """Rollouts on the training set, rejection sampling of passed traces, bounded fine-tuning, rounds of it; what the
+    trainer (`pronk.models.training`) takes."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -288,13 +292,15 @@ class ImproveConfig(BaseModel):
         le=2,
         description="Sampling temperature of the rollouts (at 0.8 SmolLM2-135M passed 8% of its lookups, at 0.4 21%).",
     )
-    seed: int = Field(default=0, description="First rollout seed; sample i of a line uses seed + i.")
+    seed: int = Field(
+        default=0, description="First rollout seed; sample i of a line uses seed + i. Also the training's data order."
+    )
     answer_branches: int = Field(
         default=2,
         ge=0,
         le=16,
         description="Answers sampled again, each from a failed sample's own conversation up to its last tool result, "
-        "for every failed sample of a line with fewer than `cap_per_task` passes (`pronk.learn.branches`). 0: none.",
+        "for every failed sample of a line with fewer than `cap_per_task` passes (`pronk.improve.branches`). 0: none.",
     )
     hinted_samples: int = Field(
         default=1,
@@ -311,6 +317,9 @@ class ImproveConfig(BaseModel):
     max_seconds: float = Field(default=420.0, gt=0, description="Training seconds per round at most.")
     learning_rate: float = Field(default=5e-5, gt=0, le=1, description="AdamW learning rate.")
     batch_size: int = Field(default=4, ge=1, le=1024, description="Transcripts per optimizer step.")
+    max_tokens: int = Field(
+        default=2048, ge=16, description="A transcript longer than this many tokens is left out of training."
+    )
     threads: int = Field(default=1, ge=1, le=256, description="torch threads of the training process.")
     nice: int = Field(default=10, ge=0, le=19, description="How far the training process lowers its priority.")
 
@@ -355,8 +364,8 @@ class SimConfig(BaseModel):
     )
     timing: str = Field(
         default="data/sim/timing/h100-vllm-qwen3-8b.json",
-        description="A timing file (engine.step_timing): a table generated from aisimulate's measured data, or a fit "
-        "to CPU forward passes (relative to the project root).",
+        description="A timing file (pronk.engine.step_timing): a table generated from aisimulate's measured data, or "
+        "a fit to CPU forward passes (relative to the project root).",
     )
     num_gpu_blocks: int | None = Field(
         default=None, ge=1, description="KV cache blocks of `engine.block_size` tokens; default: from the GPU memory."

@@ -1,9 +1,9 @@
 """A job's configuration versions: the Herd tuner's winners, kept as changes over the job file, which stays the base.
 
 Each version is `v<N>.json` under `versions_dir(job_id)`; `current` names the one in force, which
-`pronk.jobs.files.get_job` merges over the job file on every load (0 or no file: the job file alone). The reader
-(`current_changes`, `with_changes`) and the writer (`save_version`, `set_current_version`) of that folder live here
-together.
+`with_current_version` merges over the job file when the job is resolved (`pronk.jobs.catalog.resolve_job`; 0 or no
+file: the job file alone). The reader (`current_changes`, `with_current_version`) and the writer (`save_version`,
+`set_current_version`) of that folder live here together.
 """
 
 from __future__ import annotations
@@ -69,10 +69,13 @@ def current_changes(job_id: str, settings: Settings) -> dict[str, Any]:
 
 
 def with_changes(job: JobConfig, changes: dict[str, Any]) -> JobConfig:
-    """`job` with `changes` merged over it (`merge_sections`), validated like a job file.
+    """`job` with `changes` merged over it (`merge_sections`), validated like a job file; `job` itself when there
+    are none.
 
     A CPU worker with more cores costs more: the price scales with `cpu_cores_per_worker` when it changes.
     """
+    if not changes:
+        return job
     merged = merge_sections(job.model_dump(), changes)
     if merged["device"] == "cpu" and "price_per_worker_hour" not in changes:
         merged["price_per_worker_hour"] = (
@@ -82,6 +85,11 @@ def with_changes(job: JobConfig, changes: dict[str, Any]) -> JobConfig:
         return JobConfig.model_validate(merged)
     except ValueError as exc:
         raise JobFileError(f"job {job.job_id}: configuration changes {changes} are invalid: {exc}") from exc
+
+
+def with_current_version(job: JobConfig, settings: Settings) -> JobConfig:
+    """The job file `job` with its configuration version in force applied (itself when none is)."""
+    return with_changes(job, current_changes(job.job_id, settings))
 
 
 def job_versions(job_id: str, settings: Settings) -> list[JobVersion]:

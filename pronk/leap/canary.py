@@ -59,7 +59,8 @@ async def measure(
     """Run `lines` through the harness on `worker_ids` alone and tally their checks (`progress` counts them)."""
     router = job_router(job, settings, only=worker_ids)
     try:
-        return await run_labelled(lines, Harness(router, job, StepRecorder(), scratch), progress)
+        harness = Harness(router, job, StepRecorder(), scratch, sandbox_bwrap=settings.sandbox_bwrap)
+        return await run_labelled(lines, harness, progress)
     finally:
         await router.aclose()
 

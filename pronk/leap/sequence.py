@@ -18,13 +18,13 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from engine.client import WorkerClient
-from pronk.errors import PronkError
-from pronk.jobs.files import get_job
+from pronk.engine.client import WorkerClient
+from pronk.jobs.schema import JobConfig
 from pronk.leap.records import LeapRecord, LeapStore, WorkerLeap, WorkerLeapState
 from pronk.models.checkpoints import CheckpointMismatch
 from pronk.models.registry import is_models_uri, models_uri, parse_models_uri, set_alias
 from pronk.models.versions import check_version_fits, resolve_version
+from pronk.pronk_error import PronkError
 from pronk.settings import Settings
 from pronk.worker_registry import worker_registry
 
@@ -94,7 +94,7 @@ class LeapRun:
 
     async def stage(self, worker_id: str, model_uri: str) -> None:
         """Download and validate `model_uri` on one worker while it keeps serving; a worker that refuses the
-        checkpoint raises `engine.client.WeightsRefused`."""
+        checkpoint raises `pronk.engine.client.WeightsRefused`."""
         worker = self.record.workers[worker_id]
         staged = await self._attempt(worker, "uploading", lambda: self.workers.stage_weights(worker.url, model_uri))
         worker.state, worker.stage_seconds = "ready", staged.seconds
@@ -128,7 +128,7 @@ ReloadStep = Callable[[LeapRun, str, str], Awaitable[None]]
 
 
 def begin(
-    job_id: str,
+    job: JobConfig,
     version: int | None,
     alias: str | None,
     settings: Settings,
@@ -140,7 +140,6 @@ def begin(
     Refused before any worker is touched: a job that serves no MLflow model, no such version, no live
     worker, or a target that does not fit what a worker serves.
     """
-    job = get_job(job_id, settings)
     if not is_models_uri(job.model):
         raise LeapRefused(f"job {job.job_id} serves {job.model!r}; Leap needs an MLflow model (models:/NAME@ALIAS)")
     name, job_alias, _ = parse_models_uri(job.model)

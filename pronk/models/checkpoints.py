@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from pronk.errors import PronkError
+from pronk.pronk_error import PronkError
 
 # safetensors dtype → (the name a spec and its tags use, bytes per element); any other dtype is refused.
 SAFETENSORS_DTYPES = {

@@ -20,9 +20,9 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from pronk import paths
-from pronk.errors import PronkError
 from pronk.models.checkpoints import checkpoint_tags, read_spec
 from pronk.models.registry import alias_tags, is_models_uri, parse_models_uri, register_model_dir, resolve_model
+from pronk.pronk_error import PronkError
 from pronk.settings import Settings
 
 PACKAGE_SCHEME = "package:"

@@ -18,11 +18,17 @@ VOCAB_SIZE = 4096
 
 
 def corpus_files() -> list[Path]:
-    """Text the project ships: its corpus folder, docs and sources."""
+    """Text the project ships: its corpus folder, docs and sources, each file once (pronk/engine and pronk/flows
+    are links to the engine/ and flows/ folders, which count as their own roots)."""
     roots = [PROJECT_ROOT / "data", PROJECT_ROOT / "pronk", PROJECT_ROOT / "engine", PROJECT_ROOT / "flows"]
     files = [PROJECT_ROOT / "README.md"]
     for root in roots:
-        files += sorted(p for p in root.rglob("*") if p.suffix in {".txt", ".md", ".py", ".jsonl"})
+        inside = root.resolve()
+        files += sorted(
+            p
+            for p in root.rglob("*")
+            if p.suffix in {".txt", ".md", ".py", ".jsonl"} and p.resolve().is_relative_to(inside)
+        )
     return [f for f in files if f.is_file()]
 
 

@@ -1,11 +1,10 @@
 """Model versions: which version a reference names, the version an upload must fit, whether one can replace another,
-and the upload's body and answer on the wire (`POST /v1/weights/upload`)."""
+and what an upload registered (`UploadResult`, also the answer of `POST /v1/weights/upload`)."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from pronk.errors import PronkError
 from pronk.jobs.schema import JobConfig
 from pronk.models.checkpoints import check_compatible, checkpoint_tags, read_spec
 from pronk.models.registry import (
@@ -17,6 +16,7 @@ from pronk.models.registry import (
     register_model_dir,
     resolve_model,
 )
+from pronk.pronk_error import PronkError
 from pronk.settings import Settings
 
 
@@ -26,22 +26,6 @@ class ModelMismatch(PronkError, ValueError):
 
 class NotLeapable(PronkError, ValueError):
     """The job serves a directory or `s3://` path, not an MLflow model, so it has no versions to Leap between."""
-
-
-class WeightsUpload(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    source: str = Field(
-        min_length=1, description="Checkpoint directory (Hugging Face format): a path on the server or s3://…."
-    )
-    model: str = Field(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", description="Registered model name, e.g. `pronk-tiny`."
-    )
-    job_id: str | None = Field(
-        default=None,
-        pattern=r"^job-[0-9a-f]{8}$",
-        description="Validate against this job's current model; default: the newest version.",
-    )
 
 
 class UploadResult(BaseModel):

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from jsonschema import Draft202012Validator, SchemaError
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
-from engine.protocol import ChatMessage
+from pronk.engine.worker_protocol import ChatMessage
 from pronk.jobs.schema import HarnessConfig
 from pronk.protocol.shapes import TraceShape
 

@@ -8,6 +8,9 @@ from typing import Any, Protocol
 from pronk.settings import Settings
 from pronk.stack.prefect_env import configure_prefect
 
+API_TAG = "pronk-api"
+"""The tag of every run the API starts (batch queue drainers, resumed batch runs, Leaps)."""
+
 
 class DeploymentStarter(Protocol):
     async def start(self, deployment: str, parameters: dict[str, Any], run_name: str, tags: list[str]) -> str:

@@ -4,7 +4,7 @@ SQLite), MLflow UI on SQLite, a process work pool worker, and the default job's 
 `pronk stack up` starts it all in the background under the data dir, records the pids in
 `stack.json`, and leaves a supervisor (`pronk.stack.supervisor`) restarting workers that die;
 `pronk stack down` stops the supervisor first, then the data dir's trace-sample drawer (which records no pid in
-`stack.json`: `pronk.stack.trace_sample_lock` finds it), then every process group it recorded.
+`stack.json`: `pronk.control.trace_sample.lock` finds it), then every process group it recorded.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import sys
 import time
 from typing import Literal
 
-from pronk.jobs.files import get_job
+from pronk.control.trace_sample.lock import running_drawer
+from pronk.jobs.catalog import resolve_job
 from pronk.jobs.schema import JobConfig
 from pronk.models.imports import ensure_job_model
 from pronk.models.registry import ensure_tiny_model
@@ -26,10 +27,9 @@ from pronk.stack.fleet import start_workers, wait_for_workers
 from pronk.stack.postgres import POSTGRES, PREFECT_ON_POSTGRES, cannot_start, cluster_dir, start_postgres
 from pronk.stack.prefect_env import prefect_environment
 from pronk.stack.prefect_yaml import write_prefect_yaml
-from pronk.stack.processes import alive, group_members, spawn, stop, stop_groups, wait_healthy
+from pronk.stack.processes import alive, group_members, spawn, stop_groups, wait_healthy
 from pronk.stack.state import SUPERVISOR, read_state, state_path, worker_name, worker_of, write_state
-from pronk.stack.supervisor import report_path
-from pronk.stack.trace_sample_lock import running_drawer
+from pronk.stack.supervisor import report_path, start_supervisor, stop_supervisor
 from pronk.worker_token import worker_token
 
 log = logging.getLogger(__name__)
@@ -181,7 +181,7 @@ def start_api(settings: Settings, state: dict[str, int]) -> None:
         sys.executable,
         "-m",
         "uvicorn",
-        "pronk.api.app:create_app",
+        "pronk.api.app:from_environment",
         "--factory",
         "--host",
         "127.0.0.1",
@@ -212,23 +212,6 @@ def start_job(job: JobConfig, settings: Settings, state: dict[str, int]) -> None
     wait_for_workers(job, settings, spawn_job(job, settings, state))
 
 
-def start_supervisor(settings: Settings, state: dict[str, int]) -> None:
-    """Start the supervisor over the workers recorded in `stack.json` (written before, so it sees them)."""
-    argv = [sys.executable, "-m", "pronk.stack.supervisor"]
-    pid = spawn(argv, settings.logs_dir / "supervisor.log", env={"PRONK_DATA_DIR": str(settings.data_dir)})
-    state.update({**read_state(settings), SUPERVISOR: pid})
-    write_state(settings, state)
-
-
-def stop_supervisor(settings: Settings, state: dict[str, int]) -> None:
-    """Stop the supervisor, so nothing restarts what is being started or stopped, and take in its last pids."""
-    if SUPERVISOR in state:
-        stop(state[SUPERVISOR])
-        state.update(read_state(settings))
-        del state[SUPERVISOR]
-        write_state(settings, state)
-
-
 def up(
     settings: Settings,
     job_name: str | None = None,
@@ -250,7 +233,7 @@ def up(
         worker_token(settings)  # made once here, before any worker or flow run races to make it
         ensure_tiny_model(settings)
         database_url = prefect_database_url(settings, state)  # PostgreSQL first: the workers may announce in it
-        job = get_job(job_name or settings.default_job, settings)
+        job = resolve_job(job_name or settings.default_job, settings)
         # The workers load their model (the longest start) while Prefect, MLflow and the API start beside them.
         workers = spawn_job(job, settings, state)
         start_prefect_server(settings, state, database_url)

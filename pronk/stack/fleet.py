@@ -6,8 +6,8 @@ import sys
 import time
 from collections.abc import Sequence
 
-from pronk.errors import PronkError
 from pronk.jobs.schema import JobConfig
+from pronk.pronk_error import PronkError
 from pronk.settings import Settings
 from pronk.stack.processes import alive, spawn
 from pronk.stack.state import worker_name

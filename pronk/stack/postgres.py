@@ -28,8 +28,8 @@ from urllib.parse import quote
 
 import psycopg
 
-from engine.worker import free_port
-from pronk.errors import PronkError
+from pronk.engine.worker import free_port
+from pronk.pronk_error import PronkError
 from pronk.settings import Settings
 from pronk.stack.processes import alive, spawn
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from engine.tls import verify_context
+from pronk.engine.tls import verify_context
 
 _PROC = Path("/proc")
 

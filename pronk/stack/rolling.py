@@ -21,10 +21,10 @@ import time
 
 from pronk.jobs.schema import JobConfig
 from pronk.settings import Settings
-from pronk.stack.embedded import start_supervisor, stop_supervisor
 from pronk.stack.fleet import start_worker, wait_for_workers
 from pronk.stack.processes import alive, stop
 from pronk.stack.state import SUPERVISOR, read_state, worker_name, worker_of, write_state
+from pronk.stack.supervisor import start_supervisor, stop_supervisor
 
 logger = logging.getLogger(__name__)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -26,9 +27,10 @@ from pydantic import BaseModel
 
 from pronk.settings import Settings, get_settings
 from pronk.stack.fleet import start_worker
-from pronk.stack.processes import alive, kill_group, reap
+from pronk.stack.processes import alive, kill_group, reap, spawn
+from pronk.stack.processes import stop as stop_process_group
 from pronk.stack.restart_policy import RestartHistory, RestartPolicy
-from pronk.stack.state import read_state, worker_of, write_json, write_state
+from pronk.stack.state import SUPERVISOR, read_state, worker_of, write_json, write_state
 from pronk.worker_registry import worker_registry
 
 log = logging.getLogger(__name__)
@@ -262,6 +264,23 @@ def run(settings: Settings, stop: threading.Event, interval_s: float = 0.5) -> N
         write_json(report_path(settings), supervisor.report(os.getpid(), now).model_dump(mode="json"))
         stop.wait(interval_s)
     log.info("supervisor stopped")
+
+
+def start_supervisor(settings: Settings, state: dict[str, int]) -> None:
+    """Start the supervisor over the workers recorded in `stack.json` (written before, so it sees them)."""
+    argv = [sys.executable, "-m", "pronk.stack.supervisor"]
+    pid = spawn(argv, settings.logs_dir / "supervisor.log", env={"PRONK_DATA_DIR": str(settings.data_dir)})
+    state.update({**read_state(settings), SUPERVISOR: pid})
+    write_state(settings, state)
+
+
+def stop_supervisor(settings: Settings, state: dict[str, int]) -> None:
+    """Stop the supervisor, so nothing restarts what is being started or stopped, and take in its last pids."""
+    if SUPERVISOR in state:
+        stop_process_group(state[SUPERVISOR])
+        state.update(read_state(settings))
+        del state[SUPERVISOR]
+        write_state(settings, state)
 
 
 def main() -> None:

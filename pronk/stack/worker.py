@@ -1,4 +1,4 @@
-"""The engine worker's entry point: resolve a job and its model, then serve them with `engine.worker.serve`.
+"""The engine worker's entry point: resolve a job and its model, then serve them with `pronk.engine.worker.serve`.
 
 Run as `python -m pronk.stack.worker --job JOB [--index N] [--host ADDR] [--advertise URL]` (or `pronk worker
 start`). `engine/` knows nothing of jobs, settings or MLflow: everything it needs from them (the shared
@@ -13,11 +13,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from engine.kv_retention import pin_settings, scheduler_class
-from engine.tls import TlsFileError, server_context
-from engine.vllm_backend import VllmBackend
-from engine.weight_swap import IncompatibleWeights, StagedWeights
-from engine.worker import (
+from pronk.agents.tools import project_path
+from pronk.engine.kv_retention import pin_settings, scheduler_class
+from pronk.engine.tls import TlsFileError, server_context
+from pronk.engine.vllm_backend import VllmBackend
+from pronk.engine.weight_swap import IncompatibleWeights, StagedWeights
+from pronk.engine.worker import (
     advertise_url,
     bind_socket,
     compact_json_outputs,
@@ -26,8 +27,7 @@ from engine.worker import (
     run_model_in_engine_process,
     serve,
 )
-from pronk.agents.tools import project_path
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.jobs.schema import JobConfig
 from pronk.models.checkpoints import CheckpointMismatch, check_compatible, read_spec
 from pronk.models.registry import resolve_model
@@ -54,16 +54,16 @@ def host_tier(job: JobConfig) -> dict[str, Any]:
     import vllm
     from vllm.config import KVTransferConfig
 
-    from engine.kv_tier import host_tier_config
+    from pronk.engine.kv_tier import host_tier_config
 
     config = host_tier_config(job.scheduling.kv_host_tier_bytes, job.device, vllm.__version__)
     return {"kv_transfer_config": KVTransferConfig(**config)}
 
 
 def simulated(job: JobConfig, engine_kwargs: dict[str, Any], tokenizer: str) -> dict[str, Any]:
-    """`engine_kwargs` made those of a simulated engine (engine.sim_executor) of the job's `sim` GPU; the job's model
-    gives its tokenizer."""
-    from engine.sim_executor import SimSettings
+    """`engine_kwargs` made those of a simulated engine (pronk.engine.sim_executor) of the job's `sim` GPU; the job's
+    model gives its tokenizer."""
+    from pronk.engine.sim_executor import SimSettings
 
     sim = job.sim
     timing = project_path(sim.timing)
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
 
     settings = get_settings()
     token = worker_token(settings)
-    job = get_job(args.job, settings)
+    job = resolve_job(args.job, settings)
     sock = bind_socket(args.host, args.port)
     # A taken port, a bad --host/--advertise or an unreadable certificate fails here, before vLLM loads.
     cert, key = settings.worker_tls_cert, settings.worker_tls_key

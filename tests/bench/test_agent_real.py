@@ -26,13 +26,13 @@ from pronk.agents.outcomes import Completion, LineFailure, RequestOutcome, Usage
 from pronk.agents.step_records import StepRecord, ToolCallCounts
 from pronk.batches.labelled import CheckedLine, labelled_lines
 from pronk.batches.schemas import CheckCounts
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.protocol.checks import CheckResult
 from pronk.settings import get_settings
 
 
 def test_each_trace_reads_a_document_of_its_own_before_its_unchanged_task():
-    lines = labelled_lines(get_job("agent-real", get_settings()), get_settings())
+    lines = labelled_lines(resolve_job("agent-real", get_settings()), get_settings())
     by_id = {line.custom_id: line for line in lines}
     profile = LABELLED_PROFILES["agent-real"]
     traces = labelled_traces(lines, profile, seed=1)
@@ -118,7 +118,7 @@ def test_a_run_of_checked_lines_counts_served_attempts_and_failed_lines():
         _record("b", 0, 1500, 0, worker=None, error="TimeoutError"),
     ]
     done = Completion("agent", "c", "smol", "v1", "w0", Usage(4100, 1920, 40), text="42", duration_s=3.0)
-    a, b = relabelled(labelled_lines(get_job("agent-real", get_settings()), get_settings())[:2], "pronk")
+    a, b = relabelled(labelled_lines(resolve_job("agent-real", get_settings()), get_settings())[:2], "pronk")
     lines = [
         CheckedLine(a, RequestOutcome(1, a.custom_id, done), CheckResult(status="passed"), records[:2], 13.0),
         CheckedLine(

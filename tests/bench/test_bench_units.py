@@ -47,9 +47,9 @@ from bench.harness.report import goals_table, markdown_table, setups_table, writ
 from bench.harness.results_md import write_results_md
 from bench.harness.suite import relabel
 from bench.harness.workload import PROFILES, cache_bounds, generate
-from engine.protocol import ChatMessage, SamplingSpec, StepRequest
-from engine.worker import COMPACT_JSON_OUTPUTS
-from pronk.jobs.files import get_job
+from pronk.engine.worker import COMPACT_JSON_OUTPUTS
+from pronk.engine.worker_protocol import ChatMessage, SamplingSpec, StepRequest
+from pronk.jobs.catalog import resolve_job
 from pronk.settings import get_settings
 from tests.pronk.agents.test_replay import EchoRouter
 
@@ -108,7 +108,7 @@ def test_figures_and_ratios():
 
 
 def test_vllm_flags_and_progress_parsing():
-    flags = engine_flags(get_job("job-c0ffee01", get_settings()))
+    flags = engine_flags(resolve_job("job-c0ffee01", get_settings()))
     assert "--enable-prefix-caching" in flags and flags[flags.index("--kv-cache-memory-bytes") + 1] == "67108864"
     assert json.loads(flags[flags.index("--structured-outputs-config") + 1]) == COMPACT_JSON_OUTPUTS  # as the workers
     assert processing_seconds("x\nRunning batch: 100% Completed | 64/64 [00:12<00:00,  5.00req/s]\n") == 12.8
@@ -116,11 +116,11 @@ def test_vllm_flags_and_progress_parsing():
     assert processing_seconds("no bar") is None
     assert "--kv-transfer-config" not in flags
     tiered = json.loads(
-        (f := engine_flags(get_job("agent-long-tiered", get_settings())))[f.index("--kv-transfer-config") + 1]
+        (f := engine_flags(resolve_job("agent-long-tiered", get_settings())))[f.index("--kv-transfer-config") + 1]
     )
     extra = tiered["kv_connector_extra_config"]  # pronk's copy spec on CPU, vLLM's LRU: no trace-aware policy
     assert tiered["kv_connector"] == "OffloadingConnector" and extra["cpu_bytes_to_use"] == 512 << 20
-    assert extra["spec_module_path"] == "engine.kv_tier" and "eviction_policy" not in extra
+    assert extra["spec_module_path"] == "pronk.engine.kv_tier" and "eviction_policy" not in extra
 
 
 def test_worker_moves_counts_steps_that_left_their_trace_worker():
@@ -144,7 +144,7 @@ def test_agent_long_profile_is_prefill_dominated_and_fits_16k():
 
 
 def test_agent_long_job_runs_16k_positions_and_oversubscribes_its_cache():
-    job = get_job("agent-long", get_settings())
+    job = resolve_job("agent-long", get_settings())
     assert job.engine.hf_overrides == {"max_position_embeddings": 16384} and job.engine.max_model_len == 16384
     flags = engine_flags(job)
     assert json.loads(flags[flags.index("--hf-overrides") + 1]) == {"max_position_embeddings": 16384}
@@ -438,7 +438,7 @@ def test_one_order_stamps_every_step_with_one_start_time():
         async def aclose(self):
             pass
 
-    from engine.protocol import SamplingSpec, StepRequest
+    from pronk.engine.worker_protocol import SamplingSpec, StepRequest
 
     wrapped = OneOrder(Router())
     request = StepRequest(

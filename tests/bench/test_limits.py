@@ -46,7 +46,7 @@ from bench.harness.workload import generate
 from pronk.agents.replay import filler_tokens, system_tokens
 from pronk.agents.step_records import ToolCallCounts
 from pronk.batches.schemas import CheckCounts
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.protocol.shapes import ShapeStep, TraceShape
 from pronk.settings import get_settings
 
@@ -174,7 +174,7 @@ def test_admitted_footprint_bounds_whatever_the_runner_admits_at_once():
 
 
 def test_the_capacity_matched_limit_of_a_job_without_a_tier_is_the_device_limit(tmp_path):
-    job = get_job("agent-long", get_settings())
+    job = resolve_job("agent-long", get_settings())
     plan = capacity_limit(job, _model(tmp_path), generate("agent-long", 0).shapes)
     device = job.engine.kv_cache_memory_bytes // TINY_BYTES_PER_TOKEN
     assert plan.name == LIMIT and plan.max_traces is None and plan.engine_args == job.engine.as_vllm_kwargs()
@@ -182,7 +182,7 @@ def test_the_capacity_matched_limit_of_a_job_without_a_tier_is_the_device_limit(
 
 
 def test_the_capacity_matched_limit_gets_the_host_tier_as_stock_vllm_does(tmp_path):
-    job = get_job("agent-long-tiered", get_settings())
+    job = resolve_job("agent-long-tiered", get_settings())
     plan = capacity_limit(job, _model(tmp_path), [])
     tier = plan.engine_args["kv_transfer_config"]
     extra = tier["kv_connector_extra_config"]  # stock vLLM's LRU, not pronk's trace-aware eviction
@@ -211,7 +211,7 @@ def test_kv_footprint_counts_whole_blocks_and_each_childs_own_tokens():
 
 @pytest.mark.parametrize("job_id", ["agent-long", "agent-long-tiered"])
 def test_the_compute_only_limit_holds_max_num_seqs_traces_at_once_whole(tmp_path, job_id):
-    job = get_job(job_id, get_settings())
+    job = resolve_job(job_id, get_settings())
     shapes = generate("agent-long", 0, traces=100).shapes
     plan = compute_limit(job, _model(tmp_path), shapes)
     assert plan.name == COMPUTE_LIMIT and plan.max_traces == job.engine.max_num_seqs == 32
@@ -226,7 +226,7 @@ def test_the_compute_only_limit_holds_max_num_seqs_traces_at_once_whole(tmp_path
 
 
 def test_the_compute_only_limit_admits_fewer_within_its_kv_bound_and_keeps_the_jobs_cache_at_least(tmp_path):
-    job = get_job("agent-long", get_settings())
+    job = resolve_job("agent-long", get_settings())
     shapes = generate("agent-long", 0, traces=100).shapes
     big = compute_limit(job, _model(tmp_path, layers=40), shapes)  # 10x the bytes a token: 32 traces no longer fit
     assert sum(sorted((final_context(s) for s in shapes), reverse=True)[:32]) > big.capacity_tokens

@@ -15,8 +15,8 @@ from bench.harness.agent_loop import SESSION_HEADER, RouterClient
 from bench.harness.baseline import router_flags
 from bench.harness.figures import CACHE_AWARE, PEERS, STICKY
 from bench.harness.peer import POLICIES, VllmRouter, balance_abs_threshold, router_argv
-from engine.protocol import SamplingSpec, StepRequest
-from pronk.jobs.files import get_job
+from pronk.engine.worker_protocol import SamplingSpec, StepRequest
+from pronk.jobs.catalog import resolve_job
 from pronk.settings import get_settings
 
 URLS = ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
@@ -44,7 +44,7 @@ def test_cache_aware_balances_at_half_an_engines_share_of_the_traces_in_flight()
     thresholds = {
         name: balance_abs_threshold(job.scheduling.max_concurrency, job.workers)
         for name in ("agent-long", "agent-long-tiered", "tiny-cpu-herd", "agent-real")
-        if (job := get_job(name, settings))
+        if (job := resolve_job(name, settings))
     }
     assert thresholds == {"agent-long": 2, "agent-long-tiered": 2, "tiny-cpu-herd": 8, "agent-real": 2}
     assert balance_abs_threshold(1, 2) == 1  # never 0: an engine one request busier is no pile-up

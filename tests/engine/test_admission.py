@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from engine.admission import AdmissionTimeout, BudgetExceeded, KvBudget, KvBudgetAdmission, make_admission
-from engine.client import NotAdmitted
-from engine.protocol import SamplingSpec, StepRequest, StepResult, WorkerStats
-from engine.registry import FileRegistry, WorkerEntry
-from engine.router import Router
+from pronk.engine.admission import AdmissionTimeout, BudgetExceeded, KvBudget, KvBudgetAdmission, make_admission
+from pronk.engine.client import NotAdmitted
+from pronk.engine.registry import FileRegistry, WorkerEntry
+from pronk.engine.router import Router
+from pronk.engine.worker_protocol import SamplingSpec, StepRequest, StepResult, WorkerStats
 
 JOB = "job-0000beef"
 
@@ -197,7 +197,7 @@ async def test_with_a_host_tier_a_new_trace_pauses_the_longest_gaps_that_fit_the
     b = budget(on_pause=paused.append, host_capacity_tokens=35)
     for trace, tokens, gap_s in [("short", 30, 1.0), ("long", 30, 60.0), ("huge", 40, 600.0)]:
         await admit(b, trace, tokens)
-        b.step_done(trace, tokens, expected_gap_s=gap_s)
+        b.step_done(trace, tokens, kv_pin_ttl_s=gap_s)
     assert b.used == 100
     await admit(b, "new", 30)  # "huge" has the longest gap but not the host's room: "long" goes to the host
     assert paused == [["long"]] and b.paused == {"long": 30} and b.host_used == 30
@@ -215,7 +215,7 @@ async def test_with_a_host_tier_nothing_is_paused_unless_that_makes_room():
     b = budget(on_pause=paused.append, host_capacity_tokens=1000)
     await admit(b, "running", 80)
     await admit(b, "gapped", 20)
-    b.step_done("gapped", 20, expected_gap_s=60.0)
+    b.step_done("gapped", 20, kv_pin_ttl_s=60.0)
     with pytest.raises(AdmissionTimeout):
         await admit(b, "new", 30, wait=0.05)  # a step in flight holds 80: pausing the 20 would not do
     assert paused == [] and b.host_used == 0

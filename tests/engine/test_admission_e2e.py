@@ -7,9 +7,9 @@ import logging
 
 import pytest
 
-from engine.client import WorkerClient
-from engine.router import Router
 from pronk.agents.replay import run_shape
+from pronk.engine.client import WorkerClient
+from pronk.engine.router import Router
 from pronk.protocol.shapes import TraceShape
 from pronk.worker_registry import worker_registry
 from pronk.worker_token import worker_token

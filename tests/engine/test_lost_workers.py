@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from engine.registry import FileRegistry
-from engine.router import Router
+from pronk.engine.registry import FileRegistry
+from pronk.engine.router import Router
 from tests.engine.test_router import JOB, StandInClient, announce, step
 
 

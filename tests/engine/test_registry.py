@@ -12,9 +12,9 @@ import uuid
 import psycopg
 import pytest
 
-from engine.protocol import WorkerStats
-from engine.registry import FileRegistry, PostgresRegistry, Registry, RegistryUnavailable, WorkerEntry
-from engine.router import Router
+from pronk.engine.registry import FileRegistry, PostgresRegistry, Registry, RegistryUnavailable, WorkerEntry
+from pronk.engine.router import Router
+from pronk.engine.worker_protocol import WorkerStats
 from pronk.settings import Settings
 from pronk.stack.postgres import PostgresServer
 from pronk.worker_registry import worker_registry

@@ -9,14 +9,14 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from engine import vllm_backend
-from engine.auth import auth_headers
-from engine.client import StepRejected, WorkerClient, WorkerUnavailable
-from engine.protocol import StepRequest
-from engine.registry import FileRegistry
-from engine.router import Router
-from engine.vllm_backend import StepInvalid, VllmBackend
-from engine.worker import create_app
+from pronk.engine import vllm_backend
+from pronk.engine.auth import auth_headers
+from pronk.engine.client import StepRejected, WorkerClient, WorkerUnavailable
+from pronk.engine.registry import FileRegistry
+from pronk.engine.router import Router
+from pronk.engine.vllm_backend import StepInvalid, VllmBackend
+from pronk.engine.worker import create_app
+from pronk.engine.worker_protocol import StepRequest
 from tests.engine.test_router import JOB, StandInClient, announce, step
 
 
@@ -93,7 +93,7 @@ def test_the_router_neither_retries_a_rejected_step_nor_marks_the_worker_failed(
 )
 def test_a_seed_reaches_vllm_only_where_its_sampler_can_use_it(seeded_sampling, temperature, sent):
     """On CPU vLLM's sampler dies rewinding a seeded generator after a chunked prefill: the seed is dropped there."""
-    from engine.protocol import SamplingSpec
+    from pronk.engine.worker_protocol import SamplingSpec
 
     backend = VllmBackend("m", "m/1", "w0", JOB, {}, seeded_sampling=seeded_sampling)
     params = backend._sampling_params(SamplingSpec(max_tokens=4, temperature=temperature, seed=5))
@@ -104,7 +104,7 @@ def test_a_step_asks_vllm_for_its_final_output_only():
     """The worker answers a step once, at its end: vLLM need not make an output for every token on the way."""
     from vllm.sampling_params import RequestOutputKind
 
-    from engine.protocol import SamplingSpec
+    from pronk.engine.worker_protocol import SamplingSpec
 
     backend = VllmBackend("m", "m/1", "w0", JOB, {})
     assert backend._sampling_params(SamplingSpec(max_tokens=4)).output_kind == RequestOutputKind.FINAL_ONLY

@@ -5,11 +5,11 @@ import time
 
 import pytest
 
-from engine.client import WorkerUnavailable
-from engine.protocol import StepRequest, StepResult, WorkerStats
-from engine.registry import FileRegistry, Registry, WorkerEntry
-from engine.router import NoWorkerAvailable, Router
-from engine.routing import make_policy
+from pronk.engine.client import WorkerUnavailable
+from pronk.engine.registry import FileRegistry, Registry, WorkerEntry
+from pronk.engine.router import NoWorkerAvailable, Router
+from pronk.engine.routing import make_policy
+from pronk.engine.worker_protocol import StepRequest, StepResult, WorkerStats
 
 JOB = "job-0000beef"
 

@@ -10,11 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.kv_retention import pin_settings
-from engine.protocol import SamplingSpec, StepRequest
-from engine.sim_executor import SimRunner, SimSettings, weight_bytes
-from engine.step_timing import StepShape, TimingModel, load_timing
-from engine.vllm_backend import VllmBackend
+from pronk.engine.kv_retention import pin_settings
+from pronk.engine.sim_executor import SimRunner, SimSettings, weight_bytes
+from pronk.engine.step_timing import StepShape, TimingModel, load_timing
+from pronk.engine.vllm_backend import VllmBackend
+from pronk.engine.worker_protocol import SamplingSpec, StepRequest
 from pronk.models.tiny_model import train_tokenizer
 from pronk.settings import PROJECT_ROOT
 
@@ -132,7 +132,7 @@ def backend(loop, tmp_path_factory):
     train_tokenizer(tokenizer)
     (tokenizer / "config.json").write_text((ARCHITECTURE / "config.json").read_text())  # vLLM reads one beside it
     kwargs = {
-        "scheduler_cls": "engine.kv_retention.PinningScheduler",
+        "scheduler_cls": "pronk.engine.kv_retention.PinningScheduler",
         "additional_config": pin_settings(0.5),
         "block_size": BLOCK,
         "num_gpu_blocks_override": BLOCKS,

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from engine.step_timing import CpuFit, Grid, StepShape, TimingTable, load_timing, point_shape
+from pronk.engine.step_timing import CpuFit, Grid, StepShape, TimingTable, load_timing, point_shape
 from pronk.settings import PROJECT_ROOT
 
 TIMING = PROJECT_ROOT / "data" / "sim" / "timing"

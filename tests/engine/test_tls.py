@@ -9,9 +9,9 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from engine.client import WorkerClient, WorkerUnavailable
-from engine.tls import TlsFileError, server_context, verify_context
-from engine.worker import advertise_url, bind_socket, http_server
+from pronk.engine.client import WorkerClient, WorkerUnavailable
+from pronk.engine.tls import TlsFileError, server_context, verify_context
+from pronk.engine.worker import advertise_url, bind_socket, http_server
 from tests.tls_certs import issue, make_ca
 
 TOKEN = "t"
@@ -27,7 +27,7 @@ def pki(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def https_worker(pki):
-    """A worker's HTTP server (`engine.worker.http_server`) on a pre-bound socket, with the certificate for
+    """A worker's HTTP server (`pronk.engine.worker.http_server`) on a pre-bound socket, with the certificate for
     127.0.0.1; yields its https:// URL."""
     app = FastAPI()
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
+from typing import get_args
 
-from engine.kv_retention import PinTable, scheduler_class
-from engine.protocol import HostTierStats, StepRequest, WorkerStats
-from engine.registry import WorkerEntry
-from engine.routing import POLICIES, make_policy
-from engine.trace_hints import retention_hints
+from pronk.engine.kv_retention import PinTable, scheduler_class
+from pronk.engine.registry import WorkerEntry
+from pronk.engine.routing import POLICIES, RoutingPolicyName, make_policy
+from pronk.engine.trace_hints import retention_hints
+from pronk.engine.worker_protocol import HostTierStats, StepRequest, WorkerStats
 
 
 def worker(worker_id: str, waiting: int = 0, kv: float = 0.0, host_tier: bool = False) -> WorkerEntry:
@@ -75,26 +76,26 @@ def test_a_full_home_with_a_host_tier_keeps_its_trace_but_a_busy_one_does_not():
 
 
 def test_all_policies_are_registered():
-    assert {"round_robin", "least_loaded", "trace_affinity"} <= set(POLICIES)
+    assert {"round_robin", "least_loaded", "trace_affinity"} == set(POLICIES) == set(get_args(RoutingPolicyName))
 
 
 def test_pin_table_budget_ttl_and_release():
     freed: list[list[int]] = []
     table = PinTable(budget_blocks=10, free=freed.append)
     assert table.fits("a", 6)
-    table.add("a", [1] * 6, ttl_s=5, now=0)
+    table.add("a", [1] * 6, kv_pin_ttl_s=5, now=0)
     assert not table.fits("b", 5) and table.fits("b", 4) and table.fits("a", 10)
-    table.add("b", [2] * 4, ttl_s=1, now=0)
+    table.add("b", [2] * 4, kv_pin_ttl_s=1, now=0)
     table.expire(now=2)
     assert "b" not in table.pins and table.released["ttl"] == 1 and freed == [[2] * 4]
-    table.add("a", [3] * 7, ttl_s=5, now=2)
+    table.add("a", [3] * 7, kv_pin_ttl_s=5, now=2)
     assert table.pinned_blocks == 7 and freed[-1] == [1] * 6 and table.released["next_step"] == 1
     table.release_all("reset")
     assert table.pins == {} and table.pinned_blocks == 0 and table.released["reset"] == 1
 
 
 def test_retention_hints_and_scheduler_paths():
-    hints = {"pronk_trace_id": "t", "pronk_pin_ttl_s": 3.0}
+    hints = {"trace_id": "t", "kv_pin_ttl_s": 3.0}
     assert retention_hints("t", 3) == {**hints, "kv_transfer_params": hints}  # the host tier's policy reads these
-    assert scheduler_class("cpu") == "engine.kv_retention.PinningScheduler"
-    assert scheduler_class("cuda") == "engine.kv_retention.AsyncPinningScheduler"
+    assert scheduler_class("cpu") == "pronk.engine.kv_retention.PinningScheduler"
+    assert scheduler_class("cuda") == "pronk.engine.kv_retention.AsyncPinningScheduler"

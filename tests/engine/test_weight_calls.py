@@ -8,10 +8,10 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from engine.client import WeightsRefused, WorkerClient, WorkerUnavailable
-from engine.errors import EngineError
-from engine.vllm_backend import VllmBackend
-from engine.weight_swap import IncompatibleWeights, StagedWeights, add_weight_routes
+from pronk.engine.client import WeightsRefused, WorkerClient, WorkerUnavailable
+from pronk.engine.engine_error import EngineError
+from pronk.engine.vllm_backend import VllmBackend
+from pronk.engine.weight_swap import IncompatibleWeights, StagedWeights, add_weight_routes
 
 URL = "http://w0"
 

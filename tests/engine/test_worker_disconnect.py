@@ -1,6 +1,6 @@
 """A step whose caller gave up is cancelled in the worker, so the engine aborts it instead of generating for no one.
-The caller is the workers' own client (`engine.client.WorkerClient`, over `engine.http_transport`): a request it
-gives up on must close its connection for the worker to see it go."""
+The caller is the workers' own client (`pronk.engine.client.WorkerClient`, over `pronk.engine.http_transport`): a
+request it gives up on must close its connection for the worker to see it go."""
 
 import asyncio
 import contextlib
@@ -11,8 +11,8 @@ import uvicorn
 from fastapi import FastAPI, Request
 from pydantic import BaseModel
 
-from engine.client import WorkerClient
-from engine.worker import free_port, until_disconnected
+from pronk.engine.client import WorkerClient
+from pronk.engine.worker import free_port, until_disconnected
 
 
 class Step(BaseModel):

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from engine.worker import bind_socket
+from pronk.engine.worker import bind_socket
 
 
 def test_the_bound_port_is_held_until_the_worker_serves_on_it():

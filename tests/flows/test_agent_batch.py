@@ -18,6 +18,9 @@ from pronk.worker_token import worker_token
 from tests.conftest import DATA
 from tests.flows.deployment_runs import run_batch_deployment
 
+BWRAP = get_settings().sandbox_bwrap
+"""The bubblewrap binary a harness's python tool isolates code with."""
+
 pytestmark = pytest.mark.e2e
 JOB = "job-c0ffee01"
 AGENT_BATCH = DATA / "agent_batch.jsonl"
@@ -29,7 +32,7 @@ def read_jsonl(uri: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def agent_run(stack, tmp_path_factory):
-    from flows.batch import run_batch
+    from pronk.flows.batch import run_batch
 
     out = tmp_path_factory.mktemp("agent")
     return asyncio.run(run_batch(input_uri=str(AGENT_BATCH), job_id=JOB, output_dir=str(out)))
@@ -98,17 +101,17 @@ def test_step_records_show_one_worker_per_trace_and_cached_prefixes(agent_run):
 
 
 def test_a_raising_tool_a_runaway_python_call_and_a_stuck_tool_are_contained(stack, tmp_path):
-    from engine.registry import FileRegistry
-    from engine.router import Router
     from pronk.agents.harness import Harness
     from pronk.agents.step_records import StepRecorder
     from pronk.batches.input import validate_input
     from pronk.batches.outputs import output_line
-    from pronk.jobs.files import get_job
+    from pronk.engine.registry import FileRegistry
+    from pronk.engine.router import Router
+    from pronk.jobs.catalog import resolve_job
     from pronk.jobs.versions import with_changes
 
     job = with_changes(
-        get_job(JOB, get_settings()),
+        resolve_job(JOB, get_settings()),
         {
             "tools": {
                 "enabled": [
@@ -157,7 +160,7 @@ def test_a_raising_tool_a_runaway_python_call_and_a_stuck_tool_are_contained(sta
     async def run_all():
         try:
             return await asyncio.gather(
-                *(Harness(router, job, recorder, tmp_path).run_line(r) for r in validated.requests)
+                *(Harness(router, job, recorder, tmp_path, sandbox_bwrap=BWRAP).run_line(r) for r in validated.requests)
             )
         finally:
             await router.aclose()
@@ -180,9 +183,9 @@ def test_a_raising_tool_a_runaway_python_call_and_a_stuck_tool_are_contained(sta
 
 
 def test_replay_shapes_produce_exact_token_counts(stack):
-    from engine.registry import FileRegistry
-    from engine.router import Router
     from pronk.agents.replay import load_shapes, run_shape
+    from pronk.engine.registry import FileRegistry
+    from pronk.engine.router import Router
 
     shapes = load_shapes(PROJECT_ROOT / "data" / "shapes" / "sample_shapes.jsonl")
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.auth import auth_headers
 from pronk.batches.store import BatchStore
-from pronk.jobs.files import get_job
+from pronk.engine.auth import auth_headers
+from pronk.jobs.catalog import resolve_job
 from pronk.settings import get_settings
 from pronk.stack.state import worker_name
 from pronk.worker_token import worker_token
@@ -30,7 +30,7 @@ JOB = "job-c0ffee01"
 
 
 def run(input_path: Path, out_dir: Path, **kwargs) -> dict:
-    from flows.batch import run_batch
+    from pronk.flows.batch import run_batch
 
     return asyncio.run(run_batch(input_uri=str(input_path), job_id=JOB, output_dir=str(out_dir), **kwargs))
 
@@ -72,7 +72,7 @@ def test_batch_record_follows_the_status_lifecycle_and_accounts_usage_and_cost(s
     assert usage["output_tokens"] == sum(o["response"]["body"]["usage"]["completion_tokens"] for o in outputs)
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
     assert stored["worker_seconds"] > 0
-    price = get_job(JOB, get_settings()).price_per_worker_hour
+    price = resolve_job(JOB, get_settings()).price_per_worker_hour
     assert stored["processing_cost"] == pytest.approx(stored["worker_seconds"] / 3600 * price)
     assert stored["tasks_per_dollar"] == pytest.approx(32 / stored["processing_cost"])
 
@@ -81,7 +81,7 @@ def test_batch_record_follows_the_status_lifecycle_and_accounts_usage_and_cost(s
     ("content", "message"), [("", "no request lines"), (None, "cannot read input file")], ids=["empty", "missing"]
 )
 def test_empty_or_unreadable_input_fails_the_batch_with_a_message(stack, tmp_path, content, message):
-    from flows.batch import BatchFailed
+    from pronk.batches.run import BatchFailed
 
     path = tmp_path / "input.jsonl"
     if content is not None:
@@ -130,11 +130,11 @@ def test_prefect_deployment_run_completes_a_batch_through_the_process_worker(sta
 def test_a_killed_worker_has_its_steps_resent_and_a_sigtermed_one_withdraws(stack, tmp_path):
     """Two extra workers started together (one start-up instead of two): w2 is SIGKILLed while it holds steps,
     which other workers finish; w3 is SIGTERMed after the batch and leaves the registry."""
-    from engine.registry import FileRegistry
+    from pronk.engine.registry import FileRegistry
     from pronk.stack.fleet import start_workers, wait_for_workers
     from pronk.stack.processes import alive
 
-    job = get_job(JOB, get_settings())
+    job = resolve_job(JOB, get_settings())
     extra = start_workers(job, stack, indices=range(2, 4))
     wait_for_workers(job, stack, extra)
     lines = [

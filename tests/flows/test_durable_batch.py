@@ -120,7 +120,7 @@ def flow_run_state(flow_run_id: str) -> str | None:
 
 
 def test_a_prefect_retry_of_a_killed_run_runs_only_the_rest_in_the_same_flow_run(stack, tmp_path):
-    from flows.batch import batch_id_of_flow_run
+    from pronk.flows.batch import batch_id_of_flow_run
 
     total = 128  # 4 waves of 32 lines, >= 12 s of tool gaps on any machine, so the kill lands mid-run
     path = tmp_path / "input.jsonl"
@@ -216,7 +216,7 @@ def test_pronk_batch_resume_runs_only_the_lines_no_run_persisted(stack, tmp_path
 
 
 def test_a_prefect_server_that_stops_answering_neither_freezes_nor_blocks_the_batch(stack, tmp_path):
-    from flows.batch import run_batch
+    from pronk.flows.batch import run_batch
 
     total = 192  # 6 waves of 32 lines, >= 18 s of tool gaps on any machine, so Prefect stops answering mid-run
     path = tmp_path / "input.jsonl"

@@ -36,7 +36,7 @@ def write_spec(folder: Path, table: str, results: str | None, **overrides) -> Pa
 
 
 def enrich(spec: Path, limit: int | None = None) -> dict:
-    from flows.enrich import enrich_table
+    from pronk.flows.enrich import enrich_table
 
     return asyncio.run(enrich_table(spec=str(spec), limit=limit))
 
@@ -192,7 +192,7 @@ def test_the_run_page_shows_pronk_info_logs(local, first_run):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
-    from flows.enrich import enrich_table
+    from pronk.flows.enrich import enrich_table
 
     spec, _ = local
     state = asyncio.run(enrich_table(spec=str(spec), return_state=True))
@@ -203,7 +203,7 @@ def test_the_run_page_shows_pronk_info_logs(local, first_run):
             logs = await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
             return [log.message for log in logs]
 
-    # The flow's own logger and pronk's (`tasks.enrich`) both reach the run page at INFO.
+    # The flow's own logger and pronk's (`pronk.tasks.enrich`) both reach the run page at INFO.
     wanted = ("enrichment companies: 6 rows;", "enrichment companies: read 6 rows")
     deadline = time.monotonic() + 60  # Prefect ships logs in batches; a loaded server records them late
     while True:

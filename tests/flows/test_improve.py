@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-import flows.improve
-import flows.leap
+import pronk.flows.improve
+import pronk.flows.leap
 from pronk import storage
-from pronk.jobs.files import get_job
+from pronk.improve.rounds import RoundStore
+from pronk.jobs.catalog import resolve_job
 from pronk.jobs.schema import ImproveConfig
-from pronk.learn.rounds import RoundStore
 from pronk.models.registry import alias_version
 from tests.flows.test_leap import JOB, MODEL, answers_anything, fleet, restore_v1
 
@@ -53,7 +53,7 @@ def training_set(path, lines: int = 4):
 def test_a_round_trains_registers_and_leaps_through_the_canary(stack, tmp_path, monkeypatch):
     v1 = alias_version(MODEL, "live", stack)
     restore_v1(stack, v1)
-    base = get_job(JOB, stack)
+    base = resolve_job(JOB, stack)
     job = base.model_copy(
         update={
             "quality": base.quality.model_copy(
@@ -69,10 +69,10 @@ def test_a_round_trains_registers_and_leaps_through_the_canary(stack, tmp_path, 
             ),
         }
     )
-    monkeypatch.setattr(flows.improve, "get_job", lambda job_id, settings: job)
-    monkeypatch.setattr(flows.leap, "get_job", lambda job_id, settings: job)
+    monkeypatch.setattr(pronk.flows.improve, "resolve_job", lambda job_id, settings: job)
+    monkeypatch.setattr(pronk.flows.leap, "resolve_job", lambda job_id, settings: job)
     try:
-        [record] = asyncio.run(flows.improve.improve(job_id=JOB, rounds=1))
+        [record] = asyncio.run(pronk.flows.improve.improve(job_id=JOB, rounds=1))
         assert record["parent_version"] == f"{MODEL}/{v1}"
         assert record["selection"]["samples"] == 8 and record["selection"]["tasks"] == 4
         rollouts = storage.read_bytes(RoundStore(stack).rollouts_uri(record["id"]), stack)

@@ -22,12 +22,12 @@ import uvicorn
 from fastapi import FastAPI, HTTPException
 from safetensors.torch import load_file, save_file
 
-from engine.auth import auth_headers
-from engine.client import WorkerClient
-from engine.protocol import SamplingSpec, StepRequest, WorkerStats
-from engine.registry import Registry, WorkerEntry
-from engine.worker import free_port
-from pronk.jobs.files import get_job
+from pronk.engine.auth import auth_headers
+from pronk.engine.client import WorkerClient
+from pronk.engine.registry import Registry, WorkerEntry
+from pronk.engine.worker import free_port
+from pronk.engine.worker_protocol import SamplingSpec, StepRequest, WorkerStats
+from pronk.jobs.catalog import resolve_job
 from pronk.leap.records import LeapStore
 from pronk.models.registry import (
     alias_version,
@@ -55,7 +55,7 @@ def fleet(settings):
 
 
 def run_leap(**params) -> dict:
-    from flows.leap import leap
+    from pronk.flows.leap import leap
 
     return asyncio.run(leap(job_id=JOB, **params))
 
@@ -86,10 +86,10 @@ def restore_v1(settings, v1: int) -> None:
 @pytest.fixture(scope="module")
 def versions(stack):
     """(v1, v2): the live version and one fine-tuned from it; the fleet and `live` end on v1 whatever happens."""
-    from pronk.models.finetune import FinetuneConfig, finetune
+    from pronk.models.tiny_finetune import finetune
 
     v1 = alias_version(MODEL, "live", stack)
-    v2 = finetune(FinetuneConfig(source=f"models:/{MODEL}/{v1}"), stack).version
+    v2 = finetune(stack, f"models:/{MODEL}/{v1}").version
     try:
         yield v1, v2
     finally:
@@ -143,10 +143,10 @@ def held_slots(lines: int, hold_s: float) -> list[str]:
 
 
 def test_leap_during_a_running_batch_switches_every_step_cleanly(stack, on_v1, tmp_path):
-    from flows.batch import run_batch
-    from flows.leap import leap
     from pronk.batches.schemas import Batch
     from pronk.batches.store import BatchStore
+    from pronk.flows.batch import run_batch
+    from pronk.flows.leap import leap
     from pronk.stack.fleet import start_workers, wait_for_workers
     from pronk.stack.processes import stop
 
@@ -177,7 +177,7 @@ def test_leap_during_a_running_batch_switches_every_step_cleanly(stack, on_v1, t
         leap_record = await leap(job_id=JOB, version=v2)
         assert not batch.done(), "the batch ended before the Leap did"
         # A worker started after the Leap must load v2; it loads while the batch's held slots run out.
-        fresh.update(start_workers(get_job(JOB, get_settings()), stack, indices=range(2, 3)))
+        fresh.update(start_workers(resolve_job(JOB, get_settings()), stack, indices=range(2, 3)))
         return await batch, leap_record
 
     try:
@@ -201,7 +201,7 @@ def test_leap_during_a_running_batch_switches_every_step_cleanly(stack, on_v1, t
 
         after = {w.worker_id: probe(w.url) for w in fleet(stack)}
         assert all(tokens != before for tokens in after.values()), "the new weights produce the old outputs"
-        wait_for_workers(get_job(JOB, get_settings()), stack, fresh)
+        wait_for_workers(resolve_job(JOB, get_settings()), stack, fresh)
         (entry,) = [w for w in registry(stack).live(JOB) if w.worker_id == f"{JOB}-w2"]
         assert entry.stats.model_version == f"{MODEL}/{v2}"
         assert all(tokens == probe(entry.url) for tokens in after.values())
@@ -219,7 +219,7 @@ def wrong_shape_checkpoint(settings, v1: int, path):
 
 
 def test_a_wrong_shape_checkpoint_is_refused_and_the_fleet_keeps_serving_v1(stack, on_v1, tmp_path):
-    from flows.leap import LeapRefused
+    from pronk.flows.leap import LeapRefused
     from pronk.models.checkpoints import CheckpointMismatch
     from pronk.models.versions import upload_checkpoint
 
@@ -229,7 +229,7 @@ def test_a_wrong_shape_checkpoint_is_refused_and_the_fleet_keeps_serving_v1(stac
     with pytest.raises(
         CheckpointMismatch, match=r"'model.layers.1.mlp.up_proj.weight' shape is \[600, 256\], expected \[688, 256\]"
     ):
-        upload_checkpoint(str(wrong), MODEL, job_model=get_job(JOB, get_settings()).model, settings=stack)
+        upload_checkpoint(str(wrong), MODEL, job_model=resolve_job(JOB, get_settings()).model, settings=stack)
     assert latest_version(MODEL, stack) == newest, "a refused checkpoint was registered"
 
     w0 = fleet(stack)[0]
@@ -316,7 +316,7 @@ class StubWorker:
 
 
 def test_a_worker_that_cannot_switch_sends_the_others_back(stack, on_v1):
-    from flows.leap import LeapFailed
+    from pronk.flows.leap import LeapFailed
 
     v1, v2 = on_v1
     with (
@@ -401,13 +401,15 @@ def speechless_checkpoint(settings, v1: int, path):
 
 
 def test_the_canary_refuses_a_worse_version_and_lets_an_equal_one_through(stack, on_v1, tmp_path, monkeypatch):
-    import flows.leap
-    from flows.leap import LeapRefused
+    import pronk.flows.leap
+    from pronk.flows.leap import LeapRefused
 
     v1, _ = on_v1
-    job = get_job(JOB, get_settings())
+    job = resolve_job(JOB, get_settings())
     quality = job.quality.model_copy(update={"labelled_set": str(answers_anything(tmp_path / "labelled.jsonl"))})
-    monkeypatch.setattr(flows.leap, "get_job", lambda job_id, settings: job.model_copy(update={"quality": quality}))
+    monkeypatch.setattr(
+        pronk.flows.leap, "resolve_job", lambda job_id, settings: job.model_copy(update={"quality": quality})
+    )
     worse = register_model_dir(speechless_checkpoint(stack, v1, tmp_path / "worse"), MODEL, settings=stack)
     same = register_model_dir(resolve_model(f"models:/{MODEL}/{v1}", stack).path, MODEL, settings=stack)
     try:

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.models.imports import import_model
 from pronk.settings import PROJECT_ROOT, get_settings
 from pronk.stack.fleet import start_workers, wait_for_workers
@@ -18,9 +18,9 @@ pytestmark = pytest.mark.e2e
 
 
 def test_smollm2_is_imported_once_and_its_checked_lines_count_passed_tasks(stack, tmp_path):
-    from flows.batch import run_batch
+    from pronk.flows.batch import run_batch
 
-    job = get_job("smollm2-cpu", get_settings())
+    job = resolve_job("smollm2-cpu", get_settings())
     assert job.model_source is not None
     first = import_model(job.model_source, "smollm2-135m-instruct", settings=stack)  # converts the GGUF once
     workers = start_workers(job, stack, indices=[0])

@@ -14,10 +14,10 @@ from uuid import UUID
 
 import pytest
 
-from flows.batch import batch_id_of_flow_run
 from pronk.agents.step_records import StepRecord
-from pronk.agents.trace_dag import trace_dag
 from pronk.batches.store import BatchStore
+from pronk.control.trace_sample.dag import trace_dag
+from pronk.flows.batch import batch_id_of_flow_run
 from pronk.settings import get_settings
 from tests.conftest import DATA
 from tests.flows.deployment_runs import run_batch_deployment

@@ -6,7 +6,7 @@ import os
 import pytest
 from pydantic import ValidationError
 
-from engine.tls import TlsFileError
+from pronk.engine.tls import TlsFileError
 from pronk.settings import Settings
 from pronk.worker_token import WorkerTokenError, token_path, worker_client, worker_token
 

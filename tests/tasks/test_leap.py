@@ -4,9 +4,9 @@ a checkpoint the worker refused is not retried, any other failure is."""
 import pytest
 from prefect.states import Failed
 
-from engine.client import WeightsRefused, WorkerUnavailable
-from engine.errors import EngineError
-from tasks.leap import stage_weights
+from pronk.engine.client import WeightsRefused, WorkerUnavailable
+from pronk.engine.engine_error import EngineError
+from pronk.tasks.leap import stage_weights
 
 
 @pytest.mark.parametrize(

@@ -53,11 +53,14 @@ def project_path(path: str) -> Path:
     return candidate if candidate.is_absolute() else PROJECT_ROOT / candidate
 
 
-def _builtin(name: str, config: ToolsConfig, max_fan_out: int) -> Tool | None:
+BUILTIN_TOOLS = ("python", "sql", "search", SPAWN_SUBAGENTS)
+
+
+def _builtin(name: str, config: ToolsConfig, max_fan_out: int, bwrap: str) -> Tool | None:
     if name == "python":
         from pronk.agents.tools.python_exec import PythonTool
 
-        return PythonTool(config.python)
+        return PythonTool(config.python, bwrap)
     if name == "sql":
         from pronk.agents.tools.sql import SqlTool
 
@@ -71,11 +74,16 @@ def _builtin(name: str, config: ToolsConfig, max_fan_out: int) -> Tool | None:
     return None
 
 
-def _imported(path: str, config: ToolsConfig) -> Tool:
+def _imported_object(path: str) -> Any:
+    """The object a `package.module:object` entry names: a tool, or a class that makes one."""
     module_name, _, attribute = path.partition(":")
     if not module_name or not attribute:
         raise ValueError(f"tool {path!r} is neither a built-in nor a 'package.module:object' import path")
-    obj: Any = getattr(importlib.import_module(module_name), attribute)
+    return getattr(importlib.import_module(module_name), attribute)
+
+
+def _imported(path: str, config: ToolsConfig) -> Tool:
+    obj: Any = _imported_object(path)
     if inspect.isclass(obj):
         factory: Any = obj
         obj = factory(config) if inspect.signature(factory).parameters else factory()
@@ -85,11 +93,12 @@ def _imported(path: str, config: ToolsConfig) -> Tool:
     return obj
 
 
-def load_tools(config: ToolsConfig, max_fan_out: int = 4) -> dict[str, Tool]:
-    """The job's tools by name (`max_fan_out` bounds spawn_subagents' tasks); a bad entry raises ValueError."""
+def load_tools(config: ToolsConfig, bwrap: str, max_fan_out: int = 4) -> dict[str, Tool]:
+    """The job's tools by name (`bwrap`: the bubblewrap binary the python tool isolates code with; `max_fan_out`
+    bounds spawn_subagents' tasks); a bad entry raises ValueError."""
     tools: dict[str, Tool] = {}
     for entry in config.enabled:
-        tool = _builtin(entry, config, max_fan_out) or _imported(entry, config)
+        tool = _builtin(entry, config, max_fan_out, bwrap) or _imported(entry, config)
         if tool.name in tools:
             raise ValueError(f"tool name {tool.name!r} given twice in the job's tools.enabled")
         tools[tool.name] = tool
@@ -120,9 +129,15 @@ async def run_tool(
 _LOADED: dict[str, dict[str, Tool]] = {}
 
 
-def job_tools(job: JobConfig) -> dict[str, Tool]:
-    """The job's tools (`load_tools`), loaded once per distinct tools section and fan-out in this process."""
-    key = f"{job.tools.model_dump_json()}|{job.harness.max_fan_out}"
+def job_tools(job: JobConfig, bwrap: str) -> dict[str, Tool]:
+    """The job's tools (`load_tools`), loaded once per distinct tools section, fan-out and sandbox in this process."""
+    key = f"{job.tools.model_dump_json()}|{job.harness.max_fan_out}|{bwrap}"
     if key not in _LOADED:
-        _LOADED[key] = load_tools(job.tools, job.harness.max_fan_out)
+        _LOADED[key] = load_tools(job.tools, bwrap, job.harness.max_fan_out)
     return _LOADED[key]
+
+
+def tool_names(job: JobConfig) -> set[str]:
+    """The names of the job's tools, none of them made: a built-in's own, an imported tool's (or tool class's)
+    `name` (for validating lines against the job, where nothing runs)."""
+    return {entry if entry in BUILTIN_TOOLS else _imported_object(entry).name for entry in job.tools.enabled}

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from pronk.errors import PronkError
+from pronk.pronk_error import PronkError
 
 
 class ToolError(PronkError):

@@ -13,7 +13,6 @@ from pronk.agents.tools.base import ToolContext, ToolError
 from pronk.agents.tools.call_cgroup import CallCgroup
 from pronk.agents.tools.sandbox import BWRAP_ENV, Sandbox, sandbox_unavailable
 from pronk.jobs.schema import PythonToolLimits
-from pronk.settings import get_settings
 
 SIGNALLED = 128  # bwrap exits 128 + N when the sandboxed program dies of signal N
 SANDBOX_PROCESSES = 4
@@ -48,7 +47,9 @@ class PythonTool:
     name = "python"
     description = "Run Python 3 code in a sandbox (scratch folder only, no network); returns what it prints."
 
-    def __init__(self, limits: PythonToolLimits, bwrap: str | None = None):
+    def __init__(self, limits: PythonToolLimits, bwrap: str):
+        """`bwrap`: the bubblewrap binary to isolate code with (the settings' `sandbox_bwrap`, handed down by whoever
+        runs the tool)."""
         self.limits = limits
         self.parameters: dict[str, Any] = {
             "type": "object",
@@ -56,7 +57,7 @@ class PythonTool:
             "required": ["code"],
             "additionalProperties": False,
         }
-        self.sandbox = Sandbox(bwrap or get_settings().sandbox_bwrap, limits)
+        self.sandbox = Sandbox(bwrap, limits)
 
     async def run(self, arguments: dict[str, Any], context: ToolContext) -> str:
         code = arguments.get("code")

@@ -25,7 +25,6 @@ Where bubblewrap is missing or cannot create namespaces, `sandbox_unavailable` s
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import subprocess
@@ -39,8 +38,6 @@ from pathlib import Path
 from pronk.agents.tools import scratch as scratch_files
 from pronk.agents.tools.seccomp import no_user_namespaces_fd
 from pronk.jobs.schema import PythonToolLimits
-
-logger = logging.getLogger(__name__)
 
 SANDBOX_UID = 65534
 SCRATCH = "/scratch"
@@ -328,11 +325,3 @@ def sandbox_unavailable(bwrap: str) -> str | None:
         return f"bubblewrap sandbox cannot start: {exc}"
     finally:
         shutil.rmtree(scratch.parent, ignore_errors=True)
-
-
-def sandbox_available(bwrap: str) -> bool:
-    """True when the `python` tool can run code under bubblewrap here (cached)."""
-    why = sandbox_unavailable(bwrap)
-    if why:
-        logger.warning("python tool disabled: %s", why)
-    return why is None

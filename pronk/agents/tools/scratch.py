@@ -18,6 +18,8 @@ import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
+from pronk.settings import Settings
+
 MAX_FILES = 4096
 """Most entries a trace's scratch keeps (a tmpfs bounds bytes, not how many empty files fit in them)."""
 
@@ -96,3 +98,9 @@ def keep(folder: Path, dump: bytes | None, limit: int) -> str | None:
     staging.rename(folder)
     shutil.rmtree(old, ignore_errors=True)
     return f"left out {', '.join(left_out[:5])}{' and more' if len(left_out) > 5 else ''}" if left_out else None
+
+
+def scratch_dir(settings: Settings, run_id: str) -> Path:
+    """Where a run's tools may write (each trace's scratch folder, and the `python` tool's sandbox folders, live
+    under it): a batch's by its batch id, an improve round's or a Leap's canary's by theirs."""
+    return settings.data_dir / "scratch" / run_id

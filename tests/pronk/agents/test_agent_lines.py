@@ -13,7 +13,7 @@ from pronk.agents.tool_calls import parse_call as _parse
 from pronk.agents.tool_calls import step_schema
 from pronk.agents.tools import job_tools
 from pronk.batches.input import validate_input
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.protocol.error_codes import ErrorCode
 from pronk.settings import PROJECT_ROOT, get_settings
 from tests.conftest import DATA
@@ -21,7 +21,7 @@ from tests.conftest import DATA
 
 @pytest.fixture
 def job():
-    return get_job("tiny-cpu", get_settings())
+    return resolve_job("tiny-cpu", get_settings())
 
 
 def line(custom_id: str, **body) -> str:
@@ -47,7 +47,7 @@ def tool(name: str, parameters=None) -> dict:
     ids=lambda value: value.name if isinstance(value, Path) else value,
 )
 def test_shipped_batches_validate_for_their_job(path, job_name):
-    validated = validate_input(path.read_bytes(), get_job(job_name, get_settings()))
+    validated = validate_input(path.read_bytes(), resolve_job(job_name, get_settings()))
     assert validated.errors == [] and len(validated.requests) == validated.total
 
 
@@ -110,7 +110,7 @@ def test_step_schema_is_valid_bounded_and_parses_calls(job):
     validated = validate_input(
         line("ok", tools=[tool("python"), tool("sql"), tool("search"), tool("spawn_subagents")]).encode(), job
     )
-    views = list(tool_views(validated.requests[0].body, job_tools(job)).values())
+    views = list(tool_views(validated.requests[0].body, job_tools(job, get_settings().sandbox_bwrap)).values())
     schema = step_schema(views, allow_final=True, max_tokens=96)
     Draft202012Validator.check_schema(schema)
     lengths = [v for k, v in _walk(schema) if k == "maxLength"]
@@ -138,7 +138,7 @@ def test_response_format_constrains_the_final_answer(job):
     validated = validate_input(line("ok", tools=[tool("search")], response_format=fmt).encode(), job)
     body = validated.requests[0].body
     assert body.answer_schema == ANSWER
-    views = list(tool_views(body, job_tools(job)).values())
+    views = list(tool_views(body, job_tools(job, get_settings().sandbox_bwrap)).values())
     schema = step_schema(views, allow_final=True, max_tokens=96, answer_schema=body.answer_schema)
     Draft202012Validator.check_schema(schema)
     final = schema["anyOf"][-1]["properties"]["final"]

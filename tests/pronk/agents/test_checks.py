@@ -11,6 +11,7 @@ from pronk.agents.checks import last_number, normalized, run_check
 from pronk.agents.tools.python_exec import PythonTool
 from pronk.jobs.schema import PythonToolLimits
 from pronk.protocol.checks import Check
+from pronk.settings import get_settings
 
 CHECK = TypeAdapter(Check)
 
@@ -79,7 +80,9 @@ def test_normalised_text_and_last_number():
 
 
 def test_a_python_predicate_runs_in_the_sandbox(tmp_path):
-    python = PythonTool(PythonToolLimits(cpu_s=2, wall_s=5, memory_mb=256, output_bytes=1024))
+    python = PythonTool(
+        PythonToolLimits(cpu_s=2, wall_s=5, memory_mb=256, output_bytes=1024), get_settings().sandbox_bwrap
+    )
     predicate = "def check(answer):\n    return int(answer) % 7 == 0\n"
     assert check({"type": "python", "predicate": predicate}, "343", python).status == "passed"
     assert check({"type": "python", "predicate": predicate}, "344", python).status == "failed"

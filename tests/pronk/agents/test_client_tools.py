@@ -11,17 +11,20 @@ import pytest
 from openai.types.chat import ChatCompletion
 from pydantic import BaseModel
 
-from engine.client import StepRejected
-from engine.protocol import StepRequest, StepResult
 from pronk.agents.harness import Harness
 from pronk.agents.step_records import StepRecorder
 from pronk.batches.input import validate_input
 from pronk.batches.outputs import output_line
-from pronk.jobs.files import get_job
+from pronk.engine.client import StepRejected
+from pronk.engine.worker_protocol import StepRequest, StepResult
+from pronk.jobs.catalog import resolve_job
 from pronk.protocol.error_codes import ErrorCode
 from pronk.settings import get_settings
 from tests.fakes import answered
 from tests.peers import how_lines_ended
+
+BWRAP = get_settings().sandbox_bwrap
+"""The bubblewrap binary a harness's python tool isolates code with."""
 
 WEATHER = {
     "type": "function",
@@ -69,12 +72,14 @@ class ScriptedRouter:
 
 
 def run(body: dict, *outputs: str, tmp_path):
-    job = get_job("tiny-cpu", get_settings())
+    job = resolve_job("tiny-cpu", get_settings())
     raw = {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "pronk-tiny", **body}}
     validated = validate_input(json.dumps(raw).encode(), job)
     assert validated.errors == [], validated.errors
     router = ScriptedRouter(*outputs)
-    outcome = asyncio.run(Harness(router, job, StepRecorder(), tmp_path).run_line(validated.requests[0]))  # type: ignore[arg-type]
+    outcome = asyncio.run(
+        Harness(router, job, StepRecorder(), tmp_path, sandbox_bwrap=BWRAP).run_line(validated.requests[0])
+    )  # type: ignore[arg-type]
     return outcome, router.steps
 
 
@@ -254,10 +259,10 @@ def test_the_lines_of_vllms_run_batch_tests_end_as_openai_ends_them_each_valid_f
         line("request-4", url="/bad_url", max_completion_tokens=16),
         line("request-5", stream="True", max_completion_tokens=16),
     ]
-    job = get_job("tiny-cpu", get_settings())
+    job = resolve_job("tiny-cpu", get_settings())
     validated = validate_input("\n".join(lines).encode(), job)
     router = ScriptedRouter("Hello!", "Hello!")
-    harness = Harness(router, job, StepRecorder(), tmp_path)  # type: ignore[arg-type]
+    harness = Harness(router, job, StepRecorder(), tmp_path, sandbox_bwrap=BWRAP)  # type: ignore[arg-type]
     outcomes = [asyncio.run(harness.run_line(request)) for request in validated.requests]
     written = [output_line(o).model_dump(mode="json") for o in outcomes]
     written += [e.model_dump(mode="json") for e in validated.errors]

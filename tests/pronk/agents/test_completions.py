@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from engine.admission import KvBudget
-from engine.registry import FileRegistry
-from engine.router import Router
 from pronk.agents.completions import run_request
 from pronk.agents.step_records import StepRecorder
-from pronk.jobs.files import get_job
+from pronk.engine.admission import KvBudget
+from pronk.engine.registry import FileRegistry
+from pronk.engine.router import Router
+from pronk.jobs.catalog import resolve_job
 from pronk.protocol.bodies import ChatCompletionBody
 from pronk.protocol.lines import ValidRequest
 from pronk.settings import get_settings
@@ -24,7 +24,7 @@ async def test_a_chat_line_leaves_its_workers_admission_budget_when_it_ends(tmp_
 
     for line in range(3):
         request = ValidRequest(line, f"line-{line}", body)
-        outcome = await run_request(router, request, body, get_job("tiny-cpu", get_settings()), StepRecorder())
+        outcome = await run_request(router, request, body, resolve_job("tiny-cpu", get_settings()), StepRecorder())
         assert outcome.custom_id == f"line-{line}"
 
     # before, each line stayed resident (and in the growth reserve) until the 30-minute idle expiry

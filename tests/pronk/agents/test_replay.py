@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 
-from engine.protocol import StepRequest, StepResult
 from pronk.agents.replay import filler_tokens, run_shape
 from pronk.agents.tool_gaps import ToolGaps
+from pronk.engine.worker_protocol import StepRequest, StepResult
 from pronk.protocol.shapes import TraceShape
+from pronk.settings import get_settings
+
+BWRAP = get_settings().sandbox_bwrap
+"""The bubblewrap binary a harness's python tool isolates code with."""
 
 
 class EchoRouter:
@@ -104,7 +108,7 @@ def test_a_replay_that_ran_across_a_leap_reports_the_version_of_its_last_step(tm
     from pronk.agents.harness import Harness
     from pronk.agents.step_records import StepRecorder
     from pronk.batches.input import validate_input
-    from pronk.jobs.files import get_job
+    from pronk.jobs.catalog import resolve_job
     from pronk.settings import get_settings
 
     router = EchoRouter()
@@ -115,7 +119,7 @@ def test_a_replay_that_ran_across_a_leap_reports_the_version_of_its_last_step(tm
         return result.model_copy(update={"model_version": f"m/{len(router.requests)}", "worker_id": "w1"})
 
     router.generate = leaping  # type: ignore[method-assign]
-    job = get_job("tiny-cpu", get_settings())
+    job = resolve_job("tiny-cpu", get_settings())
     shape = {"trace_id": "t", "system_prompt_tokens": 4, "steps": [{"new_prompt_tokens": 2, "output_tokens": 2}] * 2}
     line = {
         "custom_id": "r",
@@ -124,6 +128,6 @@ def test_a_replay_that_ran_across_a_leap_reports_the_version_of_its_last_step(tm
         "body": {"model": "pronk-tiny", "shape": shape},
     }
     (request,) = validate_input(json.dumps(line).encode(), job).requests
-    outcome = asyncio.run(Harness(router, job, StepRecorder(), tmp_path).run_line(request))  # type: ignore[arg-type]
+    outcome = asyncio.run(Harness(router, job, StepRecorder(), tmp_path, sandbox_bwrap=BWRAP).run_line(request))  # type: ignore[arg-type]
     assert outcome.completion is not None
     assert (outcome.completion.model_version, outcome.completion.worker_id) == ("m/2", "w1")

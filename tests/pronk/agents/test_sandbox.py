@@ -16,18 +16,18 @@ from pronk import paths
 from pronk.agents.tools import call_cgroup, run_tool
 from pronk.agents.tools.base import ToolContext, ToolOutcome
 from pronk.agents.tools.python_exec import PythonTool
-from pronk.agents.tools.sandbox import sandbox_available
+from pronk.agents.tools.sandbox import sandbox_unavailable
 from pronk.jobs.schema import PythonToolLimits
 from pronk.settings import PROJECT_ROOT, get_settings
 
 needs_sandbox = pytest.mark.skipif(
-    not sandbox_available(get_settings().sandbox_bwrap), reason="bubblewrap cannot create namespaces here"
+    sandbox_unavailable(get_settings().sandbox_bwrap) is not None, reason="bubblewrap cannot create namespaces here"
 )
 LIMITS = PythonToolLimits(cpu_s=2, wall_s=20, memory_mb=256, output_bytes=4096)
 
 
-def run(code: str, scratch: Path, limits: PythonToolLimits = LIMITS) -> ToolOutcome:
-    tool = PythonTool(limits)
+def run(code: str, scratch: Path, limits: PythonToolLimits = LIMITS, bwrap: str | None = None) -> ToolOutcome:
+    tool = PythonTool(limits, bwrap or get_settings().sandbox_bwrap)
     return asyncio.run(run_tool(tool, {"code": code}, ToolContext("t", scratch), 60.0, 20_000))
 
 
@@ -278,15 +278,10 @@ def test_limits_fire(scratch, code, expected):
     assert outcome.text.startswith("python: ")
 
 
-def test_the_tool_refuses_without_bubblewrap(scratch, monkeypatch):
-    monkeypatch.setenv("PRONK_SANDBOX_BWRAP", str(scratch / "no-such-bwrap"))
-    get_settings.cache_clear()
-    try:
-        outcome = run("open('ran', 'w').write('1')", scratch)
-    finally:
-        get_settings.cache_clear()
+def test_the_tool_refuses_without_bubblewrap(scratch):
+    outcome = run("open('ran', 'w').write('1')", scratch, bwrap=str(scratch / "no-such-bwrap"))
     assert not outcome.ok and outcome.text.startswith("python: refused: no OS sandbox")
-    assert not sandbox_available(str(scratch / "no-such-bwrap"))
+    assert sandbox_unavailable(str(scratch / "no-such-bwrap")) is not None
     assert not (scratch / "ran").exists()
 
 
@@ -297,7 +292,7 @@ def test_the_process_limit_binds_each_sandbox_on_its_own(tmp_path):
         "            time.sleep(2)\n            os._exit(0)\n        n += 1\n"
         "except OSError as exc:\n    print('refused after', n, exc.strerror)"
     )
-    tool = PythonTool(LIMITS.model_copy(update={"processes": 12}))
+    tool = PythonTool(LIMITS.model_copy(update={"processes": 12}), get_settings().sandbox_bwrap)
 
     async def three_at_once():
         contexts = [ToolContext("t", tmp_path / f"scratch{i}") for i in range(3)]

@@ -8,14 +8,17 @@ import json
 
 import pytest
 
-from engine.protocol import StepRequest, StepResult
 from pronk.agents.harness import Harness
 from pronk.agents.step_records import StepRecorder, ToolCallCounts, summarise
 from pronk.agents.tool_calls import parse_call, tool_call_validity
 from pronk.batches.input import validate_input
-from pronk.jobs.files import get_job
+from pronk.engine.worker_protocol import StepRequest, StepResult
+from pronk.jobs.catalog import resolve_job
 from pronk.settings import get_settings
 from tests.fakes import answered
+
+BWRAP = get_settings().sandbox_bwrap
+"""The bubblewrap binary a harness's python tool isolates code with."""
 
 SQL = {
     "type": "object",
@@ -60,7 +63,7 @@ class ScriptedRouter:
 
 
 def test_the_harness_records_each_attempt_and_the_trace_sums_them(tmp_path):
-    job = get_job("tiny-cpu", get_settings())
+    job = resolve_job("tiny-cpu", get_settings())
     tools = [{"type": "function", "function": {"name": "sql", "parameters": SQL}}]
     raw = {
         "custom_id": "a",
@@ -77,7 +80,7 @@ def test_the_harness_records_each_attempt_and_the_trace_sums_them(tmp_path):
         '{"final": "done"}',  # step 2: no tool call
     ]
     recorder = StepRecorder()
-    harness = Harness(ScriptedRouter(outputs), job, recorder, tmp_path)  # type: ignore[arg-type]
+    harness = Harness(ScriptedRouter(outputs), job, recorder, tmp_path, sandbox_bwrap=BWRAP)  # type: ignore[arg-type]
     outcome = asyncio.run(harness.run_line(request))
 
     records = recorder.take_line("a")
@@ -97,7 +100,7 @@ def test_the_harness_records_each_attempt_and_the_trace_sums_them(tmp_path):
 
 @pytest.mark.parametrize(("choice", "last_may_call"), [("auto", False), ("required", True)])
 def test_the_last_step_must_answer_unless_every_step_must_call_a_tool(tmp_path, choice, last_may_call):
-    job = get_job("tiny-cpu", get_settings())
+    job = resolve_job("tiny-cpu", get_settings())
     tools = [{"type": "function", "function": {"name": "sql", "parameters": SQL}}]
     body = {"model": "pronk-tiny", "messages": [{"role": "user", "content": "go"}], "tools": tools}
     raw = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": body}
@@ -113,7 +116,7 @@ def test_the_last_step_must_answer_unless_every_step_must_call_a_tool(tmp_path, 
         return await generate(step)
 
     router.generate = recording  # type: ignore[method-assign]
-    outcome = asyncio.run(Harness(router, job, StepRecorder(), tmp_path).run_line(request))  # type: ignore[arg-type]
+    outcome = asyncio.run(Harness(router, job, StepRecorder(), tmp_path, sandbox_bwrap=BWRAP).run_line(request))  # type: ignore[arg-type]
     assert ("tool" in json.dumps(schemas[1])) is last_may_call
     assert outcome.completion is not None
     assert outcome.completion.finish_reason == ("max_steps" if last_may_call else "stop")

@@ -10,6 +10,7 @@ from pronk.agents.tools import load_tools, run_tool
 from pronk.agents.tools.base import ToolContext
 from pronk.agents.tools.python_exec import PythonTool
 from pronk.jobs.schema import PythonToolLimits, ToolsConfig
+from pronk.settings import get_settings
 
 
 def call(tool, arguments, tmp_path, timeout_s=20.0):
@@ -21,7 +22,8 @@ def tools():
     return load_tools(
         ToolsConfig(
             enabled=["python", "sql", "search", "spawn_subagents", "tests.pronk.agents.tool_fixtures:ExplodingTool"]
-        )
+        ),
+        get_settings().sandbox_bwrap,
     )
 
 
@@ -57,7 +59,9 @@ def test_python_shows_the_value_of_a_last_expression_as_a_notebook_does(tools, t
 )
 def test_python_limits_and_confinement_become_tool_errors(tmp_path, code, expected):
     wall_s = 2 if "sleep" in code else 30
-    tool = PythonTool(PythonToolLimits(cpu_s=1, wall_s=wall_s, memory_mb=256, output_bytes=1024))
+    tool = PythonTool(
+        PythonToolLimits(cpu_s=1, wall_s=wall_s, memory_mb=256, output_bytes=1024), get_settings().sandbox_bwrap
+    )
     outcome = call(tool, {"code": code}, tmp_path)
     assert not outcome.ok and expected in outcome.text
     assert outcome.seconds < 30
@@ -99,13 +103,13 @@ def test_a_search_snippet_is_the_passage_that_matches_the_query(tools, tmp_path)
 def test_a_raising_or_stuck_tool_is_contained(tools, tmp_path):
     outcome = call(tools["explode"], {"why": "test"}, tmp_path)
     assert not outcome.ok and "RuntimeError: kaboom" in outcome.text
-    stuck = load_tools(ToolsConfig(enabled=["tests.pronk.agents.tool_fixtures:StuckTool"]))["stuck"]
+    stuck = load_tools(ToolsConfig(enabled=["tests.pronk.agents.tool_fixtures:StuckTool"]), "bwrap")["stuck"]
     outcome = call(stuck, {}, tmp_path, timeout_s=0.5)
     assert not outcome.ok and "timed out after 0.5s" in outcome.text
 
 
 def test_bad_tool_entries_are_refused_by_name():
     with pytest.raises(ValueError, match="nope"):
-        load_tools(ToolsConfig(enabled=["nope"]))
+        load_tools(ToolsConfig(enabled=["nope"]), "bwrap")
     with pytest.raises(ValueError, match="given twice"):
-        load_tools(ToolsConfig(enabled=["sql", "sql"]))
+        load_tools(ToolsConfig(enabled=["sql", "sql"]), "bwrap")

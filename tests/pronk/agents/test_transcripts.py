@@ -6,13 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 
-from engine.protocol import StepRequest, StepResult
-from pronk.agents.harness import Harness
-from pronk.agents.step_records import StepRecorder
 from pronk.agents.transcripts import TranscriptRecorder
 from pronk.batches.input import validate_input
-from pronk.jobs.files import get_job
+from pronk.engine.worker_protocol import StepRequest, StepResult
+from pronk.jobs.catalog import resolve_job
 from pronk.settings import get_settings
+from tests.fakes import tiny_harness
 from tests.pronk.agents.test_tool_calls import ScriptedRouter
 
 
@@ -35,7 +34,7 @@ def agent_line(tools: list[str], question: str = "How many companies are there?"
         "tools": [{"type": "function", "function": {"name": name}} for name in tools],
     }
     raw = {"custom_id": "line-1", "method": "POST", "url": "/v1/chat/completions", "body": body}
-    (request,) = validate_input(json.dumps(raw).encode(), get_job("tiny-cpu", get_settings())).requests
+    (request,) = validate_input(json.dumps(raw).encode(), resolve_job("tiny-cpu", get_settings())).requests
     return request
 
 
@@ -43,7 +42,7 @@ def test_a_trace_is_kept_whole_as_sent_with_its_final_answer(tmp_path):
     call = '{"tool": "sql", "arguments": {"query": "SELECT COUNT(*) AS n FROM companies"}}'
     router = SentRouter([call, '{"final": "24"}'])
     transcripts = TranscriptRecorder()
-    harness = Harness(router, get_job("tiny-cpu", get_settings()), StepRecorder(), tmp_path, transcripts)  # type: ignore[arg-type]
+    harness = tiny_harness(router, tmp_path, transcripts)
     outcome = asyncio.run(harness.run_line(agent_line(["sql"])))
 
     assert outcome.completion is not None and outcome.completion.text == "24"
@@ -64,7 +63,7 @@ def test_fan_out_keeps_each_child_and_the_root_last(tmp_path):
     spawn = '{"tool": "spawn_subagents", "arguments": {"tasks": ["count them", "name one"]}}'
     router = SentRouter([spawn, '{"final": "child answer"}', '{"final": "child answer"}', '{"final": "done"}'])
     transcripts = TranscriptRecorder()
-    harness = Harness(router, get_job("tiny-cpu", get_settings()), StepRecorder(), tmp_path, transcripts)  # type: ignore[arg-type]
+    harness = tiny_harness(router, tmp_path, transcripts)
     asyncio.run(harness.run_line(agent_line(["sql", "spawn_subagents"])))
 
     *children, root = transcripts.take_line("line-1")
@@ -79,6 +78,6 @@ def test_fan_out_keeps_each_child_and_the_root_last(tmp_path):
 
 def test_without_a_recorder_the_harness_keeps_none(tmp_path):
     router = SentRouter(['{"final": "24"}'])
-    harness = Harness(router, get_job("tiny-cpu", get_settings()), StepRecorder(), tmp_path)  # type: ignore[arg-type]
+    harness = tiny_harness(router, tmp_path)
     outcome = asyncio.run(harness.run_line(agent_line(["sql"])))
     assert harness.transcripts is None and outcome.completion is not None

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.e2e
 
 
 def test_a_batch_past_its_window_expires_with_its_finished_results(stack, tmp_path):
-    from flows.batch import run_batch
+    from pronk.flows.batch import run_batch
 
     # 16 waves of 32 lines, >= 48 s of tool gaps on any machine, cannot finish in a 20 s window; a run starts well
     # inside it even on a loaded machine.

@@ -7,7 +7,7 @@ import time
 from pronk.batches.run import BatchRun
 from pronk.batches.schemas import Batch
 from pronk.batches.store import BatchStore
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.protocol.bodies import ChatCompletionBody
 from pronk.protocol.lines import ValidRequest
 from pronk.settings import Settings, get_settings
@@ -22,7 +22,7 @@ def make_run(tmp_path, expires_at: int | None = None) -> tuple[BatchRun, BatchSt
     body = ChatCompletionBody(model="pronk-tiny", messages=[{"role": "user", "content": "hi"}])
     requests = [ValidRequest(line=i + 1, custom_id=f"r{i}", body=body) for i in range(3)]
     batch.request_counts.total = len(requests)
-    return BatchRun(batch, get_job("job-c0ffee01", get_settings()), requests=requests), store
+    return BatchRun(batch, resolve_job("job-c0ffee01", get_settings()), requests=requests), store
 
 
 def test_a_cancel_request_stops_the_run_and_the_record_cannot_lose_it(tmp_path):

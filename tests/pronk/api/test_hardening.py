@@ -14,11 +14,11 @@ import pytest
 import uvicorn
 from fastapi.testclient import TestClient
 
-from engine.worker import free_port
 from pronk.api.app import create_app
 from pronk.api.body_limits import BodyLimits
+from pronk.api.files.serving import content_disposition
 from pronk.api.keys import ApiKeyStore
-from pronk.api.routes.files import content_disposition
+from pronk.engine.worker import free_port
 from pronk.settings import Settings
 from tests.pronk.api.test_routes import RecordingRuns, assert_error, line, upload
 from tests.pronk.cli.test_cli import local_env, pronk
@@ -257,8 +257,8 @@ def test_weight_sources_are_models_s3_or_under_the_weights_root(api, path, body,
 
 
 def test_without_a_weights_root_no_server_path_is_accepted(tmp_path):
-    from pronk.api.errors import ApiError
-    from pronk.api.weight_sources import allowed_source
+    from pronk.api.error_responses import ApiError
+    from pronk.api.weights.serving import allowed_source
 
     settings = Settings(data_dir=tmp_path, storage_uri=str(tmp_path / "store"), weights_root=None)
     assert allowed_source("models:/m@live", settings, "source") == "models:/m@live"

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from prefect.client.schemas.objects import StateType
 
 from pronk import storage
-from pronk.api.reconcile import QUEUE_NOTE_AFTER_S, Reconciler
+from pronk.api.batches.reconcile import QUEUE_NOTE_AFTER_S, Reconciler
 from pronk.batches.queue import BatchQueue
 from pronk.batches.results import FinishedLine, ResultParts
 from pronk.batches.schemas import Batch

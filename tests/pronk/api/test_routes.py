@@ -13,8 +13,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from pronk.api.app import create_app
+from pronk.api.batches.flow_runs import DRAIN_BATCH_QUEUE
 from pronk.api.keys import ApiKeyStore
-from pronk.api.runs import DRAIN_BATCH_QUEUE
 from pronk.batches.store import BatchStore
 from pronk.settings import Settings
 from tests.fakes import announce_worker
@@ -165,12 +165,12 @@ def create(client, headers, file_id, key: str | None = None, **extra):
 
 def starts_done(client) -> None:
     """Wait for the drainer starts the API makes in the background."""
-    client.portal.call(client.app.state.run_starts.drain)
+    client.portal.call(client.app.state.drainers.drain)
 
 
 def queued(client) -> list[tuple[str, str]]:
     """(batch id, input URI) of each batch in the batch queue, first queued first."""
-    return [(e.run.batch_id, e.run.input_uri) for e in client.app.state.run_starts.queue.waiting()]
+    return [(e.run.batch_id, e.run.input_uri) for e in client.app.state.drainers.queue.waiting()]
 
 
 def test_batch_create_picks_the_job_serving_the_model_and_starts_a_run(api):
@@ -331,11 +331,11 @@ def test_a_refused_drainer_start_is_tried_again_and_batches_wait_queued_until_on
     assert [batch_id for batch_id, _ in queued(client)] == [first.json()["id"], second["id"]]
 
     runs.refusals = 0  # Prefect answers again: the reconcile loop's next pass asks for a drainer
-    run_starts = client.app.state.run_starts
+    drainers = client.app.state.drainers
 
     async def ask_again():
-        run_starts.want_drainer()
-        await run_starts.drain()
+        drainers.want_drainer()
+        await drainers.drain()
 
     client.portal.call(ask_again)
     assert runs.drainers == 2
@@ -395,7 +395,7 @@ def test_a_restarted_api_queues_the_batches_left_validating_outside_the_queue(ap
     with TestClient(restarted) as again:
         deadline = time.monotonic() + 10
         while restarted.state.runs.drainers < 1 and time.monotonic() < deadline:
-            again.portal.call(restarted.state.run_starts.drain)
+            again.portal.call(restarted.state.drainers.drain)
             time.sleep(0.05)
         assert sorted(batch_id for batch_id, _ in queued(again)) == sorted([started, lost.id])
     assert restarted.state.runs.drainers == 1

@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 
 from pronk.api.app import create_app
 from pronk.api.keys import ApiKeyStore
-from pronk.api.runs import LEAP
+from pronk.api.weights.serving import LEAP
 from pronk.models.registry import latest_version, register_model_dir, set_alias
 from pronk.settings import Settings
 from tests.fakes import announce_worker

@@ -11,7 +11,7 @@ from pronk.batches.input import validate_input
 from pronk.batches.results import FinishedLine
 from pronk.batches.run import BatchRun
 from pronk.batches.schemas import Batch
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.protocol.error_codes import ErrorCode
 from pronk.settings import get_settings
 
@@ -43,7 +43,7 @@ def test_a_check_is_validated_with_its_line():
             line("replay", {"type": "exact", "expected": "4"}, url="/v1/pronk/replay"),
         ]
     ).encode()
-    validated = validate_input(data, get_job(JOB, get_settings()))
+    validated = validate_input(data, resolve_job(JOB, get_settings()))
     assert [(r.custom_id, r.check is not None) for r in validated.requests] == [("exact", True), ("plain", False)]
     errors = {e.custom_id: e.error for e in validated.errors}
     assert {e.code for e in errors.values()} == {ErrorCode.INVALID_CHECK}
@@ -80,7 +80,7 @@ def test_the_batch_counts_checks_and_tasks_per_dollar_counts_passed_lines():
             "not json",
         ]
     ).encode()
-    job = get_job(JOB, get_settings())
+    job = resolve_job(JOB, get_settings())
     validated = validate_input(data, job)
     batch = Batch(input_file_id="file-x", job_id=job.job_id, model="pronk-tiny", price_per_worker_hour=1.0)
     run = BatchRun(batch, job, validated.requests, validated.errors)
@@ -106,7 +106,7 @@ def test_the_batch_counts_checks_and_tasks_per_dollar_counts_passed_lines():
 
 
 def test_a_batch_with_no_checks_counts_completed_lines():
-    job = get_job(JOB, get_settings())
+    job = resolve_job(JOB, get_settings())
     validated = validate_input(line("plain").encode(), job)
     batch = Batch(input_file_id="file-x", job_id=job.job_id, model="pronk-tiny", price_per_worker_hour=1.0)
     run = BatchRun(batch, job, validated.requests)

@@ -7,8 +7,6 @@ import asyncio
 
 import pytest
 
-from engine.protocol import WorkerStats
-from engine.registry import WorkerEntry
 from pronk.agents.outcomes import RequestOutcome
 from pronk.agents.step_records import StepRecord
 from pronk.batches.in_flight import (
@@ -22,7 +20,9 @@ from pronk.batches.in_flight import (
 from pronk.batches.input import validate_input
 from pronk.batches.run import BatchRun
 from pronk.batches.schemas import Batch
-from pronk.jobs.files import get_job
+from pronk.engine.registry import WorkerEntry
+from pronk.engine.worker_protocol import WorkerStats
+from pronk.jobs.catalog import resolve_job
 from pronk.jobs.schema import JobConfig
 from pronk.jobs.versions import with_changes
 from pronk.settings import get_settings
@@ -63,7 +63,7 @@ def worker(index: int, device_tokens: int = 0, host_tokens: int = 0) -> WorkerEn
 
 
 def adaptive_job(max_concurrency: int = 2, max_num_seqs: int = 2, ceiling: int = 512) -> JobConfig:
-    job = get_job("job-c0ffee01", get_settings(), versions=False)
+    job = resolve_job("job-c0ffee01", get_settings(), versions=False)
     scheduling = {"concurrency": "adaptive", "max_concurrency": max_concurrency, "concurrency_ceiling": ceiling}
     return with_changes(job, {"scheduling": scheduling, "engine": {"max_num_seqs": max_num_seqs}})
 
@@ -132,7 +132,7 @@ def test_slots_move_their_limit_while_lines_wait():
 
 
 def test_a_fixed_job_keeps_max_concurrency_and_asks_nothing_of_the_workers():
-    job = get_job("job-c0ffee01", get_settings(), versions=False)
+    job = resolve_job("job-c0ffee01", get_settings(), versions=False)
     assert job.scheduling.concurrency == "fixed"
 
     def no_workers() -> list[WorkerEntry]:
@@ -178,7 +178,7 @@ def test_an_adaptive_run_never_exceeds_its_kv_room_or_ceiling():
 
 @pytest.mark.parametrize("value", ["auto", "dynamic"])
 def test_concurrency_is_fixed_or_adaptive(value):
-    job = get_job("job-c0ffee01", get_settings(), versions=False)
+    job = resolve_job("job-c0ffee01", get_settings(), versions=False)
     with pytest.raises(ValueError, match="concurrency"):
         with_changes(job, {"scheduling": {"concurrency": value}})
 
@@ -219,7 +219,9 @@ def run_batch(job: JobConfig, live: list[WorkerEntry], lines: int = 40) -> tuple
 
 
 def test_a_fixed_batch_run_keeps_its_max_concurrency_in_flight():
-    job = with_changes(get_job("job-c0ffee01", get_settings(), versions=False), {"scheduling": {"max_concurrency": 3}})
+    job = with_changes(
+        resolve_job("job-c0ffee01", get_settings(), versions=False), {"scheduling": {"max_concurrency": 3}}
+    )
     run, harness = run_batch(job, [worker(0)])
     assert harness.most == 3 and run.batch.request_counts.completed == 40
     assert [(p.target, p.source) for p in run.batch.in_flight] == [(3, "fixed")]

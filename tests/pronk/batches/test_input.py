@@ -4,7 +4,7 @@ import pytest
 
 from pronk.batches.input import BatchInputError, InputLimits, is_blank, validate_input
 from pronk.batches.prompt_length import PromptLength
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.protocol.error_codes import ErrorCode
 from pronk.settings import get_settings
 from tests.conftest import DATA
@@ -12,7 +12,7 @@ from tests.conftest import DATA
 
 @pytest.fixture
 def job():
-    return get_job("tiny-cpu", get_settings())
+    return resolve_job("tiny-cpu", get_settings())
 
 
 def test_mixed_file_splits_into_requests_and_coded_errors(job):

@@ -6,7 +6,7 @@ import pytest
 from pronk.agents.outcomes import Completion, LineFailure, RequestOutcome, Usage
 from pronk.batches.labelled import LabelledSetError, compare_success, labelled_lines, run_labelled
 from pronk.batches.schemas import CheckCounts
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.settings import get_settings
 
 
@@ -25,7 +25,7 @@ def _line(custom_id: str, check: dict | None, model: str = "some-other-model") -
 def _job_with_set(tmp_path, lines: list[str]):
     path = tmp_path / "labelled.jsonl"
     path.write_text("\n".join(lines) + "\n")
-    job = get_job("tiny-cpu", get_settings())
+    job = resolve_job("tiny-cpu", get_settings())
     return job.model_copy(update={"quality": job.quality.model_copy(update={"labelled_set": str(path)})})
 
 
@@ -53,7 +53,7 @@ def test_a_labelled_set_with_an_unchecked_or_invalid_line_is_refused_naming_it(t
 
 def test_a_job_without_a_labelled_set_or_with_a_missing_file_is_refused(tmp_path):
     with pytest.raises(LabelledSetError, match=r"no quality\.labelled_set"):
-        labelled_lines(get_job("tiny-cpu", get_settings()), get_settings())
+        labelled_lines(resolve_job("tiny-cpu", get_settings()), get_settings())
     job = _job_with_set(tmp_path, [_line("a", {"type": "number", "expected": 4})])
     (tmp_path / "labelled.jsonl").unlink()
     with pytest.raises(LabelledSetError, match="cannot read"):

@@ -9,16 +9,18 @@ import asyncio
 import json
 from pathlib import Path
 
-from engine.protocol import StepRequest, StepResult
-from engine.router import NoWorkerAvailable
 from pronk.agents.harness import Harness
 from pronk.agents.outcomes import Completion
 from pronk.agents.step_records import StepRecorder
 from pronk.batches.input import validate_input
-from pronk.batches.outputs import output_line
-from pronk.batches.traces import trace_row
-from pronk.jobs.files import get_job
+from pronk.batches.outputs import output_line, trace_row
+from pronk.engine.router import NoWorkerAvailable
+from pronk.engine.worker_protocol import StepRequest, StepResult
+from pronk.jobs.catalog import resolve_job
 from pronk.settings import get_settings
+
+BWRAP = get_settings().sandbox_bwrap
+"""The bubblewrap binary a harness's python tool isolates code with."""
 
 TOP = ["id", "object", "created", "model", "system_fingerprint", "choices", "usage", "pronk"]
 REPLAY_TOP = ["id", "object", "created", "model", "usage", "pronk"]
@@ -88,7 +90,7 @@ def line(custom_id: str, url: str = "/v1/chat/completions", **body) -> str:
 
 
 def run_lines(tmp_path: Path):
-    job = get_job("tiny-cpu", get_settings())
+    job = resolve_job("tiny-cpu", get_settings())
     messages = [{"role": "user", "content": "go"}]
     validated = validate_input(
         "\n".join(
@@ -102,7 +104,7 @@ def run_lines(tmp_path: Path):
         job,
     )
     assert validated.errors == []
-    harness = Harness(StandInRouter(), job, StepRecorder(), tmp_path)  # type: ignore[arg-type]
+    harness = Harness(StandInRouter(), job, StepRecorder(), tmp_path, sandbox_bwrap=BWRAP)  # type: ignore[arg-type]
 
     async def run_all():
         return [await harness.run_line(r) for r in validated.requests]

@@ -10,13 +10,13 @@ from pronk.agents.completions import failed_outcome
 from pronk.agents.outcomes import Completion, RequestOutcome, Usage
 from pronk.agents.step_records import StepRecord
 from pronk.batches import run as batch_run
-from pronk.batches.files import FileStore
+from pronk.batches.file_store import FileStore
 from pronk.batches.input import validate_input
 from pronk.batches.results import FinishedLine, ResultParts
 from pronk.batches.run import BatchRun, end_batch, finish_run
 from pronk.batches.schemas import Batch
 from pronk.batches.store import BatchStore
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.protocol.lines import OutputLine
 from pronk.settings import Settings, get_settings
 
@@ -54,7 +54,7 @@ def setup(tmp_path, lines: int = 5):
     batch.error_uri = str(tmp_path / "out" / f"{batch.id}_error.jsonl")
     batch.mark("in_progress")
     store.save(batch)
-    job = get_job(JOB, get_settings())
+    job = resolve_job(JOB, get_settings())
     validated = validate_input(storage.read_bytes(uri, get_settings()), job)
     return settings, store, batch, job, validated, uri
 
@@ -127,7 +127,7 @@ def test_a_batch_whose_run_is_gone_ends_failed_with_its_finished_lines(tmp_path)
     run = BatchRun.resume(batch, job, validated, parts, "flow-1")
     run.record(*done(run.todo[0], tokens=7))
     run.flush()
-    ended = end_batch(batch.id, "failed", "the flow run crashed 3 times", settings, uri)
+    ended = end_batch(batch.id, job, "failed", "the flow run crashed 3 times", settings, uri)
     assert ended is not None and ended.status == "failed" and ended.failed_at
     assert ended.errors.data[0].code == "batch_run_failed" and "crashed" in ended.errors.data[0].message
     counts = ended.request_counts
@@ -139,7 +139,7 @@ def test_a_batch_whose_run_is_gone_ends_failed_with_its_finished_lines(tmp_path)
         (3, "invalid_json"),
         (4, "batch_run_failed"),
     ]
-    assert end_batch(batch.id, "cancelled", "late", settings, uri).status == "failed"  # terminal stays terminal
+    assert end_batch(batch.id, job, "cancelled", "late", settings, uri).status == "failed"  # terminal stays terminal
 
 
 def calls(request, *validity: tuple[bool, bool]) -> list[StepRecord]:

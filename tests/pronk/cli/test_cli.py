@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 
-from engine.worker import free_port
 from pronk.api.keys import ApiKeyStore
+from pronk.engine.worker import free_port
 from pronk.settings import Settings
 from pronk.stack.processes import spawn, stop, wait_healthy
 
@@ -80,7 +80,7 @@ def test_batch_run_on_an_empty_file_a_directory_or_no_file_says_which_and_writes
 def test_a_flow_run_logs_a_refusal_without_its_traceback_and_any_other_error_with_it():
     import logging
 
-    from pronk.errors import PronkError
+    from pronk.pronk_error import PronkError
     from pronk.stack.prefect_env import RefusalsWithoutTraceback
 
     def logged(exc: Exception) -> logging.LogRecord:

@@ -24,7 +24,7 @@ def test_a_refusal_or_a_server_that_does_not_answer_is_one_line_and_anything_els
     import pytest
 
     from pronk.cli.terminal import expected_failure
-    from pronk.errors import PronkError
+    from pronk.pronk_error import PronkError
 
     assert expected_failure(PronkError("no job 'nope'")) == "no job 'nope'"
     request = httpx.Request("GET", "http://127.0.0.1:4977/api/deployments/name/run-batch/run-batch")
@@ -55,8 +55,8 @@ def test_improve_progress_reads_the_round_begun_since_the_command_started_and_th
 
     from pronk.batches.schemas import LinesChecked
     from pronk.cli.terminal import improve_reading
+    from pronk.improve.rounds import ImproveRound, RoundStore
     from pronk.leap.records import CanaryRecord, LeapRecord, LeapStore
-    from pronk.learn.rounds import ImproveRound, RoundStore
     from pronk.settings import Settings
 
     settings = Settings(data_dir=tmp_path, storage_uri=str(tmp_path / "store"))

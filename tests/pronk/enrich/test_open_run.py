@@ -18,7 +18,7 @@ from pronk.enrich import open_run
 from pronk.enrich.open_run import EnrichRunning, OpenRun, check_earlier, close, read_open_run, take_over
 from pronk.enrich.run import lines_file
 from pronk.enrich.table import plan
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.protocol.lines import OutputLine
 from pronk.settings import Settings, get_settings
 from tests.pronk.enrich.test_table import SPEC, rows
@@ -57,7 +57,7 @@ class Prefect:
 
 def the_lines(*names: str) -> bytes:
     table = rows(*names)
-    return lines_file(SPEC, get_job("tiny-cpu", get_settings()), plan(SPEC, table, None))
+    return lines_file(SPEC, resolve_job("tiny-cpu", get_settings()), plan(SPEC, table, None))
 
 
 def killed_run(settings: Settings, lines: bytes, finished: list[int]) -> OpenRun:
@@ -66,7 +66,7 @@ def killed_run(settings: Settings, lines: bytes, finished: list[int]) -> OpenRun
     marker = open_run.open_run(
         "t", results, "run-1", lines, storage.join(results, "inputs", "run-1.jsonl"), "batch_dead", FLOW_RUN, settings
     )
-    job, store = get_job("tiny-cpu", get_settings()), BatchStore(settings)
+    job, store = resolve_job("tiny-cpu", get_settings()), BatchStore(settings)
     batch = open_batch(store, settings, job, marker.lines_uri, "batch_dead", FLOW_RUN)
     run = BatchRun.resume(batch, job, validate_input(lines, job), ResultParts(batch.id, settings), FLOW_RUN)
     batch.mark("in_progress")
@@ -89,12 +89,14 @@ def test_a_run_after_a_crash_marks_the_dead_flow_run_crashed_and_runs_on_under_i
     assert [flow_run for flow_run, _ in prefect.crashed] == [FLOW_RUN]
     assert "is gone" in prefect.crashed[0][1] and "run-1" in prefect.crashed[0][1]
 
-    takeover = take_over(earlier, lines, settings)  # the same rows make the same lines
+    takeover = take_over(
+        earlier, lines, resolve_job("tiny-cpu", get_settings()), settings
+    )  # the same rows make the same lines
     assert (takeover.batch_id, takeover.reused, takeover.ended) == ("batch_dead", 2, None)
     assert "2 rows finished by it reused" in takeover.why
 
     # The re-run runs under that batch: only the lines nobody persisted are asked.
-    job, store = get_job("tiny-cpu", get_settings()), BatchStore(settings)
+    job, store = resolve_job("tiny-cpu", get_settings()), BatchStore(settings)
     batch = open_batch(store, settings, job, "new-lines.jsonl", takeover.batch_id, "another-flow-run")
     run = BatchRun.resume(batch, job, validate_input(lines, job), ResultParts(batch.id, settings), "another-flow-run")
     assert sorted(run.finished) == [1, 3] and [r.line for r in run.todo] == [2, 4]
@@ -103,13 +105,17 @@ def test_a_run_after_a_crash_marks_the_dead_flow_run_crashed_and_runs_on_under_i
 
 def test_a_run_asking_other_rows_ends_the_dead_runs_batch_with_what_it_persisted(settings):
     dead = killed_run(settings, the_lines("Acme", "Borealis"), finished=[2])
-    takeover = take_over(dead, the_lines("Acme", "Borealis", "Cobalt"), settings)
+    takeover = take_over(
+        dead, the_lines("Acme", "Borealis", "Cobalt"), resolve_job("tiny-cpu", get_settings()), settings
+    )
     assert (takeover.batch_id, takeover.ended) == (None, "batch_dead")
     batch = BatchStore(settings).load("batch_dead")
     assert batch.status == "failed" and "run-1 ended without finishing" in batch.errors.data[0].message  # type: ignore[union-attr]
     assert (batch.request_counts.total, batch.request_counts.failed) == (2, 2)  # line 2 persisted, line 1 never ran
     assert ResultParts("batch_dead", settings).load() == {}
-    assert take_over(dead, None, settings).why.endswith("is failed; no row is asked now")
+    assert take_over(dead, None, resolve_job("tiny-cpu", get_settings()), settings).why.endswith(
+        "is failed; no row is asked now"
+    )
 
 
 def test_a_live_run_refuses_the_new_run_and_is_left_alone(settings):

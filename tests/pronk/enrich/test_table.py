@@ -12,10 +12,10 @@ from pronk import storage
 from pronk.enrich.answers import AnswerParser
 from pronk.enrich.history import EnrichRun, History
 from pronk.enrich.lines import agent_line, check_job, system_message
-from pronk.enrich.run import batch_answers, write_lines
+from pronk.enrich.run import batch_answers, lines_file
 from pronk.enrich.spec import EnrichSpec, EnrichSpecError
 from pronk.enrich.table import CURRENT, merge, plan, read_current, read_labels, write_version
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.settings import Settings, get_settings
 
 SPEC = EnrichSpec.model_validate(
@@ -139,7 +139,7 @@ def test_a_run_killed_before_the_swap_leaves_the_previous_version_current(tmp_pa
 
 
 def test_agent_lines_carry_tools_steps_and_the_answer_schema():
-    job = get_job("tiny-cpu", get_settings())
+    job = resolve_job("tiny-cpu", get_settings())
     assert check_job(SPEC, job) == []
     line = agent_line("row-0", SPEC, job, {"id": 1, "name": "Acme"}, system_message(SPEC))
     body = line["body"]
@@ -158,9 +158,7 @@ def test_a_labelled_row_asks_with_a_check_of_its_expected_values_and_its_answer_
     assert read_labels(spec, settings) == {(1,): {"sector": "a", "staff": 12}, (2,): {"sector": "b"}}
     table = rows("Acme", "Borealis", "Cobalt")
     todo = plan(spec, table, None, labels=read_labels(spec, settings))
-    lines_uri = str(tmp_path / "lines.jsonl")
-    write_lines(spec, get_job("tiny-cpu", get_settings()), todo, lines_uri, settings)
-    lines = [json.loads(raw) for raw in (tmp_path / "lines.jsonl").read_text().splitlines()]
+    lines = [json.loads(raw) for raw in lines_file(spec, resolve_job("tiny-cpu", get_settings()), todo).splitlines()]
     assert [line.get("check") for line in lines] == [
         {"type": "json", "fields": {"sector": "a", "staff": 12}},
         {"type": "json", "fields": {"sector": "b"}},

@@ -19,7 +19,7 @@ from pronk.batches.store import BatchStore
 from pronk.herd.guard import judge
 from pronk.herd.profile import scan_steps
 from pronk.herd.trial import restart_key, run_labelled_set
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.jobs.versions import with_changes
 from pronk.settings import PROJECT_ROOT, get_settings
 from pronk.stack.embedded import read_state
@@ -33,7 +33,7 @@ JOB = "job-c0ffee01"
 
 
 def run_batch_file(path: Path, out: Path, batch_id: str | None = None) -> dict:
-    from flows.batch import run_batch
+    from pronk.flows.batch import run_batch
 
     return asyncio.run(
         run_batch(input_uri=str(path), job_id=JOB, output_dir=str(out), batch_id=batch_id, trace_sample=0)
@@ -61,7 +61,7 @@ def test_herd_tunes_within_budget_on_temporary_workers_with_a_task_run_per_trial
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    from flows.herd import herd
+    from pronk.flows.herd import herd
 
     batch = run_batch_file(PROJECT_ROOT / "data" / "replay_batch.jsonl", tmp_path / "out")
     assert batch["status"] == "completed" and batch["steps_uri"]
@@ -133,7 +133,7 @@ def test_a_configuration_whose_lines_cannot_complete_is_refused_on_the_labelled_
             for i in range(3)
         )
     )
-    job = with_changes(get_job(JOB, get_settings()), {"quality": {"labelled_set": str(path)}})
+    job = with_changes(resolve_job(JOB, get_settings()), {"quality": {"labelled_set": str(path)}})
     worse = with_changes(job, {"default_max_tokens": 10_000_000, "scheduling": {"admission": "kv_budget"}})
     assert restart_key(worse) == restart_key(job)
     lines = labelled_lines(job, stack)
@@ -162,7 +162,7 @@ def test_rolling_restart_with_a_batch_running(stack, tmp_path):
         time.sleep(0.5)
     before = read_state(stack)
     time.sleep(3)  # steps in flight on both workers
-    restarted = rolling_restart(get_job(JOB, get_settings()), stack)
+    restarted = rolling_restart(resolve_job(JOB, get_settings()), stack)
     running_after = runner.is_alive()
     runner.join(timeout=600)
 

@@ -17,7 +17,7 @@ from pronk.batches.labelled import LabelledSetError
 from pronk.batches.schemas import CheckCounts
 from pronk.herd import tuner
 from pronk.herd.trial import Measurement, restart_key
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.jobs.schema import JobConfig, QualityConfig
 from pronk.jobs.versions import with_changes
 from pronk.protocol.shapes import ShapeStep, TraceShape
@@ -84,7 +84,7 @@ def tune(monkeypatch, settings, tmp_path, candidate_tally: CheckCounts | None) -
     monkeypatch.setattr(tuner, "TrialFleet", StandInFleet)
     monkeypatch.setattr(tuner, "replay_sample", stand_in_replay)
     monkeypatch.setattr(tuner, "run_labelled_set", stand_in_labelled)
-    job = get_job("tiny-cpu", get_settings(), versions=False)
+    job = resolve_job("tiny-cpu", get_settings(), versions=False)
     assert job.scheduling.max_concurrency == CURRENT_CONCURRENCY
     if candidate_tally is not None:
         line = {"method": "POST", "url": "/v1/chat/completions", "check": {"type": "regex", "pattern": ""},
@@ -136,7 +136,7 @@ def test_a_job_without_a_labelled_set_is_judged_on_tasks_per_dollar_alone(monkey
 
 
 def test_a_labelled_set_that_cannot_be_read_stops_the_tuning_before_any_trial(settings, tmp_path):
-    job = get_job("tiny-cpu", get_settings(), versions=False)
+    job = resolve_job("tiny-cpu", get_settings(), versions=False)
     job = job.model_copy(update={"quality": QualityConfig(labelled_set=str(tmp_path / "missing.jsonl"))})
     with pytest.raises(LabelledSetError, match="cannot read the labelled set"):
         tuner.Tuner(job, settings, tuner.TuneConfig(budget_minutes=1.0)).tune(traffic=[])
@@ -174,7 +174,7 @@ def test_the_concurrency_search_tries_lines_in_flight_and_the_host_tier_together
     monkeypatch.setattr(tuner, "TrialFleet", TierFleet)
     monkeypatch.setattr(tuner, "replay_sample", stand_in_replay)
     monkeypatch.setattr(tuner, "run_labelled_set", stand_in_labelled)
-    job = get_job("tiny-cpu", get_settings(), versions=False)
+    job = resolve_job("tiny-cpu", get_settings(), versions=False)
     assert (job.scheduling.concurrency, job.scheduling.kv_host_tier_bytes) == ("fixed", 0)
     line = {"method": "POST", "url": "/v1/chat/completions", "check": {"type": "regex", "pattern": ""},
             "body": {"model": "any", "messages": [{"role": "user", "content": "Say something."}]}}  # fmt: skip

@@ -8,7 +8,7 @@ from pronk.agents.replay import TraceRecord
 from pronk.agents.step_records import StepRecord
 from pronk.herd.trial import measure, restart_key
 from pronk.herd.tuner import KNOBS, LIVE_KNOBS, TuneConfig, Tuner, changes_of, chosen_knobs, fit_to_cores
-from pronk.jobs.files import get_job
+from pronk.jobs.catalog import resolve_job
 from pronk.jobs.sections import merge_sections
 from pronk.jobs.versions import with_changes
 from pronk.settings import get_settings
@@ -21,12 +21,12 @@ def test_knobs_become_job_changes():
         "scheduling": {"routing": "least_loaded", "max_concurrency": 8},
         "workers": 1,
     }
-    job = with_changes(get_job("job-c0ffee01", get_settings(), versions=False), changes)
+    job = with_changes(resolve_job("job-c0ffee01", get_settings(), versions=False), changes)
     assert (job.engine.max_num_seqs, job.engine.max_model_len, job.scheduling.routing) == (16, 4096, "least_loaded")
 
 
 def test_live_knobs_need_no_new_workers():
-    job = get_job("job-c0ffee01", get_settings(), versions=False)
+    job = resolve_job("job-c0ffee01", get_settings(), versions=False)
     every_live = {"admission": "kv_budget", "kv_pin_ttl_s": 5.0, "kv_pin_ttl": "auto", "routing": "least_loaded",
                   "concurrency": "adaptive", "max_concurrency": 4}  # fmt: skip
     assert set(every_live) == set(LIVE_KNOBS)
@@ -67,8 +67,12 @@ def test_unknown_knobs_are_refused(tmp_path):
     from pronk.settings import Settings
 
     with pytest.raises(ValueError, match="unknown knobs"):
-        Tuner(get_job("job-c0ffee01", get_settings()), Settings(data_dir=tmp_path), TuneConfig(1.0, knobs=("speed",)))
-    capped = Tuner(get_job("job-c0ffee01", get_settings()), Settings(data_dir=tmp_path), TuneConfig(1.0, max_workers=1))
+        Tuner(
+            resolve_job("job-c0ffee01", get_settings()), Settings(data_dir=tmp_path), TuneConfig(1.0, knobs=("speed",))
+        )
+    capped = Tuner(
+        resolve_job("job-c0ffee01", get_settings()), Settings(data_dir=tmp_path), TuneConfig(1.0, max_workers=1)
+    )
     assert capped.job.workers == 1
 
 
@@ -81,17 +85,19 @@ def test_chosen_knobs_all_live_or_named():
 
 def test_ngram_speculation_becomes_vllms_speculative_config():
     job = with_changes(
-        get_job("job-c0ffee01", get_settings(), versions=False), changes_of({"speculative_ngram_tokens": 4})
+        resolve_job("job-c0ffee01", get_settings(), versions=False), changes_of({"speculative_ngram_tokens": 4})
     )
     kwargs = job.engine.as_vllm_kwargs()
     assert kwargs["speculative_config"]["method"] == "ngram"
     assert kwargs["speculative_config"]["num_speculative_tokens"] == 4
     assert "speculative_ngram_tokens" not in kwargs
-    assert "speculative_config" not in get_job("job-c0ffee01", get_settings(), versions=False).engine.as_vllm_kwargs()
+    assert (
+        "speculative_config" not in resolve_job("job-c0ffee01", get_settings(), versions=False).engine.as_vllm_kwargs()
+    )
 
 
 def test_a_worker_with_more_cores_costs_more_and_never_shares_them():
-    job = get_job("job-c0ffee01", get_settings(), versions=False)  # 2 workers of 1 core
+    job = resolve_job("job-c0ffee01", get_settings(), versions=False)  # 2 workers of 1 core
     wider = with_changes(job, changes_of({"cpu_cores_per_worker": 2, "workers": 1}))
     assert wider.price_per_worker_hour == pytest.approx(2 * job.price_per_worker_hour)
     assert fit_to_cores({"cpu_cores_per_worker": 2}, job, cores=2) == {"cpu_cores_per_worker": 2, "workers": 1}

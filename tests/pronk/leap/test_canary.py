@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from engine.client import WorkerClient
 from pronk.batches.labelled import labelled_lines
 from pronk.batches.schemas import CheckCounts, LinesChecked
-from pronk.jobs.files import get_job
+from pronk.engine.client import WorkerClient
+from pronk.jobs.catalog import resolve_job
 from pronk.leap import canary
 from pronk.leap.records import LeapRecord, LeapStore, WorkerLeap
 from pronk.leap.sequence import LeapFailed, LeapRefused, LeapRun, conclude, switch
@@ -37,7 +37,7 @@ def job_with_set(tmp_path, canary_on: bool = True):
         for i in range(4)
     ]
     path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
-    job = get_job("tiny-cpu", get_settings())
+    job = resolve_job("tiny-cpu", get_settings())
     quality = job.quality.model_copy(update={"labelled_set": str(path), "canary": canary_on})
     return job.model_copy(update={"quality": quality})
 
@@ -236,7 +236,7 @@ def test_without_a_canary_every_worker_switches_at_once(settings):
 
 def test_the_canary_runs_only_with_a_labelled_set_its_flag_and_the_callers(settings, tmp_path):
     record = leap_run(settings, ["w0"]).record
-    assert canary.labelled_set(get_job("tiny-cpu", get_settings()), record, True, settings) is None
+    assert canary.labelled_set(resolve_job("tiny-cpu", get_settings()), record, True, settings) is None
     assert canary.labelled_set(job_with_set(tmp_path, canary_on=False), record, True, settings) is None
     assert canary.labelled_set(job_with_set(tmp_path), record, False, settings) is None
     lines = canary.labelled_set(job_with_set(tmp_path), record, True, settings)

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from engine.client import WeightsRefused
+from pronk.engine.client import WeightsRefused
 from pronk.leap.records import LeapRecord, LeapStore, WorkerLeap
 from pronk.leap.sequence import LeapRun
 from pronk.settings import Settings

@@ -218,7 +218,7 @@ def test_leap_refuses_a_corrupt_version_registered_before_the_check(tmp_path):
 
 
 def test_a_worker_refuses_to_stage_a_corrupt_checkpoint(tmp_path):
-    from engine.weight_swap import IncompatibleWeights
+    from pronk.engine.weight_swap import IncompatibleWeights
     from pronk.stack.worker import stage_checkpoint
 
     served = raw_checkpoint(tmp_path / "served")

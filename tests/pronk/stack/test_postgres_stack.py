@@ -22,8 +22,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from engine.worker import free_port
 from pronk.batches.store import BatchStore
+from pronk.engine.worker import free_port
 from pronk.settings import Settings
 from pronk.stack.postgres import POSTGRES, PostgresError, PostgresServer, find_binaries
 from pronk.stack.processes import group_members

@@ -9,12 +9,12 @@ import subprocess
 import sys
 import time
 
-from pronk.control import trace_sample
+from pronk.control.trace_sample import drawer
+from pronk.control.trace_sample.lock import running_drawer
 from pronk.settings import Settings
 from pronk.stack import embedded
 from pronk.stack.processes import alive, group_members, kill_group, spawn, stop_groups
 from pronk.stack.state import read_state, write_state
-from pronk.stack.trace_sample_lock import running_drawer
 
 # A stand-in for an engine worker: a leader that starts a child in its own group, as vLLM starts EngineCore.
 PARENT_WITH_CHILD = (
@@ -88,8 +88,8 @@ def start_stand_in_drawer(settings: Settings, monkeypatch, code: str) -> subproc
         return started[0]
 
     with monkeypatch.context() as patch:
-        patch.setattr(trace_sample.subprocess, "Popen", stand_in)
-        assert trace_sample.start_drawer(settings, "batch_1")
+        patch.setattr(drawer.subprocess, "Popen", stand_in)
+        assert drawer.start_drawer(settings, "batch_1")
     log = settings.logs_dir / "trace_samples.log"
     deadline = time.monotonic() + 10
     while "ready" not in log.read_text() and time.monotonic() < deadline:

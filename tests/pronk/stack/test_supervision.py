@@ -51,7 +51,7 @@ def batch_file(path: Path, lines: int) -> Path:
 
 
 def test_a_sigkilled_worker_leaves_no_children_and_is_restarted_while_a_batch_completes(stack, tmp_path):
-    from flows.batch import run_batch
+    from pronk.flows.batch import run_batch
 
     state = read_state(stack)
     assert alive(state["supervisor"])

@@ -2,15 +2,15 @@
 
 import pytest
 
-from engine.kv_retention import pin_settings
-from engine.sim_executor import SIM_KEY
-from pronk.jobs.files import get_job
+from pronk.engine.kv_retention import pin_settings
+from pronk.engine.sim_executor import SIM_KEY
+from pronk.jobs.catalog import resolve_job
 from pronk.settings import PROJECT_ROOT, get_settings
 from pronk.stack.worker import simulated
 
 
 def sim_job(**sim):
-    job = get_job("sim-h100-qwen3-8b", get_settings(), versions=False)
+    job = resolve_job("sim-h100-qwen3-8b", get_settings(), versions=False)
     return job.model_copy(update={"sim": job.sim.model_copy(update=sim)})
 
 
@@ -18,7 +18,7 @@ def test_a_sim_job_runs_its_architecture_under_the_simulated_executor_with_the_m
     kwargs = simulated(sim_job(), {"additional_config": pin_settings(0.5), "max_num_seqs": 256}, "/models/tiny/v1")
     assert kwargs["model"] == str(PROJECT_ROOT / "data" / "sim" / "models" / "qwen3-8b")
     assert kwargs["tokenizer"] == "/models/tiny/v1"
-    assert kwargs["distributed_executor_backend"] == "engine.sim_executor.SimExecutor"
+    assert kwargs["distributed_executor_backend"] == "pronk.engine.sim_executor.SimExecutor"
     assert kwargs["max_num_seqs"] == 256
     assert kwargs["additional_config"]["pronk_kv_pin_max_fraction"] == 0.5  # the pinning scheduler's, kept
     sim = kwargs["additional_config"][SIM_KEY]

@@ -1,1 +1,0 @@
-"""One router per resource; `pronk.api.app` includes them."""
